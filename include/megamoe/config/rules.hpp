@@ -1,0 +1,311 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/config/rules.hpp — the cross-slot rules: one named predicate per rule, checked at compile
+// time by `rules::check<C>()` and at start-up by `rules::require_valid(values)`, with the same ids.
+//
+// Each predicate reads `config_values` and holds vacuously when a value it needs is `dynamic`,
+// absent (run-time router, unknown world size) or already broken under another rule, so one mistake
+// gives one rule id. Rules R020-R024 are about assembling a type and live where types are assembled
+// (core/policy.hpp, config/config.hpp); R028 and R029 are about the environment
+// (core/thread_pool.hpp, parallel/environment.hpp).
+#pragma once
+
+#include <megamoe/config/values.hpp>
+#include <megamoe/core/error.hpp>
+#include <megamoe/core/rule_ids.hpp>
+
+#include <array>
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace megamoe::rules {
+
+namespace detail {
+constexpr bool known(int x) {
+  return x != dynamic;
+}
+constexpr bool positive_or_dynamic(int x) {
+  return x == dynamic || x > 0;
+}
+/// A known, valid (positive) value.
+constexpr bool usable(int x) {
+  return known(x) && x > 0;
+}
+constexpr bool group_limit_on(router::settings const& r) {
+  return r.num_groups != 0 || r.group_top_k != 0;
+}
+constexpr bool finite_at_least(double x, double lo) {
+  return x >= lo && x < 1e308;
+}
+constexpr bool finite_above(double x, double lo) {
+  return x > lo && x < 1e308;
+}
+}  // namespace detail
+
+using detail::usable;
+
+/// R001
+constexpr bool shape_sizes_valid(config_values const& v) {
+  auto const& s = v.shape;
+  return detail::positive_or_dynamic(s.hidden) && detail::positive_or_dynamic(s.ffn) &&
+         detail::positive_or_dynamic(s.experts) && (s.shared_ffn == dynamic || s.shared_ffn >= 0);
+}
+
+/// R002
+constexpr bool top_k_within_experts(config_values const& v) {
+  if (!v.router) return true;
+  int const k = v.router->top_k;
+  return k >= 1 && (!usable(v.shape.experts) || k <= v.shape.experts);
+}
+
+/// R003
+constexpr bool ep_divides_experts(config_values const& v) {
+  if (!usable(v.parallel.ep) || !usable(v.shape.experts)) return true;
+  return v.shape.experts % v.parallel.ep == 0;
+}
+
+/// R004
+constexpr bool groups_divide_experts(config_values const& v) {
+  if (!v.router || !detail::group_limit_on(*v.router)) return true;
+  int const g = v.router->num_groups;
+  return g > 0 && (!usable(v.shape.experts) || v.shape.experts % g == 0);
+}
+
+/// R005
+constexpr bool group_top_k_within_groups(config_values const& v) {
+  if (!v.router || !detail::group_limit_on(*v.router) || v.router->num_groups <= 0) return true;
+  return v.router->group_top_k >= 1 && v.router->group_top_k <= v.router->num_groups;
+}
+
+/// R006
+constexpr bool top_k_at_least_group_top_k(config_values const& v) {
+  if (!v.router || !detail::group_limit_on(*v.router) || v.router->group_top_k < 1) return true;
+  return v.router->top_k >= v.router->group_top_k;
+}
+
+/// R007
+constexpr bool expert_bias_needs_sigmoid_family(config_values const& v) {
+  if (!v.router || !v.router->expert_bias) return true;
+  return v.router->score == router::score_function::sigmoid ||
+         v.router->score == router::score_function::sqrtsoftplus;
+}
+
+/// R008
+constexpr bool softmax_after_topk_needs_k_above_one(config_values const& v) {
+  if (!v.router) return true;
+  auto const& r = *v.router;
+  return r.top_k != 1 || r.sinkhorn || r.score != router::score_function::softmax_after_topk;
+}
+
+/// R009
+constexpr bool capacity_needs_compatible_balancing(config_values const& v) {
+  return !v.router || !v.router->capacity_factor || !v.router->sinkhorn;
+}
+
+/// R010
+constexpr bool pad_to_capacity_needs_capacity(config_values const& v) {
+  return !v.router || !v.router->pad_to_capacity || v.router->capacity_factor.has_value();
+}
+
+/// R011
+constexpr bool quantization_padding_matches_recipe(config_values const& v) {
+  if (!v.router || !v.router->pad_for_quantization) return true;
+  int const multiple = v.router->quantization_multiple;
+  return precision::is_quantized(v.precision.recipe) &&
+         (multiple == 0 || multiple == v.precision.padding_multiple);
+}
+
+/// R012
+constexpr bool router_padding_not_with_all_gather(config_values const& v) {
+  return !v.router || !v.router->pad_for_quantization ||
+         v.dispatch != dispatch::dispatcher::all_gather;
+}
+
+/// R013
+constexpr bool hierarchical_needs_expert_parallelism(config_values const& v) {
+  if (v.dispatch != dispatch::dispatcher::hierarchical || !usable(v.parallel.ep)) return true;
+  return v.parallel.ep > 1;
+}
+
+/// R014
+constexpr bool expert_bias_linear_needs_etp_one(config_values const& v) {
+  return !v.expert.bias || !usable(v.parallel.etp) || v.parallel.etp == 1;
+}
+
+/// R015
+constexpr bool shared_expert_width_positive(config_values const& v) {
+  if (!v.expert.shared_expert_gate || !detail::known(v.shape.shared_ffn) || v.shape.shared_ffn < 0)
+    return true;
+  return v.shape.shared_ffn > 0;
+}
+
+/// R016
+constexpr bool degrees_positive(parallel::degrees const& d) {
+  return detail::positive_or_dynamic(d.tp) && detail::positive_or_dynamic(d.cp) &&
+         detail::positive_or_dynamic(d.pp) && detail::positive_or_dynamic(d.etp) &&
+         detail::positive_or_dynamic(d.ep);
+}
+constexpr bool degrees_positive(config_values const& v) {
+  return degrees_positive(v.parallel);
+}
+
+/// R017
+constexpr bool world_fits_attention_grid(parallel::degrees const& d, std::optional<int> world) {
+  if (!world || !usable(d.tp) || !usable(d.cp) || !usable(d.pp)) return true;
+  return *world > 0 && *world % (d.tp * d.cp * d.pp) == 0;
+}
+constexpr bool world_fits_attention_grid(config_values const& v) {
+  return world_fits_attention_grid(v.parallel, v.world_size);
+}
+
+/// R018
+constexpr bool world_fits_expert_grid(parallel::degrees const& d, std::optional<int> world) {
+  if (!world || !usable(d.etp) || !usable(d.ep) || !usable(d.pp)) return true;
+  return *world > 0 && *world % (d.etp * d.ep * d.pp) == 0;
+}
+constexpr bool world_fits_expert_grid(config_values const& v) {
+  return world_fits_expert_grid(v.parallel, v.world_size);
+}
+
+/// R019
+constexpr bool local_dispatch_needs_one_expert_rank(config_values const& v) {
+  if (v.dispatch != dispatch::dispatcher::local) return true;
+  auto const& d = v.parallel;
+  return (!usable(d.ep) || d.ep == 1) && (!usable(d.etp) || d.etp == 1);
+}
+
+/// R025
+constexpr bool sinkhorn_without_aux_losses(config_values const& v) {
+  if (!v.router || !v.router->sinkhorn) return true;
+  auto const& r = *v.router;
+  return !r.aux_loss_coeff && !r.seq_aux_loss_coeff && !r.global_aux_loss_coeff;
+}
+
+/// R026
+constexpr bool router_numbers_in_range(config_values const& v) {
+  if (!v.router) return true;
+  auto const& r = *v.router;
+  auto coeff_ok = [](std::optional<double> c) { return !c || detail::finite_at_least(*c, 0.0); };
+  return (!r.capacity_factor || detail::finite_above(*r.capacity_factor, 0.0)) &&
+         (!r.topk_scaling_factor || detail::finite_above(*r.topk_scaling_factor, 0.0)) &&
+         coeff_ok(r.aux_loss_coeff) && coeff_ok(r.seq_aux_loss_coeff) &&
+         coeff_ok(r.global_aux_loss_coeff) && coeff_ok(r.z_loss_coeff) &&
+         detail::finite_above(r.bias_update_rate, 0.0) && r.quantization_multiple >= 0 &&
+         (!r.input_jitter_eps || (*r.input_jitter_eps >= 0.0 && *r.input_jitter_eps < 1.0));
+}
+
+/// R027, for the degrees alone.
+constexpr bool degrees_resolved(parallel::degrees const& d) {
+  return detail::known(d.tp) && detail::known(d.cp) && detail::known(d.pp) &&
+         detail::known(d.etp) && detail::known(d.ep);
+}
+/// R027
+constexpr bool values_resolved(config_values const& v) {
+  auto const& s = v.shape;
+  return v.router.has_value() && detail::known(s.hidden) && detail::known(s.ffn) &&
+         detail::known(s.experts) && detail::known(s.shared_ffn) && degrees_resolved(v.parallel);
+}
+
+/// A rule that reads configuration values: its id and its predicate.
+struct value_rule {
+  int id;
+  bool (*holds)(config_values const&);
+};
+
+/// Every value rule, in id order; the start-up check runs all of them.
+inline constexpr std::array<value_rule, 22> value_rules{{
+    {1, shape_sizes_valid},
+    {2, top_k_within_experts},
+    {3, ep_divides_experts},
+    {4, groups_divide_experts},
+    {5, group_top_k_within_groups},
+    {6, top_k_at_least_group_top_k},
+    {7, expert_bias_needs_sigmoid_family},
+    {8, softmax_after_topk_needs_k_above_one},
+    {9, capacity_needs_compatible_balancing},
+    {10, pad_to_capacity_needs_capacity},
+    {11, quantization_padding_matches_recipe},
+    {12, router_padding_not_with_all_gather},
+    {13, hierarchical_needs_expert_parallelism},
+    {14, expert_bias_linear_needs_etp_one},
+    {15, shared_expert_width_positive},
+    {16, degrees_positive},
+    {17, world_fits_attention_grid},
+    {18, world_fits_expert_grid},
+    {19, local_dispatch_needs_one_expert_rank},
+    {25, sinkhorn_without_aux_losses},
+    {26, router_numbers_in_range},
+    {27, values_resolved},
+}};
+
+/// The ids of every broken rule, in id order (empty when the values are valid).
+inline std::vector<int> broken(config_values const& v) {
+  std::vector<int> ids;
+  for (auto const& r : value_rules)
+    if (!r.holds(v)) ids.push_back(r.id);
+  return ids;
+}
+
+/// Start-up check: throws `config_error` for the first broken rule, naming any others too.
+inline void require_valid(config_values const& v) {
+  auto const ids = broken(v);
+  if (ids.empty()) return;
+  std::string details;
+  for (std::size_t i = 1; i < ids.size(); ++i) {
+    details += (i == 1 ? "also broken: " : "; ");
+    details += rule(ids[i]).message;
+  }
+  throw config_error(ids.front(), details);
+}
+
+/// Compile-time check of a configuration type; `static_assert(megamoe::rules::check<C>())`.
+/// Every rule that the type's fixed values can break is a static_assert here with its id; values
+/// left to start-up are checked by `require_valid` with the same predicates.
+template <class C>
+consteval bool check() {
+  static_assert(
+      requires { requires shape_policy<typename C::shape>; }, MEGAMOE_RULE_R022 " [slot: shape]");
+  static_assert(
+      requires { requires router_policy<typename C::router>; },
+      MEGAMOE_RULE_R022 " [slot: router]");
+  static_assert(
+      requires { requires dispatch_policy<typename C::dispatch>; },
+      MEGAMOE_RULE_R022 " [slot: dispatch]");
+  static_assert(
+      requires { requires expert_policy<typename C::expert>; },
+      MEGAMOE_RULE_R022 " [slot: expert]");
+  static_assert(
+      requires { requires precision_recipe<typename C::precision>; },
+      MEGAMOE_RULE_R022 " [slot: precision]");
+  static_assert(
+      requires { requires parallel_mapping<typename C::parallel>; },
+      MEGAMOE_RULE_R022 " [slot: parallel]");
+  static_assert(
+      requires { requires memory_policy<typename C::memory>; },
+      MEGAMOE_RULE_R022 " [slot: memory]");
+  if constexpr (training_config<C>) {
+    constexpr config_values v = values_of<C>();
+    static_assert(shape_sizes_valid(v), MEGAMOE_RULE_R001);
+    static_assert(top_k_within_experts(v), MEGAMOE_RULE_R002);
+    static_assert(ep_divides_experts(v), MEGAMOE_RULE_R003);
+    static_assert(groups_divide_experts(v), MEGAMOE_RULE_R004);
+    static_assert(group_top_k_within_groups(v), MEGAMOE_RULE_R005);
+    static_assert(top_k_at_least_group_top_k(v), MEGAMOE_RULE_R006);
+    static_assert(expert_bias_needs_sigmoid_family(v), MEGAMOE_RULE_R007);
+    static_assert(softmax_after_topk_needs_k_above_one(v), MEGAMOE_RULE_R008);
+    static_assert(capacity_needs_compatible_balancing(v), MEGAMOE_RULE_R009);
+    static_assert(pad_to_capacity_needs_capacity(v), MEGAMOE_RULE_R010);
+    static_assert(quantization_padding_matches_recipe(v), MEGAMOE_RULE_R011);
+    static_assert(router_padding_not_with_all_gather(v), MEGAMOE_RULE_R012);
+    static_assert(hierarchical_needs_expert_parallelism(v), MEGAMOE_RULE_R013);
+    static_assert(expert_bias_linear_needs_etp_one(v), MEGAMOE_RULE_R014);
+    static_assert(shared_expert_width_positive(v), MEGAMOE_RULE_R015);
+    static_assert(degrees_positive(v), MEGAMOE_RULE_R016);
+    static_assert(local_dispatch_needs_one_expert_rank(v), MEGAMOE_RULE_R019);
+    static_assert(sinkhorn_without_aux_losses(v), MEGAMOE_RULE_R025);
+    static_assert(router_numbers_in_range(v), MEGAMOE_RULE_R026);
+  }
+  return true;
+}
+
+}  // namespace megamoe::rules

@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/config/values.hpp — a configuration as plain values.
+//
+// The rules and describe() read this one form, so a configuration fixed in a type (values_of<C>()
+// at compile time) and one completed at start-up go through the same code and give the same
+// answers.
+#pragma once
+
+#include <megamoe/config/concepts.hpp>
+
+#include <optional>
+#include <string_view>
+
+namespace megamoe {
+
+/// The names of the policies in each slot, for describe().
+struct policy_names {
+  std::string_view router = "top_k";
+  std::string_view dispatch = "auto";
+  std::string_view expert = "mlp";
+  std::string_view precision = "fp32";
+  std::string_view parallel = "mapping";
+  std::string_view memory = "keep_all";
+  friend constexpr bool operator==(policy_names const&, policy_names const&) = default;
+};
+
+/// Every choice of a configuration. A size or degree may be `dynamic`, the router may be absent (a
+/// run-time router before start-up), and the world size is only known at start-up.
+struct config_values {
+  policy_names names;
+  shape_sizes shape;
+  std::optional<router::settings> router = router::settings{};
+  dispatch::dispatcher dispatch = dispatch::dispatcher::auto_;
+  expert::settings expert;
+  precision::settings precision;
+  parallel::degrees parallel;
+  memory::settings memory;
+  std::optional<int> world_size;
+  friend constexpr bool operator==(config_values const&, config_values const&) = default;
+};
+
+/// The values a configuration type fixes; what it leaves to start-up stays `dynamic` or empty.
+template <training_config C>
+constexpr config_values values_of() {
+  config_values v;
+  v.names = {C::router::name,    C::dispatch::name, C::expert::name,
+             C::precision::name, C::parallel::name, C::memory::name};
+  v.shape = C::shape::value;
+  if constexpr (static_router_policy<typename C::router>) {
+    v.router = C::router::value;
+  } else {
+    v.router.reset();
+  }
+  v.dispatch = C::dispatch::value;
+  v.expert = C::expert::value;
+  v.precision = C::precision::value;
+  v.parallel = C::parallel::value;
+  v.memory = C::memory::value;
+  return v;
+}
+
+}  // namespace megamoe

@@ -1,0 +1,126 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/core/policy.hpp — what makes a type a megamoe policy, and how policies read their
+// options.
+//
+// A policy is an empty type that names its kind (`using policy_kind = router::kind;`),
+// Kokkos-style, and exposes its choices as `static constexpr ... value`. Options inside a policy
+// are small types that name their own kind (`using option_kind = ...;`); they may be given in any
+// order, each kind at most once unless the policy accepts a list of them. Unknown or repeated
+// options stop compilation with a rule id. This header is light on purpose: no Eigen, Boost.MPI or
+// range-v3.
+#pragma once
+
+#include <megamoe/core/rule_ids.hpp>
+
+#include <boost/mp11/algorithm.hpp>
+#include <boost/mp11/list.hpp>
+#include <boost/mp11/utility.hpp>
+
+#include <concepts>
+#include <type_traits>
+
+namespace megamoe {
+
+/// A size or degree written as `dynamic` is left to start-up: its rules run once the value is
+/// known.
+inline constexpr int dynamic = -1;
+
+/// True for a type that names its policy kind.
+template <class P>
+concept megamoe_policy = requires {
+  typename P::policy_kind;
+};
+
+/// True for a policy of kind `Kind` (e.g. `policy_of<P, router::kind>`).
+template <class P, class Kind>
+concept policy_of = megamoe_policy<P> && std::same_as<typename P::policy_kind, Kind>;
+
+namespace detail {
+
+/// For `static_assert` in branches that must only fail when instantiated (g++ 12 rejects a plain
+/// `static_assert(false)` even in a discarded branch).
+template <class...>
+inline constexpr bool dependent_false = false;
+
+/// Deliberately incomplete: instantiating them prints the offending type next to the rule message.
+template <class T>
+struct show_unknown_megamoe_policy;
+template <class T>
+struct show_unknown_megamoe_option;
+
+template <class T, template <class> class Show>
+struct names_type : std::bool_constant<(sizeof(Show<T>) > 0)> {};
+
+/// Names the first type of the list L through `Show` (an error), or does nothing for an empty list.
+template <class L, template <class> class Show>
+struct name_first : std::true_type {};
+template <class T, class... Rest, template <class> class Show>
+struct name_first<boost::mp11::mp_list<T, Rest...>, Show> : names_type<T, Show> {};
+
+template <class O>
+using option_kind_t = typename O::option_kind;
+
+/// The option kind of O, or void for a type that is not an option.
+template <class O>
+using option_kind_or_void = boost::mp11::mp_eval_or<void, option_kind_t, O>;
+
+template <class Kind>
+struct is_option_of_q {
+  template <class O>
+  using fn = std::is_same<option_kind_or_void<O>, Kind>;
+};
+
+template <class Kinds>
+struct has_kind_in_q {
+  template <class O>
+  using fn = boost::mp11::mp_contains<Kinds, option_kind_or_void<O>>;
+};
+
+/// The option list of one policy. `Single` lists the option kinds that may appear at most once,
+/// `Multi` the kinds that form a list (e.g. several aux losses). Anything else is rejected.
+template <class Single, class Multi, class... Options>
+struct option_list {
+  using all = boost::mp11::mp_list<Options...>;
+  using accepted_kinds = boost::mp11::mp_append<Single, Multi>;
+  using unknown = boost::mp11::mp_remove_if_q<all, has_kind_in_q<accepted_kinds>>;
+
+  static_assert(boost::mp11::mp_empty<unknown>::value, MEGAMOE_RULE_R024);
+  static_assert(name_first<unknown, show_unknown_megamoe_option>::value);
+
+  template <class Kind>
+  using count = boost::mp11::mp_count_if_q<all, is_option_of_q<Kind>>;
+
+  template <class Kind>
+  using at_most_once = boost::mp11::mp_bool<(count<Kind>::value <= 1)>;
+
+  static_assert(boost::mp11::mp_all_of<Single, at_most_once>::value, MEGAMOE_RULE_R023);
+
+  /// Every option of kind Kind, in the order given.
+  template <class Kind>
+  using every = boost::mp11::mp_copy_if_q<all, is_option_of_q<Kind>>;
+
+  /// The option of kind Kind, or Default when none was given.
+  template <class Kind, class Default>
+  using get = boost::mp11::mp_eval_if_c<(count<Kind>::value == 0), Default, boost::mp11::mp_front,
+                                        every<Kind>>;
+
+  template <class Kind>
+  static constexpr bool given = count<Kind>::value > 0;
+
+  /// False after R023 or R024 fired; lets callers skip work that would only add noise to the error.
+  static constexpr bool valid =
+      boost::mp11::mp_empty<unknown>::value && boost::mp11::mp_all_of<Single, at_most_once>::value;
+};
+
+/// Starts from `base` and lets each option write its fields (`static constexpr void apply(S&)`).
+/// The options are checked first (R023, R024); each kind writes different fields, so the order in
+/// which options are given does not matter.
+template <class Kinds, class S, class... Options>
+constexpr S apply_options(S base) {
+  using list = option_list<Kinds, boost::mp11::mp_list<>, Options...>;
+  if constexpr (list::valid) (Options::apply(base), ...);
+  return base;
+}
+
+}  // namespace detail
+}  // namespace megamoe

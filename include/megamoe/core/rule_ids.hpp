@@ -1,0 +1,131 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/core/rule_ids.hpp — the one list of configuration rules and their messages.
+//
+// Every configuration error megamoe reports, whether a static_assert at compile time or an
+// exception at start-up, starts with `megamoe[Rnnn]:`. A static_assert needs a string literal, so
+// each message is a macro; the run-time catalogue below is built from the same macros, so both
+// sides say the same words. Messages name the slot and say what must hold.
+#pragma once
+
+#include <array>
+#include <string_view>
+
+#define MEGAMOE_RULE_R001                                                                         \
+  "megamoe[R001]: shape needs hidden<N>, ffn<N> and experts<N>, each positive (or dynamic), and " \
+  "shared_ffn<N> must not be negative"
+#define MEGAMOE_RULE_R002 "megamoe[R002]: router top_k must be at least 1 and at most shape experts"
+#define MEGAMOE_RULE_R003 "megamoe[R003]: parallel::ep must divide shape experts"
+#define MEGAMOE_RULE_R004 \
+  "megamoe[R004]: router::group_limit num_groups must be positive and divide shape experts"
+#define MEGAMOE_RULE_R005 \
+  "megamoe[R005]: router::group_limit group_top_k must be at least 1 and at most num_groups"
+#define MEGAMOE_RULE_R006 \
+  "megamoe[R006]: router top_k must be at least router::group_limit group_top_k"
+#define MEGAMOE_RULE_R007                                                                       \
+  "megamoe[R007]: router::expert_bias (aux-loss-free balancing) needs sigmoid or sqrtsoftplus " \
+  "scores"
+#define MEGAMOE_RULE_R008                                                                     \
+  "megamoe[R008]: router::softmax_after_topk needs top_k > 1 (softmax over one value has no " \
+  "gradient); use softmax_before_topk or sigmoid for k = 1"
+#define MEGAMOE_RULE_R009                                                                         \
+  "megamoe[R009]: router::capacity is allowed only with aux_loss, seq_aux_loss, global_aux_loss " \
+  "or no load balancing (not with sinkhorn)"
+#define MEGAMOE_RULE_R010 "megamoe[R010]: router::pad_to_capacity needs a router::capacity factor"
+#define MEGAMOE_RULE_R011                                                                     \
+  "megamoe[R011]: router::pad_for_quantization needs an FP8 or FP4 precision recipe, and an " \
+  "explicit multiple must be the recipe's (16 FP8, 32 MXFP8, 128 NVFP4)"
+#define MEGAMOE_RULE_R012                                                                  \
+  "megamoe[R012]: router::pad_for_quantization (router-side padding) cannot be used with " \
+  "dispatch::all_gather"
+#define MEGAMOE_RULE_R013 "megamoe[R013]: dispatch::hierarchical needs parallel::ep > 1"
+#define MEGAMOE_RULE_R014 \
+  "megamoe[R014]: expert::with_bias (biases on expert linears) needs parallel::etp == 1"
+#define MEGAMOE_RULE_R015                                                                      \
+  "megamoe[R015]: expert::shared_expert_gate needs a shared expert: shape shared_ffn must be " \
+  "positive"
+#define MEGAMOE_RULE_R016 \
+  "megamoe[R016]: parallel degrees tp, cp, pp, etp and ep must be positive (or dynamic)"
+#define MEGAMOE_RULE_R017                                                                  \
+  "megamoe[R017]: the world size must be a positive multiple of tp*cp*pp (attention grid " \
+  "TPxCPxDPxPP)"
+#define MEGAMOE_RULE_R018                                                                \
+  "megamoe[R018]: the world size must be a positive multiple of etp*ep*pp (expert grid " \
+  "ETPxEPxEDPxPP)"
+#define MEGAMOE_RULE_R019                                                               \
+  "megamoe[R019]: dispatch::local needs parallel::ep == 1 and parallel::etp == 1; use " \
+  "dispatch::all_to_all or dispatch::all_gather"
+#define MEGAMOE_RULE_R020                                                                       \
+  "megamoe[R020]: make_config takes at most one policy of each kind (shape, router, dispatch, " \
+  "expert, precision, parallel, memory)"
+#define MEGAMOE_RULE_R021                                                                       \
+  "megamoe[R021]: make_config takes only megamoe policies; see show_unknown_megamoe_policy in " \
+  "the errors below for the offending type"
+#define MEGAMOE_RULE_R022                                                                         \
+  "megamoe[R022]: a configuration needs every slot (shape, router, dispatch, expert, precision, " \
+  "parallel, memory) to hold a policy of that kind; shape has no default"
+#define MEGAMOE_RULE_R023 "megamoe[R023]: a policy takes at most one option of each kind"
+#define MEGAMOE_RULE_R024                                                                         \
+  "megamoe[R024]: a policy got an option it does not accept; see show_unknown_megamoe_option in " \
+  "the errors below for the offending type"
+#define MEGAMOE_RULE_R025                                                              \
+  "megamoe[R025]: router::sinkhorn cannot be combined with aux_loss, seq_aux_loss or " \
+  "global_aux_loss"
+#define MEGAMOE_RULE_R026                                                                        \
+  "megamoe[R026]: router numbers must be in range: capacity factor > 0, top-k scaling factor > " \
+  "0, "                                                                                          \
+  "loss coefficients >= 0, expert-bias update rate > 0, 0 <= input jitter < 1"
+#define MEGAMOE_RULE_R027                                                                      \
+  "megamoe[R027]: a size or degree left to start-up (dynamic), or a run-time router, must be " \
+  "resolved before the configuration is used"
+#define MEGAMOE_RULE_R028 "megamoe[R028]: MEGAMOE_NUM_THREADS must be a positive integer"
+#define MEGAMOE_RULE_R029 "megamoe[R029]: the MPI library must provide at least MPI_THREAD_FUNNELED"
+
+namespace megamoe {
+
+/// One configuration rule: its number, a short name that reads as the claim it checks, and the
+/// message printed when it is broken.
+struct rule_info {
+  int id;
+  std::string_view name;
+  std::string_view message;
+};
+
+/// Every rule megamoe checks, in id order. `rule_catalog[i].id == i + 1`.
+inline constexpr std::array<rule_info, 29> rule_catalog{{
+    {1, "shape_sizes_valid", MEGAMOE_RULE_R001},
+    {2, "top_k_within_experts", MEGAMOE_RULE_R002},
+    {3, "ep_divides_experts", MEGAMOE_RULE_R003},
+    {4, "groups_divide_experts", MEGAMOE_RULE_R004},
+    {5, "group_top_k_within_groups", MEGAMOE_RULE_R005},
+    {6, "top_k_at_least_group_top_k", MEGAMOE_RULE_R006},
+    {7, "expert_bias_needs_sigmoid_family", MEGAMOE_RULE_R007},
+    {8, "softmax_after_topk_needs_k_above_one", MEGAMOE_RULE_R008},
+    {9, "capacity_needs_compatible_balancing", MEGAMOE_RULE_R009},
+    {10, "pad_to_capacity_needs_capacity", MEGAMOE_RULE_R010},
+    {11, "quantization_padding_matches_recipe", MEGAMOE_RULE_R011},
+    {12, "router_padding_not_with_all_gather", MEGAMOE_RULE_R012},
+    {13, "hierarchical_needs_expert_parallelism", MEGAMOE_RULE_R013},
+    {14, "expert_bias_linear_needs_etp_one", MEGAMOE_RULE_R014},
+    {15, "shared_expert_width_positive", MEGAMOE_RULE_R015},
+    {16, "degrees_positive", MEGAMOE_RULE_R016},
+    {17, "world_fits_attention_grid", MEGAMOE_RULE_R017},
+    {18, "world_fits_expert_grid", MEGAMOE_RULE_R018},
+    {19, "local_dispatch_needs_one_expert_rank", MEGAMOE_RULE_R019},
+    {20, "one_policy_per_kind", MEGAMOE_RULE_R020},
+    {21, "only_megamoe_policies", MEGAMOE_RULE_R021},
+    {22, "every_slot_filled", MEGAMOE_RULE_R022},
+    {23, "one_option_per_kind", MEGAMOE_RULE_R023},
+    {24, "only_accepted_options", MEGAMOE_RULE_R024},
+    {25, "sinkhorn_without_aux_losses", MEGAMOE_RULE_R025},
+    {26, "router_numbers_in_range", MEGAMOE_RULE_R026},
+    {27, "values_resolved", MEGAMOE_RULE_R027},
+    {28, "num_threads_positive", MEGAMOE_RULE_R028},
+    {29, "mpi_thread_level_funneled", MEGAMOE_RULE_R029},
+}};
+
+/// The catalogue entry of rule `id` (1-based).
+constexpr rule_info const& rule(int id) {
+  return rule_catalog.at(static_cast<std::size_t>(id - 1));
+}
+
+}  // namespace megamoe

@@ -1,0 +1,82 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/core/thread_pool.hpp — megamoe's one thread pool, and how many threads it gets.
+//
+// No OpenMP: megamoe owns one pool per process; Eigen products and Tensor expressions run on it
+// through its ThreadPoolDevice, or single-threaded inside its tasks. Only the main thread calls
+// MPI.
+#pragma once
+
+#include <megamoe/core/error.hpp>
+#include <megamoe/core/tensor.hpp>
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+namespace megamoe {
+
+/// Cores this process may run on (its CPU affinity), at least 1.
+inline int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1U, std::thread::hardware_concurrency());
+}
+
+/// Parses a MEGAMOE_NUM_THREADS value: a positive integer, or R028.
+inline int parse_num_threads(std::string const& text) {
+  char* end = nullptr;
+  errno = 0;
+  long const n = std::strtol(text.c_str(), &end, 10);
+  bool const digits_only =
+      !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+  if (!digits_only || end != text.c_str() + text.size() || errno == ERANGE || n < 1 || n > 4096)
+    throw config_error(28, "got '" + text + "'");
+  return static_cast<int>(n);
+}
+
+/// Threads for this process: MEGAMOE_NUM_THREADS when set, otherwise the cores divided by the ranks
+/// that share this machine, at least 1.
+inline int num_threads_from_environment(int ranks_on_node = 1) {
+  if (char const* text = std::getenv("MEGAMOE_NUM_THREADS")) return parse_num_threads(text);
+  return std::max(1, available_cores() / std::max(1, ranks_on_node));
+}
+
+/// A fixed set of worker threads with an Eigen device for Tensor expressions.
+class thread_pool {
+ public:
+  explicit thread_pool(int num_threads)
+      : pool_(std::max(1, num_threads)), device_(&pool_, std::max(1, num_threads)) {}
+
+  thread_pool(thread_pool const&) = delete;
+  thread_pool& operator=(thread_pool const&) = delete;
+
+  [[nodiscard]] int size() const noexcept { return pool_.NumThreads(); }
+
+  /// For `tensor.device(pool.device()) = expression;`.
+  [[nodiscard]] Eigen::ThreadPoolDevice const& device() const noexcept { return device_; }
+
+  /// Runs `task(i)` for i in [0, count) on the pool's threads and waits for all of them. The caller
+  /// must not be one of the pool's own threads.
+  template <class Task>
+  void run(int count, Task const& task) {
+    if (count <= 0) return;
+    Eigen::Barrier done(static_cast<unsigned>(count));
+    for (int i = 0; i < count; ++i)
+      pool_.Schedule([&task, &done, i] {
+        task(i);
+        done.Notify();
+      });
+    done.Wait();
+  }
+
+ private:
+  Eigen::ThreadPool pool_;
+  Eigen::ThreadPoolDevice device_;
+};
+
+}  // namespace megamoe

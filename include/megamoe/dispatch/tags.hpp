@@ -1,0 +1,81 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/dispatch/tags.hpp — dispatcher policies (tags only): how tokens reach their experts.
+//
+//   dispatch::local                          EP = ETP = 1: permutation only
+//   dispatch::all_gather                     gather over ETPxEP, keep local experts, reduce-scatter
+//   back dispatch::all_to_all                     count exchange, then variable all-to-all over EP
+//   dispatch::hierarchical<>                 node-aware: each token crosses a node boundary once
+//   dispatch::auto_                          local when EP*ETP = 1, otherwise all_to_all (the
+//   default)
+#pragma once
+
+#include <megamoe/core/policy.hpp>
+
+#include <concepts>
+#include <string_view>
+
+namespace megamoe::dispatch {
+
+/// The kind of the `dispatch` slot.
+struct kind {};
+
+enum class dispatcher { auto_, local, all_gather, all_to_all, hierarchical };
+
+/// Permutation only; needs EP = ETP = 1 (R019).
+struct local {
+  using policy_kind = kind;
+  static constexpr std::string_view name = "local";
+  static constexpr dispatcher value = dispatcher::local;
+};
+
+/// Megatron's `allgather` dispatcher.
+struct all_gather {
+  using policy_kind = kind;
+  static constexpr std::string_view name = "all_gather";
+  static constexpr dispatcher value = dispatcher::all_gather;
+};
+
+/// Megatron's `alltoall` dispatcher.
+struct all_to_all {
+  using policy_kind = kind;
+  static constexpr std::string_view name = "all_to_all";
+  static constexpr dispatcher value = dispatcher::all_to_all;
+};
+
+/// Two-level exchange: between nodes (ranks with the same local index), then inside the node, with
+/// IntraNode doing the inside-node part. Needs EP > 1 (R013).
+template <class IntraNode = all_to_all>
+requires std::same_as<IntraNode, all_to_all>
+struct hierarchical {
+  using policy_kind = kind;
+  using intra_node = IntraNode;
+  static constexpr std::string_view name = "hierarchical";
+  static constexpr dispatcher value = dispatcher::hierarchical;
+};
+
+/// Visible default: `local` when EP*ETP = 1, otherwise `all_to_all` (see `resolve`).
+struct auto_ {
+  using policy_kind = kind;
+  static constexpr std::string_view name = "auto";
+  static constexpr dispatcher value = dispatcher::auto_;
+};
+
+/// What `auto_` becomes for the given expert degrees; any other choice stays as it is.
+constexpr dispatcher resolve(dispatcher chosen, int ep, int etp) {
+  if (chosen != dispatcher::auto_) return chosen;
+  return ep * etp == 1 ? dispatcher::local : dispatcher::all_to_all;
+}
+
+/// megamoe's own name of a dispatcher.
+constexpr std::string_view name_of(dispatcher d) {
+  switch (d) {
+    case dispatcher::auto_: return "auto";
+    case dispatcher::local: return "local";
+    case dispatcher::all_gather: return "all_gather";
+    case dispatcher::all_to_all: return "all_to_all";
+    case dispatcher::hierarchical: return "hierarchical";
+  }
+  return "?";
+}
+
+}  // namespace megamoe::dispatch

@@ -1,0 +1,122 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/expert/tags.hpp — the expert slot (tags only): FFN form and GEMM backend.
+//
+//   expert::mlp<>                                       SwiGLU, backend chosen at start-up (auto)
+//   expert::mlp<expert::gelu, expert::grouped>
+//   expert::mlp<expert::swiglu, expert::amx, expert::shared_expert_gate>
+//
+// Options come in any order, each kind at most once.
+#pragma once
+
+#include <megamoe/core/policy.hpp>
+
+#include <string_view>
+
+namespace megamoe::expert {
+
+/// The kind of the `expert` slot.
+struct kind {};
+
+enum class activation_function { swiglu, gelu, squared_relu };
+enum class gemm_backend { auto_, per_expert, grouped, tensor_contraction, amx };
+
+/// Every choice of the expert slot, as plain values.
+struct settings {
+  activation_function activation = activation_function::swiglu;
+  gemm_backend backend = gemm_backend::auto_;
+  bool bias = false;                // add_bias_linear on the expert linears
+  bool shared_expert_gate = false;  // moe_shared_expert_gate
+  friend constexpr bool operator==(settings const&, settings const&) = default;
+};
+
+namespace option {
+struct activation_kind {};
+struct backend_kind {};
+struct bias_kind {};
+struct shared_gate_kind {};
+using all_kinds = boost::mp11::mp_list<activation_kind, backend_kind, bias_kind, shared_gate_kind>;
+}  // namespace option
+
+/// silu(x W1) * (x W3), then W2 (fc1 is [H -> 2F]).
+struct swiglu {
+  using option_kind = option::activation_kind;
+  static constexpr void apply(settings& s) { s.activation = activation_function::swiglu; }
+};
+/// gelu(x W1), then W2.
+struct gelu {
+  using option_kind = option::activation_kind;
+  static constexpr void apply(settings& s) { s.activation = activation_function::gelu; }
+};
+/// relu(x W1)^2, then W2.
+struct squared_relu {
+  using option_kind = option::activation_kind;
+  static constexpr void apply(settings& s) { s.activation = activation_function::squared_relu; }
+};
+
+/// The backend is picked once at start-up from what the machine offers (visible default).
+struct auto_backend {
+  using option_kind = option::backend_kind;
+  static constexpr void apply(settings& s) { s.backend = gemm_backend::auto_; }
+};
+/// One Eigen matrix product per expert.
+struct per_expert {
+  using option_kind = option::backend_kind;
+  static constexpr void apply(settings& s) { s.backend = gemm_backend::per_expert; }
+};
+/// All experts' GEMMs as one piece of work, split over the thread pool by FLOPs.
+struct grouped {
+  using option_kind = option::backend_kind;
+  static constexpr void apply(settings& s) { s.backend = gemm_backend::grouped; }
+};
+/// Eigen Tensor contractions on the pool's device.
+struct tensor_contraction {
+  using option_kind = option::backend_kind;
+  static constexpr void apply(settings& s) { s.backend = gemm_backend::tensor_contraction; }
+};
+/// AMX tile products (BF16 and the FP8/FP4 recipes).
+struct amx {
+  using option_kind = option::backend_kind;
+  static constexpr void apply(settings& s) { s.backend = gemm_backend::amx; }
+};
+
+/// Biases on fc1 and fc2 (scaled by the prob, as the reference does); needs ETP = 1 (R014).
+struct with_bias {
+  using option_kind = option::bias_kind;
+  static constexpr void apply(settings& s) { s.bias = true; }
+};
+/// The shared expert's output is multiplied by sigma(x g); needs shape shared_ffn > 0 (R015).
+struct shared_expert_gate {
+  using option_kind = option::shared_gate_kind;
+  static constexpr void apply(settings& s) { s.shared_expert_gate = true; }
+};
+
+/// The routed experts' FFN. Defaults: SwiGLU, auto backend, no biases, no shared-expert gate.
+template <class... Options>
+struct mlp {
+  using policy_kind = kind;
+  static constexpr std::string_view name = "mlp";
+  static constexpr settings value =
+      megamoe::detail::apply_options<option::all_kinds, settings, Options...>(settings{});
+};
+
+constexpr std::string_view name_of(activation_function a) {
+  switch (a) {
+    case activation_function::swiglu: return "swiglu";
+    case activation_function::gelu: return "gelu";
+    case activation_function::squared_relu: return "squared_relu";
+  }
+  return "?";
+}
+
+constexpr std::string_view name_of(gemm_backend b) {
+  switch (b) {
+    case gemm_backend::auto_: return "auto";
+    case gemm_backend::per_expert: return "per_expert";
+    case gemm_backend::grouped: return "grouped";
+    case gemm_backend::tensor_contraction: return "tensor";
+    case gemm_backend::amx: return "amx";
+  }
+  return "?";
+}
+
+}  // namespace megamoe::expert

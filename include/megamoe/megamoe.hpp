@@ -1,0 +1,32 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/megamoe.hpp — everything at once. Prefer the narrow headers in your own code: each of
+// them compiles on its own, and the light ones (config/, */tags.hpp) keep compile-time checks fast.
+#pragma once
+
+#include <megamoe/version.hpp>
+
+#include <megamoe/core/error.hpp>
+#include <megamoe/core/policy.hpp>
+#include <megamoe/core/rule_ids.hpp>
+#include <megamoe/core/shape.hpp>
+#include <megamoe/core/tensor.hpp>
+#include <megamoe/core/thread_pool.hpp>
+
+#include <megamoe/dispatch/tags.hpp>
+#include <megamoe/expert/tags.hpp>
+#include <megamoe/model/tags.hpp>
+#include <megamoe/parallel/tags.hpp>
+#include <megamoe/precision/tags.hpp>
+#include <megamoe/router/tags.hpp>
+
+#include <megamoe/config/concepts.hpp>
+#include <megamoe/config/config.hpp>
+#include <megamoe/config/describe.hpp>
+#include <megamoe/config/resolve.hpp>
+#include <megamoe/config/rules.hpp>
+#include <megamoe/config/values.hpp>
+
+#include <megamoe/parallel/environment.hpp>
+#include <megamoe/parallel/layout.hpp>
+#include <megamoe/parallel/process_groups.hpp>
+#include <megamoe/parallel/rank_generator.hpp>

@@ -1,0 +1,99 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/parallel/tags.hpp — the parallel mapping (tags and degrees only).
+//
+//   parallel::mapping<>                                    everything 1: one rank, or pure DP
+//   parallel::mapping<parallel::tp<2>, parallel::ep<4>>    attention TP2, experts EP4 (ETP follows
+//   TP) parallel::mapping<parallel::cp<2>, parallel::etp<2>, parallel::ep<2>>
+//   parallel::mapping<parallel::ep<megamoe::dynamic>>      EP decided at start-up
+//
+// Parallel folding: attention uses TP x CP x DP x PP and experts ETP x EP x EDP x PP over the same
+// world. DP and EDP are never in the type; they follow from the world size.
+#pragma once
+
+#include <megamoe/core/policy.hpp>
+
+#include <string_view>
+
+namespace megamoe::parallel {
+
+/// The kind of the `parallel` slot.
+struct kind {};
+
+/// The fixed degrees of a mapping. `dynamic` marks a degree decided at start-up.
+struct degrees {
+  int tp = 1;   // tensor_model_parallel_size
+  int cp = 1;   // context_parallel_size
+  int pp = 1;   // pipeline_model_parallel_size
+  int etp = 1;  // expert_tensor_parallel_size
+  int ep = 1;   // expert_model_parallel_size
+  friend constexpr bool operator==(degrees const&, degrees const&) = default;
+};
+
+namespace option {
+struct tp_kind {};
+struct cp_kind {};
+struct pp_kind {};
+struct etp_kind {};
+struct ep_kind {};
+using all_kinds = boost::mp11::mp_list<tp_kind, cp_kind, pp_kind, etp_kind, ep_kind>;
+}  // namespace option
+
+/// Attention tensor parallelism.
+template <int N>
+struct tp {
+  using option_kind = option::tp_kind;
+  static constexpr int value = N;
+};
+/// Context parallelism.
+template <int N>
+struct cp {
+  using option_kind = option::cp_kind;
+  static constexpr int value = N;
+};
+/// Pipeline parallelism (shared by both grids).
+template <int N>
+struct pp {
+  using option_kind = option::pp_kind;
+  static constexpr int value = N;
+};
+/// Expert tensor parallelism; defaults to tp, as in the reference.
+template <int N>
+struct etp {
+  using option_kind = option::etp_kind;
+  static constexpr int value = N;
+};
+/// Expert parallelism.
+template <int N>
+struct ep {
+  using option_kind = option::ep_kind;
+  static constexpr int value = N;
+};
+
+template <class... Degrees>
+struct mapping {
+  using policy_kind = kind;
+  static constexpr std::string_view name = "mapping";
+
+ private:
+  using options =
+      megamoe::detail::option_list<option::all_kinds, boost::mp11::mp_list<>, Degrees...>;
+  template <class Kind, class Default>
+  static constexpr int degree = options::template get<Kind, Default>::value;
+  static constexpr int tp_degree = degree<option::tp_kind, parallel::tp<1>>;
+
+ public:
+  static constexpr degrees value{
+      tp_degree,
+      degree<option::cp_kind, parallel::cp<1>>,
+      degree<option::pp_kind, parallel::pp<1>>,
+      degree<option::etp_kind, parallel::etp<tp_degree>>,
+      degree<option::ep_kind, parallel::ep<1>>,
+  };
+  static constexpr int tp = value.tp;
+  static constexpr int cp = value.cp;
+  static constexpr int pp = value.pp;
+  static constexpr int etp = value.etp;
+  static constexpr int ep = value.ep;
+};
+
+}  // namespace megamoe::parallel

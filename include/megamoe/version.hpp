@@ -1,0 +1,13 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/version.hpp — the library's version (CMake reads it from here).
+#pragma once
+
+#define MEGAMOE_VERSION_MAJOR 0
+#define MEGAMOE_VERSION_MINOR 1
+#define MEGAMOE_VERSION_PATCH 0
+
+namespace megamoe {
+inline constexpr int version_major = MEGAMOE_VERSION_MAJOR;
+inline constexpr int version_minor = MEGAMOE_VERSION_MINOR;
+inline constexpr int version_patch = MEGAMOE_VERSION_PATCH;
+}  // namespace megamoe

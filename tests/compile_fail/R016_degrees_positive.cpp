@@ -1,0 +1,18 @@
+// SPDX-License-Identifier: Apache-2.0
+// R016: every degree must be positive.
+// Built with MEGAMOE_COMPILE_FAIL the configuration breaks the rule and the compiler must print
+// megamoe[R016]; built without, the twin differs only in that choice and compiles.
+#include <megamoe/config/config.hpp>
+#include <megamoe/config/rules.hpp>
+
+namespace mm = megamoe;
+
+#ifdef MEGAMOE_COMPILE_FAIL
+#define MEGAMOE_TEST_CHOICE mm::parallel::cp<0>
+#else
+#define MEGAMOE_TEST_CHOICE mm::parallel::cp<2>
+#endif
+
+using cfg = mm::make_config<mm::shape<mm::hidden<64>, mm::ffn<128>, mm::experts<8>>,
+                            mm::parallel::mapping<MEGAMOE_TEST_CHOICE>>;
+static_assert(mm::rules::check<cfg>());

@@ -1,0 +1,163 @@
+// SPDX-License-Identifier: Apache-2.0
+// describe(): every choice, defaults included and marked, under the reference's field names.
+#include <megamoe/config/config.hpp>
+#include <megamoe/config/describe.hpp>
+#include <megamoe/config/resolve.hpp>
+
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+
+namespace mm = megamoe;
+using json = nlohmann::ordered_json;
+
+namespace {
+using small_shape = mm::shape<mm::hidden<64>, mm::ffn<128>, mm::experts<8>>;
+
+int count_lines_with(std::string const& text, std::string const& needle) {
+  std::istringstream in(text);
+  int n = 0;
+  for (std::string line; std::getline(in, line);) n += line.find(needle) != std::string::npos;
+  return n;
+}
+}  // namespace
+
+TEST(Describe, EverySlotAndFieldIsPresentAndDefaultsAreListed) {
+  auto const d = mm::describe<mm::make_config<small_shape>>();
+  std::vector<std::string> slots;
+  int fields = 0, shape_fields = 0;
+  for (auto const& [slot, value] : d.json.items()) {
+    if (slot == "defaults") continue;
+    slots.push_back(slot);
+    fields += static_cast<int>(value.size());
+    if (slot == "shape") shape_fields = static_cast<int>(value.size());
+    EXPECT_TRUE(value.contains("policy")) << slot;
+  }
+  EXPECT_EQ(slots, (std::vector<std::string>{"shape", "router", "dispatch", "expert", "precision",
+                                             "parallel", "memory"}));
+  // Only the shape was given, so every other field is a default; the text marks the same ones.
+  EXPECT_EQ(static_cast<int>(d.json["defaults"].size()), fields - shape_fields);
+  EXPECT_EQ(count_lines_with(d.text, "(default)"), fields - shape_fields);
+  EXPECT_EQ(count_lines_with(d.text, " = "), fields);
+  EXPECT_EQ(d.json["router"]["moe_router_topk"], 2);
+  EXPECT_EQ(d.json["router"]["moe_router_score_function"], "softmax");
+  EXPECT_EQ(d.json["router"]["moe_router_load_balancing_type"], "none");
+  EXPECT_EQ(d.json["dispatch"]["moe_token_dispatcher_type"], "local");
+  EXPECT_EQ(d.json["precision"]["recipe"], "fp32");
+  EXPECT_EQ(d.json["shape"]["num_moe_experts"], 8);
+}
+
+TEST(Describe, RouterFieldsUseReferenceNames) {
+  using cfg = mm::make_config<
+      small_shape,
+      mm::router::top_k<4, mm::router::softmax_before_topk, mm::router::topk_scaling_factor<2.5>,
+                        mm::router::aux_loss<1e-2>, mm::router::z_loss<1e-3>,
+                        mm::router::capacity<1.25, mm::router::drop_position>,
+                        mm::router::pad_to_capacity, mm::router::dtype<double>>>;
+  auto const r = mm::describe<cfg>().json["router"];
+  EXPECT_EQ(r["policy"], "top_k");
+  EXPECT_EQ(r["moe_router_topk"], 4);
+  EXPECT_EQ(r["moe_router_score_function"], "softmax");
+  EXPECT_EQ(r["moe_router_pre_softmax"], true);
+  EXPECT_EQ(r["moe_router_topk_scaling_factor"], 2.5);
+  EXPECT_EQ(r["moe_router_load_balancing_type"], "aux_loss");
+  EXPECT_EQ(r["moe_aux_loss_coeff"], 1e-2);
+  EXPECT_EQ(r["moe_z_loss_coeff"], 1e-3);
+  EXPECT_EQ(r["moe_expert_capacity_factor"], 1.25);
+  EXPECT_EQ(r["moe_token_drop_policy"], "position");
+  EXPECT_EQ(r["moe_pad_expert_input_to_capacity"], true);
+  EXPECT_EQ(r["moe_router_dtype"], "fp64");
+  EXPECT_TRUE(r["moe_router_num_groups"].is_null());
+}
+
+TEST(Describe, LossListsAndSinkhorn) {
+  using list = mm::make_config<
+      small_shape, mm::router::top_k<2, mm::router::global_aux_loss<3e-3>,
+                                     mm::router::aux_loss<1e-2>, mm::router::seq_aux_loss<2e-3>>>;
+  auto const r = mm::describe<list>().json["router"];
+  EXPECT_EQ(r["moe_router_load_balancing_type"],
+            json({"aux_loss", "seq_aux_loss", "global_aux_loss"}));
+  EXPECT_EQ(r["moe_aux_loss_coeff"], json({1e-2, 2e-3, 3e-3}));
+  using sink = mm::make_config<small_shape, mm::router::top_k<1, mm::router::sinkhorn>>;
+  EXPECT_EQ(mm::describe<sink>().json["router"]["moe_router_load_balancing_type"], "sinkhorn");
+}
+
+TEST(Describe, AuxLossFreeGroupsAndBias) {
+  using cfg = mm::make_config<
+      mm::shape<mm::hidden<64>, mm::ffn<128>, mm::experts<32>>,
+      mm::router::aux_loss_free<8, mm::router::group_limit<8, 4>, mm::router::expert_bias<2e-3>>>;
+  auto const r = mm::describe<cfg>().json["router"];
+  EXPECT_EQ(r["policy"], "aux_loss_free");
+  EXPECT_EQ(r["moe_router_score_function"], "sigmoid");
+  EXPECT_EQ(r["moe_router_enable_expert_bias"], true);
+  EXPECT_EQ(r["moe_router_bias_update_rate"], 2e-3);
+  EXPECT_EQ(r["moe_router_num_groups"], 8);
+  EXPECT_EQ(r["moe_router_group_topk"], 4);
+}
+
+TEST(Describe, DispatcherNamesFollowTheReference) {
+  auto dispatcher = [](auto cfg) {
+    return mm::describe<decltype(cfg)>().json["dispatch"]["moe_token_dispatcher_type"];
+  };
+  using ep2 = mm::parallel::mapping<mm::parallel::ep<2>>;
+  EXPECT_EQ(dispatcher(mm::make_config<small_shape, ep2, mm::dispatch::all_gather>{}), "allgather");
+  EXPECT_EQ(dispatcher(mm::make_config<small_shape, ep2, mm::dispatch::all_to_all>{}), "alltoall");
+  EXPECT_EQ(dispatcher(mm::make_config<small_shape, ep2>{}), "alltoall");
+  EXPECT_EQ(dispatcher(mm::make_config<small_shape>{}), "local");
+  EXPECT_EQ(
+      dispatcher(
+          mm::make_config<small_shape, mm::parallel::mapping<mm::parallel::ep<mm::dynamic>>>{}),
+      "decided at start-up");
+  EXPECT_EQ(dispatcher(mm::make_config<small_shape, ep2, mm::dispatch::hierarchical<>>{}),
+            "hierarchical");
+}
+
+TEST(Describe, PrecisionRecipes) {
+  auto p = [](auto recipe) {
+    return mm::describe<mm::make_config<small_shape, decltype(recipe)>>().json["precision"];
+  };
+  EXPECT_EQ(p(mm::precision::bf16{})["bf16"], true);
+  auto const delayed = p(mm::precision::fp8_tensorwise<mm::precision::delayed>{});
+  EXPECT_EQ(delayed["fp8"], "hybrid");
+  EXPECT_EQ(delayed["fp8_recipe"], "delayed");
+  EXPECT_EQ(delayed["fp8_amax_history_len"], 1);
+  EXPECT_EQ(delayed["fp8_amax_compute_algo"], "most_recent");
+  EXPECT_EQ(delayed["fp8_margin"], 0);
+  EXPECT_EQ(p(mm::precision::fp8_tensorwise<mm::precision::current>{})["fp8_recipe"], "tensorwise");
+  EXPECT_EQ(p(mm::precision::fp8_blockwise{})["quantization_padding_multiple"], 16);
+  EXPECT_EQ(p(mm::precision::mxfp8{})["quantization_padding_multiple"], 32);
+  auto const fp4 = p(mm::precision::nvfp4{});
+  EXPECT_EQ(fp4["fp4_recipe"], "nvfp4");
+  EXPECT_EQ(fp4["quantization_padding_multiple"], 128);
+  EXPECT_TRUE(fp4["fp8"].is_null());
+  EXPECT_EQ(p(mm::precision::fp64{})["params_dtype"], "fp64");
+}
+
+TEST(Describe, StartUpValuesSayWhatIsLeftOpen) {
+  using cfg = mm::make_config<mm::shape<mm::hidden<mm::dynamic>, mm::ffn<128>, mm::experts<8>>,
+                              mm::router::runtime, mm::memory::recompute<mm::memory::moe_act>>;
+  auto const d = mm::describe<cfg>().json;
+  EXPECT_EQ(d["shape"]["hidden_size"], "dynamic");
+  EXPECT_EQ(d["router"]["settings"], "read at start-up");
+  EXPECT_EQ(d["memory"]["recompute_granularity"], "selective");
+  EXPECT_EQ(d["memory"]["recompute_modules"], json({"moe_act"}));
+  EXPECT_EQ(d["parallel"]["data_parallel_size"], "from the world size");
+}
+
+// A run-time router given the settings of a static router describes exactly as that router does.
+TEST(Describe, RuntimeRouterDescribesAsTheStaticOne) {
+  using fixed = mm::router::top_k<4, mm::router::sigmoid, mm::router::expert_bias<>,
+                                  mm::router::seq_aux_loss<1e-3>>;
+  using static_cfg = mm::make_config<small_shape, fixed>;
+  using runtime_cfg = mm::make_config<small_shape, mm::router::runtime>;
+  auto const from_type = mm::resolve<static_cfg>({.world_size = 1});
+  auto const from_startup = mm::resolve<runtime_cfg>({.router = fixed::value, .world_size = 1});
+  auto a = mm::describe(from_type).json;
+  auto b = mm::describe(from_startup).json;
+  EXPECT_EQ(b["router"]["policy"], "runtime");
+  a["router"].erase("policy");
+  b["router"].erase("policy");
+  a["defaults"] = b["defaults"] = nullptr;
+  EXPECT_EQ(a, b);
+}

@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: Apache-2.0
+// Start-up completion of configuration types: dynamic values, run-time routers, and the same rule
+// ids.
+#include <megamoe/config/config.hpp>
+#include <megamoe/config/resolve.hpp>
+
+#include <gtest/gtest.h>
+
+namespace mm = megamoe;
+
+namespace {
+using open_config =
+    mm::make_config<mm::shape<mm::hidden<mm::dynamic>, mm::ffn<128>, mm::experts<64>>,
+                    mm::router::aux_loss_free<8, mm::router::group_limit<8, 4>>,
+                    mm::parallel::mapping<mm::parallel::ep<mm::dynamic>>>;
+static_assert(mm::rules::check<open_config>());
+
+template <class F>
+int rule_of(F&& f) {
+  try {
+    f();
+  } catch (mm::config_error const& e) {
+    return e.rule_id();
+  }
+  return 0;
+}
+}  // namespace
+
+TEST(Resolve, FillsWhatTheTypeLeftOpen) {
+  auto const v = mm::resolve<open_config>({.hidden = 256, .ep = 8, .world_size = 16});
+  EXPECT_EQ(v.shape.hidden, 256);
+  EXPECT_EQ(v.shape.experts, 64);
+  EXPECT_EQ(v.parallel.ep, 8);
+  EXPECT_EQ(v.parallel.etp, 1);  // ETP follows TP
+  EXPECT_EQ(v.world_size, 16);
+  EXPECT_TRUE(mm::rules::broken(v).empty());
+}
+
+TEST(Resolve, StartUpValuesGoThroughTheSameRules) {
+  EXPECT_EQ(rule_of([] { mm::resolve<open_config>({.hidden = 256, .ep = 6, .world_size = 6}); }),
+            3);
+  EXPECT_EQ(rule_of([] { mm::resolve<open_config>({.hidden = 256, .ep = 8, .world_size = 12}); }),
+            18);
+  EXPECT_EQ(rule_of([] { mm::resolve<open_config>({.hidden = 256, .world_size = 8}); }), 27);
+  EXPECT_EQ(rule_of([] { mm::resolve<open_config>({.hidden = 0, .ep = 8, .world_size = 8}); }), 1);
+  EXPECT_EQ(rule_of([] { mm::resolve<open_config>({.hidden = 8, .ep = 8, .world_size = -8}); }),
+            17);
+}
+
+TEST(Resolve, AGivenValueMustAgreeWithTheType) {
+  EXPECT_THROW(mm::resolve<open_config>({.hidden = 256, .ffn = 512, .ep = 8, .world_size = 8}),
+               mm::input_error);
+  EXPECT_NO_THROW(mm::resolve<open_config>({.hidden = 256, .ffn = 128, .ep = 8, .world_size = 8}));
+}
+
+TEST(Resolve, EtpFollowsTpUnlessGiven) {
+  using cfg =
+      mm::make_config<mm::shape<mm::hidden<64>, mm::ffn<64>, mm::experts<8>>,
+                      mm::parallel::mapping<mm::parallel::tp<mm::dynamic>, mm::parallel::ep<2>>>;
+  EXPECT_EQ(mm::values_of<cfg>().parallel.etp, mm::dynamic);
+  EXPECT_EQ(mm::resolve<cfg>({.tp = 2, .world_size = 8}).parallel.etp, 2);
+  EXPECT_EQ(mm::resolve<cfg>({.tp = 2, .etp = 1, .world_size = 8}).parallel.etp, 1);
+}
+
+TEST(Resolve, RuntimeRouterIsCheckedWithTheRouterRules) {
+  using cfg =
+      mm::make_config<mm::shape<mm::hidden<64>, mm::ffn<64>, mm::experts<8>>, mm::router::runtime>;
+  mm::router::settings s;
+  s.top_k = 4;
+  EXPECT_NO_THROW(mm::resolve<cfg>({.router = s, .world_size = 1}));
+  EXPECT_EQ(rule_of([] { mm::resolve<cfg>({.world_size = 1}); }), 27);
+  s.top_k = 9;
+  EXPECT_EQ(rule_of([&] { mm::resolve<cfg>({.router = s, .world_size = 1}); }), 2);
+  s.top_k = 1;
+  EXPECT_EQ(rule_of([&] { mm::resolve<cfg>({.router = s, .world_size = 1}); }), 8);
+  s.score = mm::router::score_function::softmax_before_topk;
+  EXPECT_NO_THROW(mm::resolve<cfg>({.router = s, .world_size = 1}));
+  s.expert_bias = true;
+  EXPECT_EQ(rule_of([&] { mm::resolve<cfg>({.router = s, .world_size = 1}); }), 7);
+}
+
+TEST(Resolve, AStaticRouterRejectsDifferentStartUpSettings) {
+  using cfg =
+      mm::make_config<mm::shape<mm::hidden<64>, mm::ffn<64>, mm::experts<8>>, mm::router::top_k<2>>;
+  mm::router::settings s;
+  EXPECT_NO_THROW(mm::resolve<cfg>({.router = s, .world_size = 1}));
+  s.top_k = 4;
+  EXPECT_THROW(mm::resolve<cfg>({.router = s, .world_size = 1}), mm::input_error);
+}
