@@ -69,6 +69,12 @@ inline void print_error_line(std::string const& line) {
   std::fflush(stderr);
 }
 
+/// "megamoe: rank r of n: ", the prefix of every error line a rank prints.
+inline std::string rank_prefix(boost::mpi::communicator const& world) {
+  return "megamoe: rank " + std::to_string(world.rank()) + " of " + std::to_string(world.size()) +
+         ": ";
+}
+
 /// Runs `check()` on every rank of `comm`, then agrees on failure (see `agree_on_failure`).
 template <class Check>
 void check_on_every_rank(boost::mpi::communicator const& comm, Check&& check) {
@@ -95,8 +101,6 @@ class environment {
                         &node);
     MPI_Comm_size(node, &ranks_on_node_);
     MPI_Comm_free(&node);
-    std::string const where =
-        "rank " + std::to_string(world_.rank()) + " of " + std::to_string(world_.size());
     try {
       check_on_every_rank(world_, [&] {
         if (env_.thread_level() < boost::mpi::threading::funneled)
@@ -104,8 +108,11 @@ class environment {
         num_threads_ = num_threads_from_environment(ranks_on_node_);
       });
     } catch (config_error const& e) {
-      // After this constructor fails no communicator is left to ask for the rank, so name it here.
-      throw config_error::verbatim(e.rule_id(), where + ": " + e.what());
+      // Printed here, while MPI is still up: once MPI is finalized a rank may exit, and mpiexec
+      // then stops the others, possibly before they could print.
+      print_error_line(rank_prefix(world_) + e.what());
+      world_.barrier();  // every rank has printed before any can exit
+      throw;
     }
   }
 
@@ -144,14 +151,15 @@ int run_main(int argc, char** argv, Body&& body) {
     try {
       return std::invoke(std::forward<Body>(body), env);
     } catch (config_error const& e) {
-      print_error_line("megamoe: rank " + std::to_string(world.rank()) + " of " +
-                       std::to_string(world.size()) + ": " + e.what());
+      print_error_line(rank_prefix(world) + e.what());
+      world.barrier();  // the ranks agreed on this error; all print before any exits
       return 1;
     } catch (std::exception const& e) {
-      print_error_line("megamoe: rank " + std::to_string(world.rank()) + " of " +
-                       std::to_string(world.size()) + ": " + e.what());
+      print_error_line(rank_prefix(world) + e.what());
       world.abort(1);
     }
+  } catch (config_error const&) {
+    return 1;  // a start-up check failed; `environment` printed it on every rank
   } catch (std::exception const& e) {
     print_error_line(std::string("megamoe: ") + e.what());
     return 1;
