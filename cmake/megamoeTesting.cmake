@@ -29,17 +29,34 @@ function(megamoe_add_mpi_test name)
     ENVIRONMENT "${MEGAMOE_MPI_TEST_ENVIRONMENT};${ARG_ENVIRONMENT}")
 endfunction()
 
-# megamoe_add_mpi_failure_test(name RANKS n EXPECT regex COMMAND program args...)
-# Passes when the job exits non-zero and every rank printed one error line matching EXPECT.
+# megamoe_add_mpi_failure_test(name RANKS n EXPECT regex COMMAND program args... [PRINTING_RANKS r...])
+# Passes when the job exits non-zero and every rank (or each of PRINTING_RANKS) printed one error line
+# matching EXPECT.
 function(megamoe_add_mpi_failure_test name)
-  cmake_parse_arguments(ARG "" "RANKS;EXPECT" "COMMAND;ENVIRONMENT" ${ARGN})
+  cmake_parse_arguments(ARG "" "RANKS;EXPECT" "COMMAND;ENVIRONMENT;PRINTING_RANKS" ${ARGN})
   list(JOIN ARG_COMMAND "|" command)
+  set(printing)
+  if(ARG_PRINTING_RANKS)
+    list(JOIN ARG_PRINTING_RANKS "|" joined)
+    set(printing "-DPRINTING_RANKS=${joined}")
+  endif()
   add_test(NAME mpi.${name}
     COMMAND ${CMAKE_COMMAND} -DMPIEXEC=${MPIEXEC_EXECUTABLE} -DRANKS=${ARG_RANKS}
-            "-DEXPECT=${ARG_EXPECT}" "-DCOMMAND=${command}"
+            "-DEXPECT=${ARG_EXPECT}" "-DCOMMAND=${command}" ${printing}
             -P ${PROJECT_SOURCE_DIR}/tests/mpi/expect_error_on_every_rank.cmake)
   set_tests_properties(mpi.${name} PROPERTIES LABELS mpi PROCESSORS ${ARG_RANKS} TIMEOUT 120
     ENVIRONMENT "${MEGAMOE_MPI_TEST_ENVIRONMENT};${ARG_ENVIRONMENT}")
+endfunction()
+
+# megamoe_add_run_test(name EXIT zero|nonzero EXPECT regex COMMAND program args... [LABELS ...])
+# Passes when the program's exit status and its output are both as expected.
+function(megamoe_add_run_test name)
+  cmake_parse_arguments(ARG "" "EXIT;EXPECT" "COMMAND;LABELS" ${ARGN})
+  list(JOIN ARG_COMMAND "|" command)
+  add_test(NAME ${name}
+    COMMAND ${CMAKE_COMMAND} -DEXIT=${ARG_EXIT} "-DEXPECT=${ARG_EXPECT}" "-DCOMMAND=${command}"
+            -P ${PROJECT_SOURCE_DIR}/tests/run_and_match.cmake)
+  set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT 120)
 endfunction()
 
 # One generated translation unit per public header under include_dir, each including its header

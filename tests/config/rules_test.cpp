@@ -119,6 +119,12 @@ std::vector<breaking_case> const& breaking_cases() {
       {26, "negative z-loss", [](auto& v) { v.router->z_loss_coeff = -1e-3; }},
       {26, "jitter 1", [](auto& v) { v.router->input_jitter_eps = 1.0; }},
       {26, "bias rate zero", [](auto& v) { v.router->bias_update_rate = 0.0; }},
+      {30, "quantized activations with bf16",
+       [](auto& v) {
+         v.precision = mm::precision::bf16::value;
+         v.memory.quantized_activations = true;
+       }},
+      {30, "quantized weights with fp32", [](auto& v) { v.memory.quantized_weights = true; }},
       {27, "runtime router not given", [](auto& v) { v.router.reset(); }},
       {27, "dynamic hidden", [](auto& v) { v.shape.hidden = mm::dynamic; }},
       {27, "dynamic ep", [](auto& v) { v.parallel.ep = mm::dynamic; }},

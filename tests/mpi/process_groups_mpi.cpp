@@ -31,6 +31,7 @@ namespace {
 struct arguments {
   mm::parallel::degrees degrees;
   std::optional<nlohmann::json> reference;
+  std::optional<int> fail_on_rank;  // a local error on one rank while the others communicate
 };
 
 arguments parse(int argc, char** argv) {
@@ -56,6 +57,8 @@ arguments parse(int argc, char** argv) {
       etp = std::stoi(value);
     } else if (key == "--ep") {
       a.degrees.ep = std::stoi(value);
+    } else if (key == "--fail-on-rank") {
+      a.fail_on_rank = std::stoi(value);
     } else {
       throw mm::input_error("unknown argument " + key);
     }
@@ -77,6 +80,8 @@ int main(int argc, char** argv) {
                             args.reference->at("config").at("world_size").dump() + " ranks");
 
     int const me = world.rank();
+    if (args.fail_on_rank == me)
+      throw mm::input_error("injected failure on one rank while the others communicate");
     int failures = 0;
     int checked = 0;
     auto check = [&](boost::mpi::communicator const& comm, ref::axis_sizes const& sizes,

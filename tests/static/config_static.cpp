@@ -123,7 +123,12 @@ static_assert(
     mm::expert::settings{mm::expert::activation_function::squared_relu,
                          mm::expert::gemm_backend::amx, true, false});
 static_assert(mm::memory::recompute<mm::memory::moe_layer, mm::memory::shared_experts>::value ==
-              mm::memory::settings{false, true, true});
+              mm::memory::settings{false, true, true, false, false});
+static_assert(mm::memory::plan<mm::memory::quantized_weights, mm::memory::moe_act>::value ==
+              mm::memory::settings{true, false, false, false, true});
+static_assert(std::is_same_v<mm::memory::keep_all, mm::memory::recompute<>>);
+static_assert(mm::memory::keep_all::name == "keep_all" &&
+              mm::memory::recompute<mm::memory::moe_act>::name == "recompute");
 
 // Precision recipes: padding multiples and which are quantized.
 static_assert(mm::precision::fp8_tensorwise<mm::precision::delayed>::value.padding_multiple == 16);
@@ -158,6 +163,10 @@ static_assert(!mm::rules::quantization_padding_matches_recipe(
     values<small, r::top_k<2, r::pad_for_quantization<32>>, mm::precision::fp8_blockwise>));
 static_assert(mm::rules::quantization_padding_matches_recipe(
     values<small, r::top_k<2, r::pad_for_quantization<>>, mm::precision::nvfp4>));
+static_assert(!mm::rules::quantized_storage_needs_quantized_recipe(
+    values<small, mm::memory::plan<mm::memory::quantized_activations>>));
+static_assert(mm::rules::quantized_storage_needs_quantized_recipe(
+    values<small, mm::memory::plan<mm::memory::quantized_activations>, mm::precision::mxfp8>));
 // A dynamic value passes at compile time and waits for start-up.
 static_assert(mm::rules::ep_divides_experts(
     values<small, mm::parallel::mapping<mm::parallel::ep<mm::dynamic>>>));

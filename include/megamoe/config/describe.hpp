@@ -206,12 +206,14 @@ inline nlohmann::ordered_json parallel_json(std::string_view policy, parallel::d
 inline nlohmann::ordered_json memory_json(std::string_view policy, memory::settings const& m) {
   nlohmann::ordered_json j;
   j["policy"] = policy;
-  j["recompute_granularity"] = m.any() ? nlohmann::ordered_json("selective") : nullptr;
+  j["recompute_granularity"] = m.recomputes() ? nlohmann::ordered_json("selective") : nullptr;
   auto modules = nlohmann::ordered_json::array();
   if (m.moe_layer) modules.push_back("moe");
   if (m.moe_act) modules.push_back("moe_act");
   if (m.shared_experts) modules.push_back("shared_experts");
   j["recompute_modules"] = modules;
+  j["quantized_activations"] = m.quantized_activations;
+  j["quantized_weights"] = m.quantized_weights;
   return j;
 }
 

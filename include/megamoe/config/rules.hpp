@@ -194,6 +194,12 @@ constexpr bool router_numbers_in_range(config_values const& v) {
          (!r.input_jitter_eps || (*r.input_jitter_eps >= 0.0 && *r.input_jitter_eps < 1.0));
 }
 
+/// R030
+constexpr bool quantized_storage_needs_quantized_recipe(config_values const& v) {
+  return (!v.memory.quantized_activations && !v.memory.quantized_weights) ||
+         precision::is_quantized(v.precision.recipe);
+}
+
 /// R027, for the degrees alone.
 constexpr bool degrees_resolved(parallel::degrees const& d) {
   return detail::known(d.tp) && detail::known(d.cp) && detail::known(d.pp) &&
@@ -213,7 +219,7 @@ struct value_rule {
 };
 
 /// Every value rule, in id order; the start-up check runs all of them.
-inline constexpr std::array<value_rule, 22> value_rules{{
+inline constexpr std::array<value_rule, 23> value_rules{{
     {1, shape_sizes_valid},
     {2, top_k_within_experts},
     {3, ep_divides_experts},
@@ -236,6 +242,7 @@ inline constexpr std::array<value_rule, 22> value_rules{{
     {25, sinkhorn_without_aux_losses},
     {26, router_numbers_in_range},
     {27, values_resolved},
+    {30, quantized_storage_needs_quantized_recipe},
 }};
 
 /// The ids of every broken rule, in id order (empty when the values are valid).
@@ -304,6 +311,7 @@ consteval bool check() {
     static_assert(local_dispatch_needs_one_expert_rank(v), MEGAMOE_RULE_R019);
     static_assert(sinkhorn_without_aux_losses(v), MEGAMOE_RULE_R025);
     static_assert(router_numbers_in_range(v), MEGAMOE_RULE_R026);
+    static_assert(quantized_storage_needs_quantized_recipe(v), MEGAMOE_RULE_R030);
   }
   return true;
 }

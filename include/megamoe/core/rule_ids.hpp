@@ -78,6 +78,9 @@
   "megamoe[R027]: a size or degree left to start-up (dynamic), or a run-time router, must be " \
   "resolved before the configuration is used"
 #define MEGAMOE_RULE_R028 "megamoe[R028]: MEGAMOE_NUM_THREADS must be a positive integer"
+#define MEGAMOE_RULE_R030                                                                          \
+  "megamoe[R030]: memory::quantized_activations and memory::quantized_weights need an FP8 or FP4 " \
+  "precision recipe"
 #define MEGAMOE_RULE_R029 "megamoe[R029]: the MPI library must provide at least MPI_THREAD_FUNNELED"
 
 namespace megamoe {
@@ -91,7 +94,7 @@ struct rule_info {
 };
 
 /// Every rule megamoe checks, in id order. `rule_catalog[i].id == i + 1`.
-inline constexpr std::array<rule_info, 29> rule_catalog{{
+inline constexpr std::array<rule_info, 30> rule_catalog{{
     {1, "shape_sizes_valid", MEGAMOE_RULE_R001},
     {2, "top_k_within_experts", MEGAMOE_RULE_R002},
     {3, "ep_divides_experts", MEGAMOE_RULE_R003},
@@ -121,6 +124,7 @@ inline constexpr std::array<rule_info, 29> rule_catalog{{
     {27, "values_resolved", MEGAMOE_RULE_R027},
     {28, "num_threads_positive", MEGAMOE_RULE_R028},
     {29, "mpi_thread_level_funneled", MEGAMOE_RULE_R029},
+    {30, "quantized_storage_needs_quantized_recipe", MEGAMOE_RULE_R030},
 }};
 
 /// The catalogue entry of rule `id` (1-based).

@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// megamoe/model/tags.hpp — the memory slot (tags only): what the layer keeps or recomputes.
+// megamoe/model/tags.hpp — the memory slot (tags only): what the layer keeps, recomputes, or stores
+// in low precision.
 //
 //   memory::keep_all                                        save every activation backward needs
 //   memory::recompute<memory::moe_act>                      keep fc1's output, redo act * prob
 //   memory::recompute<memory::moe_layer>                    redo the whole MoE layer in backward
-//   memory::recompute<memory::moe_act, memory::shared_experts>
+//   memory::plan<memory::moe_act, memory::quantized_activations>
 //
-// The module names follow the reference's `recompute_modules`.
+// The module names follow the reference's `recompute_modules`. Quantized storage keeps saved
+// activations (and, optionally, the primary weights) as the precision recipe's codes + scales.
 #pragma once
 
 #include <megamoe/core/policy.hpp>
@@ -18,12 +20,15 @@ namespace megamoe::memory {
 /// The kind of the `memory` slot.
 struct kind {};
 
-/// Modules recomputed in backward, as a set (`recompute_modules`).
+/// Modules recomputed in backward (`recompute_modules`), and what is stored quantized.
 struct settings {
   bool moe_act = false;
   bool moe_layer = false;
   bool shared_experts = false;
-  [[nodiscard]] constexpr bool any() const { return moe_act || moe_layer || shared_experts; }
+  bool quantized_activations = false;
+  bool quantized_weights = false;
+  /// True when any module is recomputed.
+  [[nodiscard]] constexpr bool recomputes() const { return moe_act || moe_layer || shared_experts; }
   friend constexpr bool operator==(settings const&, settings const&) = default;
 };
 
@@ -31,39 +36,52 @@ namespace option {
 struct moe_act_kind {};
 struct moe_layer_kind {};
 struct shared_experts_kind {};
-using all_kinds = boost::mp11::mp_list<moe_act_kind, moe_layer_kind, shared_experts_kind>;
+struct quantized_activations_kind {};
+struct quantized_weights_kind {};
+using all_kinds = boost::mp11::mp_list<moe_act_kind, moe_layer_kind, shared_experts_kind,
+                                       quantized_activations_kind, quantized_weights_kind>;
 }  // namespace option
 
-/// The expert activation and prob multiply ("moe_act").
+/// Recompute the expert activation and prob multiply ("moe_act").
 struct moe_act {
   using option_kind = option::moe_act_kind;
   static constexpr void apply(settings& s) { s.moe_act = true; }
 };
-/// The whole MoE layer ("moe").
+/// Recompute the whole MoE layer ("moe").
 struct moe_layer {
   using option_kind = option::moe_layer_kind;
   static constexpr void apply(settings& s) { s.moe_layer = true; }
 };
-/// The shared expert ("shared_experts").
+/// Recompute the shared expert ("shared_experts").
 struct shared_experts {
   using option_kind = option::shared_experts_kind;
   static constexpr void apply(settings& s) { s.shared_experts = true; }
 };
+/// Store saved activations as the recipe's codes + scales (needs an FP8/FP4 recipe, R030).
+struct quantized_activations {
+  using option_kind = option::quantized_activations_kind;
+  static constexpr void apply(settings& s) { s.quantized_activations = true; }
+};
+/// Store the primary expert weights as the recipe's codes + scales (needs an FP8/FP4 recipe, R030).
+struct quantized_weights {
+  using option_kind = option::quantized_weights_kind;
+  static constexpr void apply(settings& s) { s.quantized_weights = true; }
+};
 
-/// Selective recomputation of the given modules (at least one).
-template <class Module, class... Modules>
-struct recompute {
+/// What to keep, recompute or store quantized; options in any order, each at most once.
+template <class... Options>
+struct plan {
   using policy_kind = kind;
-  static constexpr std::string_view name = "recompute";
   static constexpr settings value =
-      megamoe::detail::apply_options<option::all_kinds, settings, Module, Modules...>(settings{});
+      megamoe::detail::apply_options<option::all_kinds, settings, Options...>(settings{});
+  static constexpr std::string_view name = value.recomputes() ? "recompute" : "keep_all";
 };
 
-/// Keep every activation the backward pass needs (the default).
-struct keep_all {
-  using policy_kind = kind;
-  static constexpr std::string_view name = "keep_all";
-  static constexpr settings value{};
-};
+/// Keep every activation the backward pass needs, in the recipe's activation type (the default).
+using keep_all = plan<>;
+
+/// Selective recomputation of the given modules (and any storage options).
+template <class... Options>
+using recompute = plan<Options...>;
 
 }  // namespace megamoe::memory

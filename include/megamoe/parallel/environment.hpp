@@ -21,45 +21,70 @@
 #include <exception>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace megamoe::parallel {
 
-/// Collective over `comm`: if any rank passes a failure, every rank throws. A rank that failed
-/// throws its own error; the others throw the lowest failing rank's error, marked with that rank's
-/// number (a `config_error` keeps its rule id). Each rank must call this at the same point, and the
-/// checks before it must not communicate.
+/// Marks an error that every rank of a communicator throws at the same point, so a rank may stop
+/// cleanly without leaving another waiting in a collective (see `agree_on_failure`).
+struct agreed_failure {
+  virtual ~agreed_failure() = default;
+};
+
+/// A broken configuration rule that every rank agreed on.
+class agreed_config_error : public config_error, public agreed_failure {
+ public:
+  agreed_config_error(int rule_id, std::string const& text)
+      : config_error(config_error::verbatim(rule_id, text)) {}
+};
+
+/// Bad input that every rank agreed on.
+class agreed_input_error : public input_error, public agreed_failure {
+ public:
+  using input_error::input_error;
+};
+
+namespace detail {
+/// The rule id (0: not a configuration rule) and text of an exception.
+inline std::pair<int, std::string> describe_failure(std::exception_ptr failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (config_error const& e) {
+    return {e.rule_id(), e.what()};
+  } catch (std::exception const& e) {
+    return {0, e.what()};
+  } catch (...) {
+    return {0, "unknown error"};
+  }
+}
+}  // namespace detail
+
+/// Collective over `comm`: if any rank passes a failure, every rank throws an agreed error
+/// (`agreed_config_error` keeping the rule id, or `agreed_input_error`). A rank that failed throws
+/// its own error; the others throw the lowest failing rank's, marked with that rank's number. Each
+/// rank must call this at the same point, and the checks before it must not communicate.
 inline void agree_on_failure(boost::mpi::communicator const& comm, std::exception_ptr local) {
   int const me = comm.rank();
   int const first_failing =
       boost::mpi::all_reduce(comm, local ? me : comm.size(), boost::mpi::minimum<int>());
   if (first_failing == comm.size()) return;
 
-  int rule_id = 0;
-  std::string text;
-  if (me == first_failing) {
-    try {
-      std::rethrow_exception(local);
-    } catch (config_error const& e) {
-      rule_id = e.rule_id();
-      text = e.what();
-    } catch (std::exception const& e) {
-      text = e.what();
-    } catch (...) {
-      text = "unknown error";
-    }
-  }
+  auto [rule_id, text] = local ? detail::describe_failure(local) : std::pair<int, std::string>{};
+  int sent_rule = rule_id;
   int length = static_cast<int>(text.size());
-  boost::mpi::broadcast(comm, rule_id, first_failing);
+  boost::mpi::broadcast(comm, sent_rule, first_failing);
   boost::mpi::broadcast(comm, length, first_failing);
   std::vector<char> chars(text.begin(), text.end());
   chars.resize(static_cast<std::size_t>(length));
   if (length > 0) boost::mpi::broadcast(comm, chars.data(), length, first_failing);
-  if (local) std::rethrow_exception(local);
-  text.assign(chars.begin(), chars.end());
-  text += " [reported by rank " + std::to_string(first_failing) + "]";
-  if (rule_id != 0) throw config_error::verbatim(rule_id, text);
-  throw input_error(text);
+  if (!local) {
+    rule_id = sent_rule;
+    text.assign(chars.begin(), chars.end());
+    text += " [reported by rank " + std::to_string(first_failing) + "]";
+  }
+  if (rule_id != 0) throw agreed_config_error(rule_id, text);
+  throw agreed_input_error(text);
 }
 
 /// One line for stderr, written at once so that lines from several ranks do not interleave.
@@ -91,8 +116,8 @@ void check_on_every_rank(boost::mpi::communicator const& comm, Check&& check) {
 /// threads this rank may use (MEGAMOE_NUM_THREADS, or cores / ranks on the machine).
 class environment {
  public:
-  /// Collective. Throws the same `config_error` on every rank when a start-up check fails (R028,
-  /// R029); MPI is then finalized cleanly, since every rank stops at the same point.
+  /// Collective. When a start-up check fails (R028, R029) every rank prints the error and throws the
+  /// same `agreed_config_error`; MPI is then finalized cleanly, since every rank stops there.
   environment(int& argc, char**& argv)
       : env_(argc, argv, boost::mpi::threading::funneled, /*abort_on_exception=*/false),
         uncaught_at_start_(std::uncaught_exceptions()) {
@@ -107,17 +132,17 @@ class environment {
           throw config_error(29, "the MPI library granted a lower thread level");
         num_threads_ = num_threads_from_environment(ranks_on_node_);
       });
-    } catch (config_error const& e) {
+    } catch (std::exception const& e) {
       // Printed here, while MPI is still up: once MPI is finalized a rank may exit, and mpiexec
       // then stops the others, possibly before they could print.
       print_error_line(rank_prefix(world_) + e.what());
-      world_.barrier();  // every rank has printed before any can exit
+      world_.barrier();  // the ranks agreed on this failure: every rank prints before any exits
       throw;
     }
   }
 
-  /// Leaving by an exception that the ranks did not agree on may leave other ranks waiting inside a
-  /// collective, so that aborts the whole job instead of finalizing.
+  /// Leaving by an exception may leave other ranks waiting inside a collective, so that aborts the
+  /// whole job instead of finalizing (`run_main` catches agreed failures first and ends cleanly).
   ~environment() {
     if (std::uncaught_exceptions() > uncaught_at_start_) world_.abort(1);
   }
@@ -139,10 +164,10 @@ class environment {
   int num_threads_ = 1;
 };
 
-/// A `main` for MPI programs: starts the environment and runs `body(env)`. A `config_error` (which
-/// `check_on_every_rank` raises on all ranks alike) is printed by each rank with its number and
-/// gives exit code 1 after a clean shutdown; any other exception is printed and aborts the whole
-/// job, since the other ranks may be waiting for this one.
+/// A `main` for MPI programs: starts the environment and runs `body(env)`. An error every rank
+/// agreed on (`agreed_failure`, e.g. a start-up check) is printed by each rank with its number,
+/// before MPI is finalized, and gives exit code 1. Any other exception is printed and aborts the
+/// whole job, since the other ranks may be waiting for this one.
 template <class Body>
 int run_main(int argc, char** argv, Body&& body) {
   try {
@@ -150,21 +175,18 @@ int run_main(int argc, char** argv, Body&& body) {
     auto const& world = env.world();
     try {
       return std::invoke(std::forward<Body>(body), env);
-    } catch (config_error const& e) {
-      print_error_line(rank_prefix(world) + e.what());
-      world.barrier();  // the ranks agreed on this error; all print before any exits
-      return 1;
     } catch (std::exception const& e) {
       print_error_line(rank_prefix(world) + e.what());
-      world.abort(1);
+      if (dynamic_cast<agreed_failure const*>(&e) == nullptr) world.abort(1);
+      world.barrier();  // every rank has printed before any exits
+      return 1;
     }
-  } catch (config_error const&) {
-    return 1;  // a start-up check failed; `environment` printed it on every rank
   } catch (std::exception const& e) {
-    print_error_line(std::string("megamoe: ") + e.what());
+    // The environment printed an agreed failure on every rank already.
+    if (dynamic_cast<agreed_failure const*>(&e) == nullptr)
+      print_error_line(std::string("megamoe: ") + e.what());
     return 1;
   }
-  return 1;
 }
 
 }  // namespace megamoe::parallel
