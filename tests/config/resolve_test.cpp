@@ -4,26 +4,20 @@
 #include <megamoe/config/config.hpp>
 #include <megamoe/config/resolve.hpp>
 
+#include "support/rule_of.hpp"
+
 #include <gtest/gtest.h>
 
 namespace mm = megamoe;
 
 namespace {
+using megamoe::testing::rule_of;
 using open_config =
     mm::make_config<mm::shape<mm::hidden<mm::dynamic>, mm::ffn<128>, mm::experts<64>>,
                     mm::router::aux_loss_free<8, mm::router::group_limit<8, 4>>,
                     mm::parallel::mapping<mm::parallel::ep<mm::dynamic>>>;
 static_assert(mm::rules::check<open_config>());
 
-template <class F>
-int rule_of(F&& f) {
-  try {
-    f();
-  } catch (mm::config_error const& e) {
-    return e.rule_id();
-  }
-  return 0;
-}
 }  // namespace
 
 TEST(Resolve, FillsWhatTheTypeLeftOpen) {

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <megamoe/core/thread_pool.hpp>
 
+#include "support/rule_of.hpp"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -10,6 +12,7 @@
 #include <vector>
 
 namespace {
+using megamoe::testing::rule_of;
 
 /// Sets an environment variable for one scope.
 class scoped_env {
@@ -34,15 +37,6 @@ class scoped_env {
   char const* name_;
   std::optional<std::string> old_;
 };
-
-int rule_of(auto&& f) {
-  try {
-    f();
-  } catch (megamoe::config_error const& e) {
-    return e.rule_id();
-  }
-  return 0;
-}
 
 }  // namespace
 

@@ -2,18 +2,15 @@
 // layout::resolve: derived DP and EDP, and the start-up rules with their ids.
 #include <megamoe/parallel/layout.hpp>
 
+#include "support/rule_of.hpp"
+
 #include <gtest/gtest.h>
 
 namespace mm = megamoe;
 
 namespace {
 int rule_of(int world, mm::parallel::degrees const& d) {
-  try {
-    (void)mm::parallel::layout::resolve(world, d);
-  } catch (mm::config_error const& e) {
-    return e.rule_id();
-  }
-  return 0;
+  return mm::testing::rule_of([&] { (void)mm::parallel::layout::resolve(world, d); });
 }
 }  // namespace
 

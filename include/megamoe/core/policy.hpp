@@ -122,5 +122,27 @@ constexpr S apply_options(S base) {
   return base;
 }
 
+/// An option that carries one number: `template <int N> struct hidden : int_option<kind, N> {};`.
+template <class Kind, int N>
+struct int_option {
+  using option_kind = Kind;
+  static constexpr int value = N;
+};
+
+/// An option that sets one field of its policy's settings to a fixed value:
+/// `struct sigmoid : set_field<score_kind, &settings::score, score_function::sigmoid> {};`.
+template <class Kind, auto Field, auto Value>
+struct set_field {
+  using option_kind = Kind;
+  template <class S>
+  static constexpr void apply(S& s) {
+    s.*Field = Value;
+  }
+};
+
+/// An option that switches one flag of its policy's settings on.
+template <class Kind, auto Field>
+using set_flag = set_field<Kind, Field, true>;
+
 }  // namespace detail
 }  // namespace megamoe

@@ -23,28 +23,16 @@ struct shared_ffn_kind {};
 
 /// Model width H (`hidden_size`).
 template <int N>
-struct hidden {
-  using option_kind = shape_option::hidden_kind;
-  static constexpr int value = N;
-};
+struct hidden : detail::int_option<shape_option::hidden_kind, N> {};
 /// Width F of one routed expert's FFN (`moe_ffn_hidden_size`).
 template <int N>
-struct ffn {
-  using option_kind = shape_option::ffn_kind;
-  static constexpr int value = N;
-};
+struct ffn : detail::int_option<shape_option::ffn_kind, N> {};
 /// Number of routed experts E (`num_moe_experts`).
 template <int N>
-struct experts {
-  using option_kind = shape_option::experts_kind;
-  static constexpr int value = N;
-};
+struct experts : detail::int_option<shape_option::experts_kind, N> {};
 /// Width of the shared expert (`moe_shared_expert_intermediate_size`); 0 means none.
 template <int N>
-struct shared_ffn {
-  using option_kind = shape_option::shared_ffn_kind;
-  static constexpr int value = N;
-};
+struct shared_ffn : detail::int_option<shape_option::shared_ffn_kind, N> {};
 
 /// The sizes of a shape as plain values, for start-up checks and description.
 struct shape_sizes {

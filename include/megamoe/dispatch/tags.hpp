@@ -45,7 +45,7 @@ struct all_to_all {
 /// Two-level exchange: between nodes (ranks with the same local index), then inside the node, with
 /// IntraNode doing the inside-node part. Needs EP > 1 (R013).
 template <class IntraNode = all_to_all>
-requires std::same_as<IntraNode, all_to_all>
+  requires std::same_as<IntraNode, all_to_all>
 struct hierarchical {
   using policy_kind = kind;
   using intra_node = IntraNode;

@@ -38,57 +38,37 @@ using all_kinds = boost::mp11::mp_list<activation_kind, backend_kind, bias_kind,
 }  // namespace option
 
 /// silu(x W1) * (x W3), then W2 (fc1 is [H -> 2F]).
-struct swiglu {
-  using option_kind = option::activation_kind;
-  static constexpr void apply(settings& s) { s.activation = activation_function::swiglu; }
-};
+struct swiglu : megamoe::detail::set_field<option::activation_kind, &settings::activation,
+                                           activation_function::swiglu> {};
 /// gelu(x W1), then W2.
-struct gelu {
-  using option_kind = option::activation_kind;
-  static constexpr void apply(settings& s) { s.activation = activation_function::gelu; }
-};
+struct gelu : megamoe::detail::set_field<option::activation_kind, &settings::activation,
+                                         activation_function::gelu> {};
 /// relu(x W1)^2, then W2.
-struct squared_relu {
-  using option_kind = option::activation_kind;
-  static constexpr void apply(settings& s) { s.activation = activation_function::squared_relu; }
-};
+struct squared_relu : megamoe::detail::set_field<option::activation_kind, &settings::activation,
+                                                 activation_function::squared_relu> {};
 
 /// The backend is picked once at start-up from what the machine offers (visible default).
-struct auto_backend {
-  using option_kind = option::backend_kind;
-  static constexpr void apply(settings& s) { s.backend = gemm_backend::auto_; }
-};
+struct auto_backend
+    : megamoe::detail::set_field<option::backend_kind, &settings::backend, gemm_backend::auto_> {};
 /// One Eigen matrix product per expert.
-struct per_expert {
-  using option_kind = option::backend_kind;
-  static constexpr void apply(settings& s) { s.backend = gemm_backend::per_expert; }
-};
+struct per_expert : megamoe::detail::set_field<option::backend_kind, &settings::backend,
+                                               gemm_backend::per_expert> {};
 /// All experts' GEMMs as one piece of work, split over the thread pool by FLOPs.
-struct grouped {
-  using option_kind = option::backend_kind;
-  static constexpr void apply(settings& s) { s.backend = gemm_backend::grouped; }
+struct grouped
+    : megamoe::detail::set_field<option::backend_kind, &settings::backend, gemm_backend::grouped> {
 };
 /// Eigen Tensor contractions on the pool's device.
-struct tensor_contraction {
-  using option_kind = option::backend_kind;
-  static constexpr void apply(settings& s) { s.backend = gemm_backend::tensor_contraction; }
-};
+struct tensor_contraction : megamoe::detail::set_field<option::backend_kind, &settings::backend,
+                                                       gemm_backend::tensor_contraction> {};
 /// AMX tile products (BF16 and the FP8/FP4 recipes).
-struct amx {
-  using option_kind = option::backend_kind;
-  static constexpr void apply(settings& s) { s.backend = gemm_backend::amx; }
-};
+struct amx
+    : megamoe::detail::set_field<option::backend_kind, &settings::backend, gemm_backend::amx> {};
 
 /// Biases on fc1 and fc2 (scaled by the prob, as the reference does); needs ETP = 1 (R014).
-struct with_bias {
-  using option_kind = option::bias_kind;
-  static constexpr void apply(settings& s) { s.bias = true; }
-};
+struct with_bias : megamoe::detail::set_flag<option::bias_kind, &settings::bias> {};
 /// The shared expert's output is multiplied by sigma(x g); needs shape shared_ffn > 0 (R015).
-struct shared_expert_gate {
-  using option_kind = option::shared_gate_kind;
-  static constexpr void apply(settings& s) { s.shared_expert_gate = true; }
-};
+struct shared_expert_gate
+    : megamoe::detail::set_flag<option::shared_gate_kind, &settings::shared_expert_gate> {};
 
 /// The routed experts' FFN. Defaults: SwiGLU, auto backend, no biases, no shared-expert gate.
 template <class... Options>

@@ -43,30 +43,18 @@ using all_kinds = boost::mp11::mp_list<moe_act_kind, moe_layer_kind, shared_expe
 }  // namespace option
 
 /// Recompute the expert activation and prob multiply ("moe_act").
-struct moe_act {
-  using option_kind = option::moe_act_kind;
-  static constexpr void apply(settings& s) { s.moe_act = true; }
-};
+struct moe_act : megamoe::detail::set_flag<option::moe_act_kind, &settings::moe_act> {};
 /// Recompute the whole MoE layer ("moe").
-struct moe_layer {
-  using option_kind = option::moe_layer_kind;
-  static constexpr void apply(settings& s) { s.moe_layer = true; }
-};
+struct moe_layer : megamoe::detail::set_flag<option::moe_layer_kind, &settings::moe_layer> {};
 /// Recompute the shared expert ("shared_experts").
-struct shared_experts {
-  using option_kind = option::shared_experts_kind;
-  static constexpr void apply(settings& s) { s.shared_experts = true; }
-};
+struct shared_experts
+    : megamoe::detail::set_flag<option::shared_experts_kind, &settings::shared_experts> {};
 /// Store saved activations as the recipe's codes + scales (needs an FP8/FP4 recipe, R030).
-struct quantized_activations {
-  using option_kind = option::quantized_activations_kind;
-  static constexpr void apply(settings& s) { s.quantized_activations = true; }
-};
+struct quantized_activations : megamoe::detail::set_flag<option::quantized_activations_kind,
+                                                         &settings::quantized_activations> {};
 /// Store the primary expert weights as the recipe's codes + scales (needs an FP8/FP4 recipe, R030).
-struct quantized_weights {
-  using option_kind = option::quantized_weights_kind;
-  static constexpr void apply(settings& s) { s.quantized_weights = true; }
-};
+struct quantized_weights
+    : megamoe::detail::set_flag<option::quantized_weights_kind, &settings::quantized_weights> {};
 
 /// What to keep, recompute or store quantized; options in any order, each at most once.
 template <class... Options>

@@ -116,8 +116,8 @@ void check_on_every_rank(boost::mpi::communicator const& comm, Check&& check) {
 /// threads this rank may use (MEGAMOE_NUM_THREADS, or cores / ranks on the machine).
 class environment {
  public:
-  /// Collective. When a start-up check fails (R028, R029) every rank prints the error and throws the
-  /// same `agreed_config_error`; MPI is then finalized cleanly, since every rank stops there.
+  /// Collective. When a start-up check fails (R028, R029) every rank prints the error and throws
+  /// the same `agreed_config_error`; MPI is then finalized cleanly, since every rank stops there.
   environment(int& argc, char**& argv)
       : env_(argc, argv, boost::mpi::threading::funneled, /*abort_on_exception=*/false),
         uncaught_at_start_(std::uncaught_exceptions()) {

@@ -40,34 +40,19 @@ using all_kinds = boost::mp11::mp_list<tp_kind, cp_kind, pp_kind, etp_kind, ep_k
 
 /// Attention tensor parallelism.
 template <int N>
-struct tp {
-  using option_kind = option::tp_kind;
-  static constexpr int value = N;
-};
+struct tp : megamoe::detail::int_option<option::tp_kind, N> {};
 /// Context parallelism.
 template <int N>
-struct cp {
-  using option_kind = option::cp_kind;
-  static constexpr int value = N;
-};
+struct cp : megamoe::detail::int_option<option::cp_kind, N> {};
 /// Pipeline parallelism (shared by both grids).
 template <int N>
-struct pp {
-  using option_kind = option::pp_kind;
-  static constexpr int value = N;
-};
+struct pp : megamoe::detail::int_option<option::pp_kind, N> {};
 /// Expert tensor parallelism; defaults to tp, as in the reference.
 template <int N>
-struct etp {
-  using option_kind = option::etp_kind;
-  static constexpr int value = N;
-};
+struct etp : megamoe::detail::int_option<option::etp_kind, N> {};
 /// Expert parallelism.
 template <int N>
-struct ep {
-  using option_kind = option::ep_kind;
-  static constexpr int value = N;
-};
+struct ep : megamoe::detail::int_option<option::ep_kind, N> {};
 
 template <class... Degrees>
 struct mapping {

@@ -44,6 +44,15 @@ constexpr bool is_quantized(recipe_id r) {
   return r != recipe_id::fp64 && r != recipe_id::fp32 && r != recipe_id::bf16;
 }
 
+namespace detail {
+/// What every recipe but fp64 shares: fp32 master weights and fp32 accumulation.
+struct fp32_master {
+  using policy_kind = kind;
+  using master_type = float;
+  using accumulate_type = float;
+};
+}  // namespace detail
+
 /// Everything in double precision: the same kernels, used for finite-difference gradient checks.
 struct fp64 {
   using policy_kind = kind;
@@ -54,20 +63,14 @@ struct fp64 {
 };
 
 /// fp32 weights, activations and GEMMs.
-struct fp32 {
-  using policy_kind = kind;
-  using master_type = float;
-  using accumulate_type = float;
+struct fp32 : detail::fp32_master {
   static constexpr std::string_view name = "fp32";
   static constexpr settings value{recipe_id::fp32};
 };
 
 /// fp32 master weights; GEMM operands rounded to bf16, fp32 accumulation; saved activations in
 /// bf16.
-struct bf16 {
-  using policy_kind = kind;
-  using master_type = float;
-  using accumulate_type = float;
+struct bf16 : detail::fp32_master {
   static constexpr std::string_view name = "bf16";
   static constexpr settings value{recipe_id::bf16};
 };
@@ -96,39 +99,28 @@ using current = current_scaling;
 
 /// Per-tensor FP8 with the given scaling, HYBRID format by default.
 template <class Scaling, fp8_format Format = fp8_format::hybrid>
-requires(Format != fp8_format::none) struct fp8_tensorwise {
-  using policy_kind = kind;
-  using master_type = float;
-  using accumulate_type = float;
+  requires(Format != fp8_format::none)
+struct fp8_tensorwise : detail::fp32_master {
   using scaling = Scaling;
   static constexpr std::string_view name = "fp8_tensorwise";
   static constexpr settings value = Scaling::apply(settings{recipe_id::fp8_current, Format, 16});
 };
 
 /// Blockwise FP8 (1x128 activations and gradients, 128x128 weights, power-of-2 scales).
-struct fp8_blockwise {
-  using policy_kind = kind;
-  using master_type = float;
-  using accumulate_type = float;
+struct fp8_blockwise : detail::fp32_master {
   static constexpr std::string_view name = "fp8_blockwise";
   static constexpr settings value{recipe_id::fp8_blockwise, fp8_format::e4m3, 16};
 };
 
 /// MXFP8: E4M3 elements in 1x32 blocks with E8M0 scales.
-struct mxfp8 {
-  using policy_kind = kind;
-  using master_type = float;
-  using accumulate_type = float;
+struct mxfp8 : detail::fp32_master {
   static constexpr std::string_view name = "mxfp8";
   static constexpr settings value{recipe_id::mxfp8, fp8_format::e4m3, 32};
 };
 
 /// NVFP4: E2M1 elements, E4M3 1x16 block scales and an fp32 tensor scale; 16x16 weight blocks,
 /// random Hadamard transform and stochastic rounding as the reference recipe.
-struct nvfp4 {
-  using policy_kind = kind;
-  using master_type = float;
-  using accumulate_type = float;
+struct nvfp4 : detail::fp32_master {
   static constexpr std::string_view name = "nvfp4";
   static constexpr settings value{recipe_id::nvfp4, fp8_format::none, 128};
 };

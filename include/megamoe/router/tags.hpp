@@ -82,25 +82,17 @@ using all_kinds =
 }  // namespace option
 
 /// Softmax over the k selected logits, so the k probs sum to 1 (the reference's default).
-struct softmax_after_topk {
-  using option_kind = option::score_kind;
-  static constexpr void apply(settings& s) { s.score = score_function::softmax_after_topk; }
-};
+struct softmax_after_topk : megamoe::detail::set_field<option::score_kind, &settings::score,
+                                                       score_function::softmax_after_topk> {};
 /// Softmax over all experts, then the top k probs, not renormalised (`moe_router_pre_softmax`).
-struct softmax_before_topk {
-  using option_kind = option::score_kind;
-  static constexpr void apply(settings& s) { s.score = score_function::softmax_before_topk; }
-};
+struct softmax_before_topk : megamoe::detail::set_field<option::score_kind, &settings::score,
+                                                        score_function::softmax_before_topk> {};
 /// sigma(z); renormalised over the k selected when k > 1.
-struct sigmoid {
-  using option_kind = option::score_kind;
-  static constexpr void apply(settings& s) { s.score = score_function::sigmoid; }
-};
+struct sigmoid
+    : megamoe::detail::set_field<option::score_kind, &settings::score, score_function::sigmoid> {};
 /// sqrt(softplus(z)); renormalised over the k selected when k > 1.
-struct sqrtsoftplus {
-  using option_kind = option::score_kind;
-  static constexpr void apply(settings& s) { s.score = score_function::sqrtsoftplus; }
-};
+struct sqrtsoftplus : megamoe::detail::set_field<option::score_kind, &settings::score,
+                                                 score_function::sqrtsoftplus> {};
 
 /// Multiplies the probs after normalisation (DeepSeek-V3 uses 2.5).
 template <double Factor>
@@ -139,10 +131,7 @@ struct global_aux_loss {
   static constexpr void apply(settings& s) { s.global_aux_loss_coeff = Coeff; }
 };
 /// Sinkhorn balancing of the selection (training); no aux losses with it.
-struct sinkhorn {
-  using option_kind = option::sinkhorn_kind;
-  static constexpr void apply(settings& s) { s.sinkhorn = true; }
-};
+struct sinkhorn : megamoe::detail::set_flag<option::sinkhorn_kind, &settings::sinkhorn> {};
 /// Router z-loss, coefficient Coeff.
 template <double Coeff>
 struct z_loss {
@@ -173,7 +162,7 @@ struct drop_position {
 
 /// Expert capacity C = ceil(T*k/E * Factor); tokens beyond it are dropped by Drop.
 template <double Factor, class Drop = drop_probs>
-requires std::same_as<typename Drop::option_kind, option::drop_policy_kind>
+  requires std::same_as<typename Drop::option_kind, option::drop_policy_kind>
 struct capacity {
   using option_kind = option::capacity_kind;
   static constexpr void apply(settings& s) {
@@ -182,10 +171,8 @@ struct capacity {
   }
 };
 /// Every expert receives exactly C rows; fillers carry prob 0 (static shapes).
-struct pad_to_capacity {
-  using option_kind = option::pad_to_capacity_kind;
-  static constexpr void apply(settings& s) { s.pad_to_capacity = true; }
-};
+struct pad_to_capacity
+    : megamoe::detail::set_flag<option::pad_to_capacity_kind, &settings::pad_to_capacity> {};
 /// Router-side padding of each expert's count to a multiple A with prob-0 fillers. Multiple 0 takes
 /// the precision recipe's (16 FP8, 32 MXFP8, 128 NVFP4).
 template <int Multiple = 0>
@@ -199,7 +186,7 @@ struct pad_for_quantization {
 
 /// Router dtype: `float` (default) or `double` for the gating GEMM, the logits and the probs.
 template <class T>
-requires std::same_as<T, float> || std::same_as<T, double>
+  requires std::same_as<T, float> || std::same_as<T, double>
 struct dtype {
   using option_kind = option::dtype_kind;
   static constexpr void apply(settings& s) {
