@@ -104,15 +104,16 @@ check_result check_parallel_groups(vector_file& file, run_options const& options
   compare_groups(decoder_groups, decoder, "decoder_groups");
   compare_groups(expert_groups, expert, "expert_groups");
 
-  // The aliases name the expert grid's groups; they must agree with megamoe's names for them.
+  // The aliases say which degree each expert-grid group is. The folder's README defines them for
+  // tp (ETP), ep, tp-ep (ETPxEP) and dp (EDP); those must match megamoe's names, and any other
+  // alias must at least name a group of the file.
   for (auto const& [type, alias] : file.take("expert_groups_alias").items()) {
     if (!expert_groups.contains(type))
       throw mismatch("expert_groups_alias." + type + ": no such group");
+    if (type != "tp" && type != "ep" && type != "tp-ep" && type != "dp") continue;
     auto const role =
         std::find_if(parallel::expert_group_roles.begin(), parallel::expert_group_roles.end(),
                      [&](auto const& r) { return r.type == type; });
-    if (role == parallel::expert_group_roles.end())
-      throw mismatch("expert_groups_alias." + type + ": megamoe has no role for it");
     std::string const text = alias.get<std::string>();
     if (text.substr(0, text.find(' ')) != role->degree)
       throw mismatch("expert_groups_alias." + type + ": '" + text + "' but megamoe calls it " +
