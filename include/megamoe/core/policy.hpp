@@ -5,7 +5,7 @@
 // A policy is an empty type that names its kind (`using policy_kind = router::kind;`),
 // Kokkos-style, and exposes its choices as `static constexpr ... value`. Options inside a policy
 // are small types that name their own kind (`using option_kind = ...;`); they may be given in any
-// order, each kind at most once unless the policy accepts a list of them. Unknown or repeated
+// order, each kind at most once. Unknown or repeated
 // options stop compilation with a rule id. This header is light on purpose: no Eigen, Boost.MPI or
 // range-v3.
 #pragma once
@@ -36,11 +36,6 @@ template <class P, class Kind>
 concept policy_of = megamoe_policy<P> && std::same_as<typename P::policy_kind, Kind>;
 
 namespace detail {
-
-/// For `static_assert` in branches that must only fail when instantiated (g++ 12 rejects a plain
-/// `static_assert(false)` even in a discarded branch).
-template <class...>
-inline constexpr bool dependent_false = false;
 
 /// Deliberately incomplete: instantiating them prints the offending type next to the rule message.
 template <class T>
@@ -76,13 +71,12 @@ struct has_kind_in_q {
   using fn = boost::mp11::mp_contains<Kinds, option_kind_or_void<O>>;
 };
 
-/// The option list of one policy. `Single` lists the option kinds that may appear at most once,
-/// `Multi` the kinds that form a list (e.g. several aux losses). Anything else is rejected.
-template <class Single, class Multi, class... Options>
+/// The option list of one policy: each option must be of one of the accepted `Kinds` (R024), each
+/// kind at most once (R023).
+template <class Kinds, class... Options>
 struct option_list {
   using all = boost::mp11::mp_list<Options...>;
-  using accepted_kinds = boost::mp11::mp_append<Single, Multi>;
-  using unknown = boost::mp11::mp_remove_if_q<all, has_kind_in_q<accepted_kinds>>;
+  using unknown = boost::mp11::mp_remove_if_q<all, has_kind_in_q<Kinds>>;
 
   static_assert(boost::mp11::mp_empty<unknown>::value, MEGAMOE_RULE_R024);
   static_assert(name_first<unknown, show_unknown_megamoe_option>::value);
@@ -93,7 +87,7 @@ struct option_list {
   template <class Kind>
   using at_most_once = boost::mp11::mp_bool<(count<Kind>::value <= 1)>;
 
-  static_assert(boost::mp11::mp_all_of<Single, at_most_once>::value, MEGAMOE_RULE_R023);
+  static_assert(boost::mp11::mp_all_of<Kinds, at_most_once>::value, MEGAMOE_RULE_R023);
 
   /// Every option of kind Kind, in the order given.
   template <class Kind>
@@ -104,12 +98,9 @@ struct option_list {
   using get = boost::mp11::mp_eval_if_c<(count<Kind>::value == 0), Default, boost::mp11::mp_front,
                                         every<Kind>>;
 
-  template <class Kind>
-  static constexpr bool given = count<Kind>::value > 0;
-
   /// False after R023 or R024 fired; lets callers skip work that would only add noise to the error.
   static constexpr bool valid =
-      boost::mp11::mp_empty<unknown>::value && boost::mp11::mp_all_of<Single, at_most_once>::value;
+      boost::mp11::mp_empty<unknown>::value && boost::mp11::mp_all_of<Kinds, at_most_once>::value;
 };
 
 /// Starts from `base` and lets each option write its fields (`static constexpr void apply(S&)`).
@@ -117,7 +108,7 @@ struct option_list {
 /// which options are given does not matter.
 template <class Kinds, class S, class... Options>
 constexpr S apply_options(S base) {
-  using list = option_list<Kinds, boost::mp11::mp_list<>, Options...>;
+  using list = option_list<Kinds, Options...>;
   if constexpr (list::valid) (Options::apply(base), ...);
   return base;
 }

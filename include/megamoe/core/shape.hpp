@@ -51,7 +51,7 @@ struct shape {
   using options = detail::option_list<
       boost::mp11::mp_list<shape_option::hidden_kind, shape_option::ffn_kind,
                            shape_option::experts_kind, shape_option::shared_ffn_kind>,
-      boost::mp11::mp_list<>, Sizes...>;
+      Sizes...>;
 
  public:
   static constexpr int hidden_size =

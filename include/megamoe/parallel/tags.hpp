@@ -60,8 +60,7 @@ struct mapping {
   static constexpr std::string_view name = "mapping";
 
  private:
-  using options =
-      megamoe::detail::option_list<option::all_kinds, boost::mp11::mp_list<>, Degrees...>;
+  using options = megamoe::detail::option_list<option::all_kinds, Degrees...>;
   template <class Kind, class Default>
   static constexpr int degree = options::template get<Kind, Default>::value;
   static constexpr int tp_degree = degree<option::tp_kind, parallel::tp<1>>;
