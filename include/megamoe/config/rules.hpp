@@ -14,7 +14,6 @@
 #include <megamoe/core/rule_ids.hpp>
 
 #include <array>
-#include <cmath>
 #include <string>
 #include <vector>
 
@@ -42,8 +41,6 @@ constexpr bool finite_above(double x, double lo) {
 }
 }  // namespace detail
 
-using detail::usable;
-
 /// R001
 constexpr bool shape_sizes_valid(config_values const& v) {
   auto const& s = v.shape;
@@ -55,12 +52,12 @@ constexpr bool shape_sizes_valid(config_values const& v) {
 constexpr bool top_k_within_experts(config_values const& v) {
   if (!v.router) return true;
   int const k = v.router->top_k;
-  return k >= 1 && (!usable(v.shape.experts) || k <= v.shape.experts);
+  return k >= 1 && (!detail::usable(v.shape.experts) || k <= v.shape.experts);
 }
 
 /// R003
 constexpr bool ep_divides_experts(config_values const& v) {
-  if (!usable(v.parallel.ep) || !usable(v.shape.experts)) return true;
+  if (!detail::usable(v.parallel.ep) || !detail::usable(v.shape.experts)) return true;
   return v.shape.experts % v.parallel.ep == 0;
 }
 
@@ -68,7 +65,7 @@ constexpr bool ep_divides_experts(config_values const& v) {
 constexpr bool groups_divide_experts(config_values const& v) {
   if (!v.router || !detail::group_limit_on(*v.router)) return true;
   int const g = v.router->num_groups;
-  return g > 0 && (!usable(v.shape.experts) || v.shape.experts % g == 0);
+  return g > 0 && (!detail::usable(v.shape.experts) || v.shape.experts % g == 0);
 }
 
 /// R005
@@ -123,13 +120,14 @@ constexpr bool router_padding_not_with_all_gather(config_values const& v) {
 
 /// R013
 constexpr bool hierarchical_needs_expert_parallelism(config_values const& v) {
-  if (v.dispatch != dispatch::dispatcher::hierarchical || !usable(v.parallel.ep)) return true;
+  if (v.dispatch != dispatch::dispatcher::hierarchical || !detail::usable(v.parallel.ep))
+    return true;
   return v.parallel.ep > 1;
 }
 
 /// R014
 constexpr bool expert_bias_linear_needs_etp_one(config_values const& v) {
-  return !v.expert.bias || !usable(v.parallel.etp) || v.parallel.etp == 1;
+  return !v.expert.bias || !detail::usable(v.parallel.etp) || v.parallel.etp == 1;
 }
 
 /// R015
@@ -151,7 +149,8 @@ constexpr bool degrees_positive(config_values const& v) {
 
 /// R017
 constexpr bool world_fits_attention_grid(parallel::degrees const& d, std::optional<int> world) {
-  if (!world || !usable(d.tp) || !usable(d.cp) || !usable(d.pp)) return true;
+  if (!world || !detail::usable(d.tp) || !detail::usable(d.cp) || !detail::usable(d.pp))
+    return true;
   return *world > 0 && *world % (d.tp * d.cp * d.pp) == 0;
 }
 constexpr bool world_fits_attention_grid(config_values const& v) {
@@ -160,7 +159,8 @@ constexpr bool world_fits_attention_grid(config_values const& v) {
 
 /// R018
 constexpr bool world_fits_expert_grid(parallel::degrees const& d, std::optional<int> world) {
-  if (!world || !usable(d.etp) || !usable(d.ep) || !usable(d.pp)) return true;
+  if (!world || !detail::usable(d.etp) || !detail::usable(d.ep) || !detail::usable(d.pp))
+    return true;
   return *world > 0 && *world % (d.etp * d.ep * d.pp) == 0;
 }
 constexpr bool world_fits_expert_grid(config_values const& v) {
@@ -171,7 +171,7 @@ constexpr bool world_fits_expert_grid(config_values const& v) {
 constexpr bool local_dispatch_needs_one_expert_rank(config_values const& v) {
   if (v.dispatch != dispatch::dispatcher::local) return true;
   auto const& d = v.parallel;
-  return (!usable(d.ep) || d.ep == 1) && (!usable(d.etp) || d.etp == 1);
+  return (!detail::usable(d.ep) || d.ep == 1) && (!detail::usable(d.etp) || d.etp == 1);
 }
 
 /// R025
