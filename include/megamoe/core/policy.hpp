@@ -5,9 +5,8 @@
 // A policy is an empty type that names its kind (`using policy_kind = router::kind;`),
 // Kokkos-style, and exposes its choices as `static constexpr ... value`. Options inside a policy
 // are small types that name their own kind (`using option_kind = ...;`); they may be given in any
-// order, each kind at most once. Unknown or repeated
-// options stop compilation with a rule id. This header is light on purpose: no Eigen, Boost.MPI or
-// range-v3.
+// order, each kind at most once. Unknown or repeated options stop compilation with a rule id.
+// This header is light on purpose: no Eigen, Boost.MPI or range-v3.
 #pragma once
 
 #include <megamoe/core/rule_ids.hpp>
