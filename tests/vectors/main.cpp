@@ -99,7 +99,8 @@ int main(int argc, char** argv) {
       }
       char line[256];
       std::snprintf(line, sizeof line, "reference_vectors %s: ok, fields=%d, worst_rel_err=%.3g",
-                    file.stem().c_str(), file.checked_count(), result.worst_rel_err);
+                    file.stem().c_str(), result.fields >= 0 ? result.fields : file.checked_count(),
+                    result.worst_rel_err);
       std::cout << line << "\n";
     } catch (std::exception const& e) {
       std::cout << "reference_vectors " << file.stem() << ": FAILED, " << e.what() << "\n";

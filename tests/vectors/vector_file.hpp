@@ -30,6 +30,11 @@ class vector_file {
   [[nodiscard]] std::string stem() const { return path_.stem().string(); }
   [[nodiscard]] std::string kind() const { return json_.value("kind", std::string()); }
 
+  /// Whether a top-level field is present (and not null).
+  [[nodiscard]] bool has(std::string const& field) const {
+    return json_.contains(field) && !json_.at(field).is_null();
+  }
+
   /// A top-level field, marked as checked; a missing field is a mismatch.
   nlohmann::json const& take(std::string const& field) {
     if (!json_.contains(field)) throw mismatch("field '" + field + "' is missing");
@@ -65,6 +70,7 @@ class vector_file {
 /// What a checker reports besides pass/fail: the worst relative error over compared values.
 struct check_result {
   double worst_rel_err = 0.0;
+  int fields = -1;  // fields compared, when the checker counts them (else the top-level count)
 };
 
 /// Options shared by checkers.

@@ -15,3 +15,23 @@
 #include <Eigen/Core>
 #include <unsupported/Eigen/CXX11/Tensor>
 #include <unsupported/Eigen/CXX11/ThreadPool>
+
+#include <cstdint>
+
+namespace megamoe {
+
+/// A dense row-major matrix: [tokens, features] data is stored token after token, as the reference
+/// stores its [T, E] and [T, H] tensors.
+template <class T>
+using row_matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+/// A view of row-major data owned elsewhere.
+template <class T>
+using row_matrix_map = Eigen::Map<row_matrix<T>>;
+template <class T>
+using const_row_matrix_map = Eigen::Map<row_matrix<T> const>;
+
+/// A 0/1 mask stored one byte per entry ([T, E] routing maps).
+using mask_matrix = row_matrix<std::uint8_t>;
+
+}  // namespace megamoe
