@@ -26,6 +26,16 @@
 #include <megamoe/config/rules.hpp>
 #include <megamoe/config/values.hpp>
 
+#include <megamoe/router/capacity.hpp>
+#include <megamoe/router/gating.hpp>
+#include <megamoe/router/groups.hpp>
+#include <megamoe/router/kernels.hpp>
+#include <megamoe/router/megatron_config.hpp>
+#include <megamoe/router/router.hpp>
+
+#include <megamoe/dispatch/permute.hpp>
+
+#include <megamoe/parallel/collectives.hpp>
 #include <megamoe/parallel/environment.hpp>
 #include <megamoe/parallel/layout.hpp>
 #include <megamoe/parallel/process_groups.hpp>

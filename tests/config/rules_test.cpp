@@ -125,6 +125,12 @@ std::vector<breaking_case> const& breaking_cases() {
          v.memory.quantized_activations = true;
        }},
       {30, "quantized weights with fp32", [](auto& v) { v.memory.quantized_weights = true; }},
+      {31, "k 3 from one group of 2 experts",
+       [](auto& v) {
+         v.router->top_k = 3;
+         v.router->num_groups = 4;
+         v.router->group_top_k = 1;
+       }},
       {27, "runtime router not given", [](auto& v) { v.router.reset(); }},
       {27, "dynamic hidden", [](auto& v) { v.shape.hidden = mm::dynamic; }},
       {27, "dynamic ep", [](auto& v) { v.parallel.ep = mm::dynamic; }},

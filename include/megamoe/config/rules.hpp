@@ -200,6 +200,17 @@ constexpr bool quantized_storage_needs_quantized_recipe(config_values const& v) 
          precision::is_quantized(v.precision.recipe);
 }
 
+/// R031
+constexpr bool top_k_within_chosen_groups(config_values const& v) {
+  if (!v.router || !detail::group_limit_on(*v.router)) return true;
+  auto const& r = *v.router;
+  int const g = r.num_groups;
+  if (!detail::usable(v.shape.experts) || g <= 0 || v.shape.experts % g != 0 || r.group_top_k < 1 ||
+      r.group_top_k > g)
+    return true;
+  return r.top_k <= r.group_top_k * (v.shape.experts / g);
+}
+
 /// R027, for the degrees alone.
 constexpr bool degrees_resolved(parallel::degrees const& d) {
   return detail::known(d.tp) && detail::known(d.cp) && detail::known(d.pp) &&
@@ -219,7 +230,7 @@ struct value_rule {
 };
 
 /// Every value rule, in id order; the start-up check runs all of them.
-inline constexpr std::array<value_rule, 23> value_rules{{
+inline constexpr std::array<value_rule, 24> value_rules{{
     {1, shape_sizes_valid},
     {2, top_k_within_experts},
     {3, ep_divides_experts},
@@ -243,6 +254,7 @@ inline constexpr std::array<value_rule, 23> value_rules{{
     {26, router_numbers_in_range},
     {27, values_resolved},
     {30, quantized_storage_needs_quantized_recipe},
+    {31, top_k_within_chosen_groups},
 }};
 
 /// The ids of every broken rule, in id order (empty when the values are valid).
@@ -312,6 +324,7 @@ consteval bool check() {
     static_assert(sinkhorn_without_aux_losses(v), MEGAMOE_RULE_R025);
     static_assert(router_numbers_in_range(v), MEGAMOE_RULE_R026);
     static_assert(quantized_storage_needs_quantized_recipe(v), MEGAMOE_RULE_R030);
+    static_assert(top_k_within_chosen_groups(v), MEGAMOE_RULE_R031);
   }
   return true;
 }

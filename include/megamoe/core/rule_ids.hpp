@@ -81,6 +81,9 @@
 #define MEGAMOE_RULE_R030                                                                          \
   "megamoe[R030]: memory::quantized_activations and memory::quantized_weights need an FP8 or FP4 " \
   "precision recipe"
+#define MEGAMOE_RULE_R031                                                                        \
+  "megamoe[R031]: router top_k must be at most group_top_k * experts / num_groups (the experts " \
+  "of the chosen groups)"
 #define MEGAMOE_RULE_R029 "megamoe[R029]: the MPI library must provide at least MPI_THREAD_FUNNELED"
 
 namespace megamoe {
@@ -94,7 +97,7 @@ struct rule_info {
 };
 
 /// Every rule megamoe checks, in id order. `rule_catalog[i].id == i + 1`.
-inline constexpr std::array<rule_info, 30> rule_catalog{{
+inline constexpr std::array<rule_info, 31> rule_catalog{{
     {1, "shape_sizes_valid", MEGAMOE_RULE_R001},
     {2, "top_k_within_experts", MEGAMOE_RULE_R002},
     {3, "ep_divides_experts", MEGAMOE_RULE_R003},
@@ -125,6 +128,7 @@ inline constexpr std::array<rule_info, 30> rule_catalog{{
     {28, "num_threads_positive", MEGAMOE_RULE_R028},
     {29, "mpi_thread_level_funneled", MEGAMOE_RULE_R029},
     {30, "quantized_storage_needs_quantized_recipe", MEGAMOE_RULE_R030},
+    {31, "top_k_within_chosen_groups", MEGAMOE_RULE_R031},
 }};
 
 /// The catalogue entry of rule `id` (1-based).

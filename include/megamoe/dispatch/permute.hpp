@@ -109,17 +109,25 @@ void sort_chunks(row_matrix<T> const& in, std::span<std::int64_t const> split_si
   if (start.back() != in.rows())
     throw input_error("sort_chunks: split sizes add up to " + std::to_string(start.back()) +
                       " rows but the input has " + std::to_string(in.rows()));
+  std::vector<bool> seen(split_sizes.size(), false);
+  if (chunk_order.size() != split_sizes.size())
+    throw input_error("sort_chunks: the chunk order must name every chunk once");
+  for (int chunk : chunk_order) {
+    if (chunk < 0 || static_cast<std::size_t>(chunk) >= split_sizes.size() ||
+        seen[static_cast<std::size_t>(chunk)])
+      throw input_error(
+          "sort_chunks: the chunk order must name every chunk once (bad or repeated "
+          "index " +
+          std::to_string(chunk) + ")");
+    seen[static_cast<std::size_t>(chunk)] = true;
+  }
   out.resize(in.rows(), in.cols());
   Eigen::Index row = 0;
   for (int chunk : chunk_order) {
-    if (chunk < 0 || static_cast<std::size_t>(chunk) >= split_sizes.size())
-      throw input_error("sort_chunks: chunk index " + std::to_string(chunk) + " is out of range");
     auto const n = split_sizes[static_cast<std::size_t>(chunk)];
     out.middleRows(row, n) = in.middleRows(start[static_cast<std::size_t>(chunk)], n);
     row += n;
   }
-  if (row != in.rows())
-    throw input_error("sort_chunks: the chunk order does not name every chunk once");
 }
 
 }  // namespace megamoe::dispatch

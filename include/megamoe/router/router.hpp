@@ -120,6 +120,14 @@ struct router_state {
   }
 };
 
+/// The gradient scale a training schedule gives the attached losses: loss_scale * CP / number of
+/// micro-batches (the reference's MoEAuxLossAutoScaler scale), or loss_scale alone with per-token
+/// loss. Pass it as `backward_scale` to `topk_router::backward`.
+constexpr double loss_backward_scale(double loss_scale, int cp, int num_microbatches,
+                                     bool per_token_loss = false) {
+  return per_token_loss ? loss_scale : loss_scale * cp / num_microbatches;
+}
+
 /// Checks router settings for `num_experts` experts with the configuration rules (same ids as the
 /// compile-time check); throws `config_error`.
 inline void require_valid_router(settings const& s, int num_experts) {
@@ -165,6 +173,8 @@ class topk_router {
   [[nodiscard]] router_state& state() noexcept { return state_; }
   [[nodiscard]] router_state const& state() const noexcept { return state_; }
   [[nodiscard]] routing_output<L> const& output() const noexcept { return out_; }
+  /// The logits [T,E] of the last route (after gating and jitter when routed from the input).
+  [[nodiscard]] row_matrix<L> const& logits() const noexcept { return logits_; }
   /// The aux losses' own scores [T,E] and top-k map of the last training forward (padding rows 0).
   [[nodiscard]] row_matrix<S> const& aux_scores() const noexcept { return aux_scores_; }
   [[nodiscard]] mask_matrix const& aux_routing_map() const noexcept { return aux_map_; }
@@ -733,5 +743,29 @@ class topk_router {
   std::vector<L> masked_l_, groups_l_;
   std::vector<int> group_scratch_, order_;
 };
+
+/// The logits type of a router dtype.
+template <logits_dtype D>
+using logits_type = std::conditional_t<D == logits_dtype::fp64, double, float>;
+
+/// The router class of a static router policy: the same class as a run-time router, with the
+/// settings the type fixes.
+template <static_router_policy R>
+using router_of = topk_router<logits_type<R::value.dtype>>;
+
+/// The router of static policy R for `num_experts` experts.
+template <static_router_policy R>
+router_of<R> make_router(int num_experts, int padding_multiple = 0) {
+  return router_of<R>(R::value, num_experts, padding_multiple);
+}
+
+/// The router of configuration C (its experts and its recipe's padding multiple).
+template <training_config C>
+  requires static_router_policy<typename C::router> router_of<typename C::router> make_router() {
+    static_assert(C::shape::value.experts != dynamic,
+                  "make_router<C>(): experts are left to start-up; use make_router<R>(experts)");
+    return make_router<typename C::router>(C::shape::value.experts,
+                                           C::precision::value.padding_multiple);
+  }
 
 }  // namespace megamoe::router
