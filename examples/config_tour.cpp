@@ -5,16 +5,19 @@
 //   megamoe-config-tour [--world N]
 //
 // Until the training job exists this is the most complete program megamoe offers: everything it
-// shows is what a training run does before its first step.
+// shows is what a training run does before its first step, and then one routed micro-batch.
 #include <megamoe/config/config.hpp>
 #include <megamoe/config/describe.hpp>
 #include <megamoe/config/resolve.hpp>
 #include <megamoe/config/rules.hpp>
 #include <megamoe/parallel/layout.hpp>
+#include <megamoe/router/router.hpp>
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <iostream>
+#include <random>
 #include <string>
 
 namespace mm = megamoe;
@@ -87,6 +90,30 @@ int main(int argc, char** argv) {
     } catch (mm::config_error const& e) {
       std::cout << "   " << e.what() << "\n";
     }
+
+    // The router of deepseek_like, built from its type: one micro-batch of 4 sequences x 64
+    // positions, forward and backward, then the end of the global batch moves the expert bias.
+    auto deepseek_router = mm::router::make_router<deepseek_like>();
+    int const seq = 64, batch = 4, hidden = 2048, experts = 64;
+    std::mt19937 rng(1);
+    std::normal_distribution<float> normal(0.0F, 1.0F);
+    mm::row_matrix<float> x(seq * batch, hidden), w(experts, hidden);
+    for (Eigen::Index i = 0; i < x.size(); ++i) x.data()[i] = normal(rng);
+    for (Eigen::Index i = 0; i < w.size(); ++i) w.data()[i] = 0.02F * normal(rng);
+    auto const& routed = deepseek_router.route(x, w, {seq, batch});
+    auto const [fewest, most] =
+        std::minmax_element(routed.tokens_per_expert.begin(), routed.tokens_per_expert.end());
+    std::cout << "\n== deepseek_like's router on " << seq * batch << " tokens: " << *fewest
+              << " to " << *most << " tokens per expert, seq_aux_loss "
+              << routed.losses.seq_aux_loss->unscaled << " (unscaled)\n";
+    mm::row_matrix<float> grad_x, grad_w;
+    deepseek_router.backward(mm::row_matrix<float>::Zero(seq * batch, experts), 1.0, w, grad_x,
+                             grad_w);
+    deepseek_router.state().finish_global_batch(mm::router::reduction_groups<>{});
+    auto const [low, high] = std::minmax_element(deepseek_router.state().expert_bias.begin(),
+                                                 deepseek_router.state().expert_bias.end());
+    std::cout << "   expert bias after the global batch: " << *low << " .. " << *high
+              << " (busy experts down, idle ones up)\n";
   } catch (std::exception const& e) {
     std::cerr << "megamoe-config-tour: " << e.what() << "\n";
     return 2;

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace megamoe::dispatch {
@@ -87,17 +88,27 @@ void unpermute(Eigen::MatrixBase<Rows> const& rows, permutation const& p, row_ma
   if (rows.rows() != p.rows())
     throw input_error("unpermute: got " + std::to_string(rows.rows()) +
                       " rows, the permutation has " + std::to_string(p.rows()));
-  row_matrix<acc> sum = row_matrix<acc>::Zero(p.num_tokens, rows.cols());
-  for (int j = 0; j < p.rows(); ++j) {
-    auto const t = p.source_token[static_cast<std::size_t>(j)];
-    if (row_probs.empty()) {
-      sum.row(t) += rows.row(j).template cast<acc>();
-    } else {
-      sum.row(t) += rows.row(j).template cast<acc>() *
-                    static_cast<acc>(row_probs[static_cast<std::size_t>(j)]);
+  auto accumulate = [&](row_matrix<acc>& sum) {
+    sum.setZero(p.num_tokens, rows.cols());
+    for (int j = 0; j < p.rows(); ++j) {
+      auto const t = p.source_token[static_cast<std::size_t>(j)];
+      if (row_probs.empty()) {
+        sum.row(t) += rows.row(j).template cast<acc>();
+      } else {
+        sum.row(t) += rows.row(j).template cast<acc>() *
+                      static_cast<acc>(row_probs[static_cast<std::size_t>(j)]);
+      }
     }
+  };
+  if constexpr (std::is_same_v<acc, Out>) {
+    accumulate(out);  // straight into the output: no buffer besides it
+  } else {
+    // A wider type than the output (fp64 probs on fp32 rows): sum there, then round once, as the
+    // reference's promoted unpermute does.
+    row_matrix<acc> sum;
+    accumulate(sum);
+    out = sum.template cast<Out>();
   }
-  out = sum.template cast<Out>();
 }
 
 /// Concatenates the chunks of `in` (sizes `split_sizes`, in order) in the order `chunk_order`.
