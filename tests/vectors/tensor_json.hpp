@@ -35,7 +35,11 @@ row_matrix<T> matrix_of(nlohmann::json const& j, std::string const& what) {
   if (static_cast<std::int64_t>(data.size()) != total)
     throw mismatch(what + ": data has " + std::to_string(data.size()) + " values for its shape");
   row_matrix<T> m(total / std::max<std::int64_t>(cols, 1), cols);
-  for (std::int64_t i = 0; i < total; ++i) m.data()[i] = data[static_cast<std::size_t>(i)].get<T>();
+  for (std::int64_t i = 0; i < total; ++i) {
+    auto const& value = data[static_cast<std::size_t>(i)];
+    // Bool tensors are written as 0/1; accept true/false too.
+    m.data()[i] = value.is_boolean() ? static_cast<T>(value.get<bool>()) : value.get<T>();
+  }
   return m;
 }
 
