@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
               << " to " << *most << " tokens per expert, seq_aux_loss "
               << routed.losses.seq_aux_loss->unscaled << " (unscaled)\n";
     mm::row_matrix<float> grad_x, grad_w;
-    deepseek_router.backward(mm::row_matrix<float>::Zero(seq * batch, experts), 1.0, w, grad_x,
+    deepseek_router.backward(mm::row_matrix<float>::Zero(seq * batch, experts), 1.0, x, w, grad_x,
                              grad_w);
     deepseek_router.state().finish_global_batch(mm::router::reduction_groups<>{});
     auto const [low, high] = std::minmax_element(deepseek_router.state().expert_bias.begin(),

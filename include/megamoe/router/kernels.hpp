@@ -49,13 +49,12 @@ void softmax(In const* x, int n, S* out) {
   for (int i = 0; i < n; ++i) out[i] /= sum;
 }
 
-/// The gradient of softmax: given s = softmax(x) and ds, returns dx_i = s_i (ds_i - sum_j s_j
-/// ds_j).
+/// sum_i a_i b_i. The softmax backward is dx_i = s_i (ds_i - dot(s, ds)).
 template <class S>
-S softmax_dot(S const* s, S const* ds, int n) {
-  S dot = 0;
-  for (int i = 0; i < n; ++i) dot += s[i] * ds[i];
-  return dot;
+S dot(S const* a, S const* b, int n) {
+  S sum = 0;
+  for (int i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
 }
 
 template <class S>

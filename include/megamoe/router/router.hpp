@@ -190,25 +190,22 @@ class topk_router {
   }
 
   /// Routes from the router input x [T,H] and the gating weight W [E,H]: jitter (training), then
-  /// z = x W^T in L, then as `route`.
+  /// z = x W^T in L, then as `route`. The router keeps no copy of x; the backward takes it again.
   template <class X, class W, count_group TpCp = one_rank, count_group TpDpCp = one_rank>
   routing_output<L> const& route(Eigen::MatrixBase<X> const& hidden,
                                  Eigen::MatrixBase<W> const& weight, batch_shape batch,
                                  route_options const& options = {},
                                  reduction_groups<TpCp, TpDpCp> const& groups = {}) {
     require_shape(weight, experts_, hidden.cols(), "router weight");
-    using x_type = typename X::Scalar;
-    if (config_.input_jitter_eps && *config_.input_jitter_eps > 0.0 && options.mode != pass::eval) {
+    jittered_ =
+        config_.input_jitter_eps && *config_.input_jitter_eps > 0.0 && options.mode != pass::eval;
+    if (jittered_) {
       jitter_.resize(hidden.rows(), hidden.cols());
       fill_jitter(options.jitter_key);
-      input_ =
-          (hidden.array() * jitter_.template cast<x_type>().array()).matrix().template cast<L>();
-      jittered_ = true;
+      gating_forward<L>(jittered(hidden), weight, logits_);
     } else {
-      input_ = hidden.template cast<L>();
-      jittered_ = false;
+      gating_forward<L>(hidden, weight, logits_);
     }
-    gating_forward<L>(input_, weight, logits_);
     gated_ = true;
     return route_logits(batch, options, groups);
   }
@@ -231,19 +228,32 @@ class topk_router {
     return grad_logits_;
   }
 
-  /// As `backward`, then through the gating linear (and the jitter) of the last `route` from x:
-  /// grad_hidden [T,H] and grad_weight [E,H].
-  template <class W, class GX, class GW>
+  /// As `backward`, then through the gating linear (and the jitter) of the last `route` from x,
+  /// given the same x [T,H] and W [E,H] again: grad_hidden [T,H] and grad_weight [E,H].
+  template <class X, class W, class GX, class GW>
   void backward(Eigen::Ref<row_matrix<L> const> grad_probs, double backward_scale,
-                Eigen::MatrixBase<W> const& weight, GX& grad_hidden, GW& grad_weight) {
+                Eigen::MatrixBase<X> const& hidden, Eigen::MatrixBase<W> const& weight,
+                GX& grad_hidden, GW& grad_weight) {
     if (!gated_) throw input_error("router backward to the input needs a route() from the input");
+    require_shape(hidden, tokens_, weight.cols(), "router input given to backward");
+    require_shape(weight, experts_, hidden.cols(), "router weight given to backward");
     backward(grad_probs, backward_scale);
-    gating_backward<L>(grad_logits_, input_, weight, grad_hidden, grad_weight);
-    if (jittered_) grad_hidden.array() *= jitter_.template cast<typename GX::Scalar>().array();
+    if (jittered_) {
+      gating_backward<L>(grad_logits_, jittered(hidden), weight, grad_hidden, grad_weight);
+      grad_hidden.array() *= jitter_.template cast<typename GX::Scalar>().array();
+    } else {
+      gating_backward<L>(grad_logits_, hidden, weight, grad_hidden, grad_weight);
+    }
   }
 
  private:
   bool training_like(route_options const& o) const { return o.mode != pass::eval; }
+
+  /// x * u elementwise in x's type (the reference's rsample), as an expression.
+  template <class X>
+  auto jittered(Eigen::MatrixBase<X> const& hidden) const {
+    return (hidden.array() * jitter_.template cast<typename X::Scalar>().array()).matrix();
+  }
 
   template <class TpCp, class TpDpCp>
   routing_output<L> const& route_logits(batch_shape batch, route_options const& options,
@@ -614,7 +624,7 @@ class topk_router {
       switch (config_.score) {
         case score_function::softmax_after_topk: {
           S const* p = &saved_k_(t, 0);
-          S const dot = kernels::softmax_dot(p, g.data(), k);
+          S const dot = kernels::dot(p, g.data(), k);
           for (int i = 0; i < k; ++i)
             grad_logits_(t, idx[i]) +=
                 static_cast<L>(p[i] * (g[static_cast<std::size_t>(i)] - dot));
@@ -625,7 +635,7 @@ class topk_router {
           std::fill(ds.begin(), ds.end(), S(0));
           for (int i = 0; i < k; ++i)
             ds[static_cast<std::size_t>(idx[i])] += g[static_cast<std::size_t>(i)];
-          S const dot = kernels::softmax_dot(s, ds.data(), E);
+          S const dot = kernels::dot(s, ds.data(), E);
           for (int e = 0; e < E; ++e)
             grad_logits_(t, e) += static_cast<L>(s[e] * (ds[static_cast<std::size_t>(e)] - dot));
           break;
@@ -659,7 +669,7 @@ class topk_router {
       }
       if (k > 1) {
         S const* s = &scores_(t, 0);
-        S const dot = kernels::softmax_dot(s, ds.data(), E);
+        S const dot = kernels::dot(s, ds.data(), E);
         for (int e = 0; e < E; ++e)
           grad_logits_(t, e) += static_cast<L>(s[e] * (ds[static_cast<std::size_t>(e)] - dot));
       } else {
@@ -690,7 +700,7 @@ class topk_router {
       L const* z = &logits_(t, 0);
       if (softmax_scores) {
         S const* s = &aux_scores_(t, 0);
-        S const dot = kernels::softmax_dot(s, ds.data(), E);
+        S const dot = kernels::dot(s, ds.data(), E);
         for (int e = 0; e < E; ++e)
           grad_logits_(t, e) += static_cast<L>(s[e] * (ds[static_cast<std::size_t>(e)] - dot));
       } else {
@@ -700,7 +710,7 @@ class topk_router {
           sum += raw[static_cast<std::size_t>(e)];
         }
         sum += static_cast<S>(1e-20);
-        S const weighted = kernels::softmax_dot(raw.data(), ds.data(), E);
+        S const weighted = kernels::dot(raw.data(), ds.data(), E);
         for (int e = 0; e < E; ++e) {
           S const dr = ds[static_cast<std::size_t>(e)] / sum - weighted / (sum * sum);
           grad_logits_(t, e) +=
@@ -731,7 +741,7 @@ class topk_router {
   batch_shape batch_{};
   bool has_mask_ = false, z_active_ = false, aux_active_ = false, gated_ = false, jittered_ = false;
   std::vector<std::uint8_t> valid_;
-  row_matrix<L> logits_, input_, activation_, grad_logits_;
+  row_matrix<L> logits_, activation_, grad_logits_;
   row_matrix<float> jitter_;
   row_matrix<S> saved_k_, scores_, aux_scores_, sinkhorn_cost_;
   Eigen::Matrix<S, Eigen::Dynamic, 1> saved_sum_;
