@@ -35,6 +35,9 @@
 
 #include <megamoe/dispatch/permute.hpp>
 
+#include <megamoe/precision/formats.hpp>
+#include <megamoe/precision/quantize.hpp>
+
 #include <megamoe/parallel/collectives.hpp>
 #include <megamoe/parallel/environment.hpp>
 #include <megamoe/parallel/layout.hpp>
