@@ -505,8 +505,14 @@ void check_mxfp8(json const& j, json const& whole) {
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     fields b(blocks[i], "mxfp8.blocks[" + std::to_string(i) + "]");
     b.describe({"name"});
-    if (b["format"].get<std::string>() != "E4M3") throw mismatch(b.where() + ": format");
-    check_mx_block<mp::e4m3>(b, 8);
+    std::string const format = b["format"].get<std::string>();
+    if (format == "E4M3") {
+      check_mx_block<mp::e4m3>(b, 8);
+    } else if (format == "E5M2") {
+      check_mx_block<mp::e5m2>(b, 15);
+    } else {
+      throw mismatch(b.where() + ": unknown format " + format);
+    }
     b.done();
   }
   {
