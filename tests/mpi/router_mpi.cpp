@@ -9,7 +9,10 @@
 //     aux-loss-free bias update at the end of the global batch equal the one-rank results on all
 //     tokens.
 //
-//   mpiexec -n 4 megamoe_router_mpi_tests --tp 2
+// With --nan-on-rank R, rank R's logits hold a NaN: every rank must stop with an error, none may
+// hang in a reduction.
+//
+//   mpiexec -n 4 megamoe_router_mpi_tests --tp 2 [--nan-on-rank R]
 #include <megamoe/parallel/collectives.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 #include <megamoe/router/router.hpp>
@@ -85,7 +88,7 @@ int main(int argc, char** argv) {
   return mm::parallel::run_main(argc, argv, [&](mm::parallel::environment& env) {
     auto const& world = env.world();
     mm::parallel::degrees d;
-    std::optional<int> etp;
+    int nan_on_rank = -1;
     for (int i = 1; i + 1 < argc; i += 2) {
       std::string const key = argv[i];
       int const value = std::stoi(argv[i + 1]);
@@ -93,6 +96,8 @@ int main(int argc, char** argv) {
         d.tp = value;
       else if (key == "--cp")
         d.cp = value;
+      else if (key == "--nan-on-rank")
+        nan_on_rank = value;
       else
         throw mm::input_error("unknown argument " + key);
     }
@@ -124,8 +129,16 @@ int main(int argc, char** argv) {
       mr::topk_router<double, double> local(s, experts), one(s, experts);
       auto z = [](int p, int b, int e) { return logit(0, p, b, e); };
       matrix const weights_local = table(mine, objective_weight);
-      auto const& out =
-          local.route(table(mine, z), {mine.num_positions, mine.num_sequences}, {}, reduce);
+      matrix logits_local = table(mine, z);
+      if (world.rank() == nan_on_rank) logits_local(1, 2) = std::nan("");
+      auto const& out = [&]() -> mr::routing_output<double> const& {
+        try {
+          return local.route(logits_local, {mine.num_positions, mine.num_sequences}, {}, reduce);
+        } catch (mm::input_error const& e) {
+          // The router has every rank of the group throw; end the job cleanly on all of them.
+          throw mm::parallel::agreed_input_error(e.what());
+        }
+      }();
       auto const& ref =
           one.route(table(dp_shard, z), {dp_shard.num_positions, dp_shard.num_sequences});
       result.close("aux_loss", group_sum(tp_cp, out.losses.aux_loss->value),

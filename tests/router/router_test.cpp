@@ -15,7 +15,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -517,6 +519,52 @@ TEST(RouterErrors, BadInputsNameTheTensorAndShape) {
   } catch (mm::config_error const& e) {
     EXPECT_EQ(e.rule_id(), 7);
   }
+}
+
+/// A stand-in for a two-rank group whose other rank holds `other_flag` errors and micro-batch size
+/// `other_batch` (the same data otherwise).
+struct two_rank_group {
+  double other_flag = 0.0;
+  double other_batch = 0.0;  // 0: the same as this rank
+  [[nodiscard]] int size() const { return 2; }
+  void sum(std::span<double> v) const {
+    if (v.size() == 5) {  // the agreement vector: flag, E, E^2, B, B^2
+      double const b = other_batch > 0 ? other_batch : v[3];
+      v[0] += other_flag;
+      v[1] *= 2;
+      v[2] *= 2;
+      v[3] += b;
+      v[4] += b * b;
+    } else {
+      for (double& x : v) x *= 2;
+    }
+  }
+};
+
+TEST(RouterErrors, RanksOfAReductionGroupAgreeBeforeReducing) {
+  mr::settings s = with(2, mr::score_function::softmax_after_topk);
+  s.aux_loss_coeff = 1e-2;
+  mr::topk_router<float> router(s, 8);
+  auto const z = separated_logits(6, 8, 1).cast<float>().eval();
+  using groups = mr::reduction_groups<two_rank_group, mr::one_rank>;
+  auto message = [&](two_rank_group g, mm::row_matrix<float> const& logits) {
+    try {
+      router.route(logits, {3, 2}, {}, groups{g, {}});
+    } catch (mm::input_error const& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message({}, z), "no error");
+  EXPECT_NE(message({1.0, 0.0}, z).find("rejected on 1 other rank"), std::string::npos);
+  EXPECT_NE(message({0.0, 3.0}, z).find("disagree on micro_batch_size"), std::string::npos);
+  mm::row_matrix<float> bad = z;
+  bad(0, 0) = std::numeric_limits<float>::infinity();
+  EXPECT_NE(message({}, bad).find("non-finite value at token 0, expert 0"), std::string::npos);
+  // A bad weight shape goes through the same agreement.
+  mm::row_matrix<float> const x = mm::row_matrix<float>::Zero(6, 4),
+                              w = mm::row_matrix<float>::Zero(8, 5);
+  EXPECT_THROW(router.route(x, w, {3, 2}, {}, groups{}), mm::input_error);
 }
 
 // ---------------------------------------------------------------------------------------------

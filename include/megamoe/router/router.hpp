@@ -24,6 +24,7 @@
 #include <megamoe/router/tags.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -196,7 +197,16 @@ class topk_router {
                                  Eigen::MatrixBase<W> const& weight, batch_shape batch,
                                  route_options const& options = {},
                                  reduction_groups<TpCp, TpDpCp> const& groups = {}) {
-    require_shape(weight, experts_, hidden.cols(), "router weight");
+    if (weight.rows() != experts_ || weight.cols() != hidden.cols()) {
+      // Reported through route_logits, so that every rank of a reduction group hears of it.
+      logits_.resize(0, experts_);
+      gated_ = false;
+      return route_logits(batch, options, groups,
+                          "router weight has shape " +
+                              detail::shape_text(weight.rows(), weight.cols()) + ", expected " +
+                              detail::shape_text(experts_, hidden.cols()) +
+                              " (num_moe_experts x the input's hidden size)");
+    }
     jittered_ =
         config_.input_jitter_eps && *config_.input_jitter_eps > 0.0 && options.mode != pass::eval;
     if (jittered_) {
@@ -257,26 +267,20 @@ class topk_router {
 
   template <class TpCp, class TpDpCp>
   routing_output<L> const& route_logits(batch_shape batch, route_options const& options,
-                                        reduction_groups<TpCp, TpDpCp> const& groups) {
+                                        reduction_groups<TpCp, TpDpCp> const& groups,
+                                        std::optional<std::string> earlier_error = std::nullopt) {
     tokens_ = static_cast<int>(logits_.rows());
     int const T = tokens_, E = experts_, k = config_.top_k;
-    if (logits_.cols() != E)
-      throw input_error("router logits have shape " +
-                        detail::shape_text(logits_.rows(), logits_.cols()) + ", expected [T, " +
-                        std::to_string(E) + "] (E = num_moe_experts)");
-    if (batch.micro_batch_size < 1 || batch.seq_length < 0 ||
-        static_cast<long>(batch.seq_length) * batch.micro_batch_size != T)
-      throw input_error("router logits have " + std::to_string(T) + " tokens but the batch is " +
-                        std::to_string(batch.seq_length) + " positions x " +
-                        std::to_string(batch.micro_batch_size) + " sequences");
-    if (!options.padding_mask.empty() && static_cast<int>(options.padding_mask.size()) != T)
-      throw input_error("router padding mask has " + std::to_string(options.padding_mask.size()) +
-                        " entries, expected T = " + std::to_string(T));
-    for (Eigen::Index i = 0; i < logits_.size(); ++i)
-      if (!std::isfinite(logits_.data()[i]))
-        throw input_error("router logits " + detail::shape_text(T, E) +
-                          " hold a non-finite value at token " + std::to_string(i / E) +
-                          ", expert " + std::to_string(i % E));
+    // With reductions over other ranks ahead, an input error must end the call on every rank of
+    // the group, not leave the others waiting in a collective: the ranks agree first.
+    bool const collective = training_like(options) && any_aux_loss() &&
+                            (groups.tp_cp.size() > 1 || groups.tp_dp_cp.size() > 1);
+    auto const error = earlier_error ? earlier_error : input_problem(batch, options);
+    if (collective) {
+      agree_on_input(error, batch, groups);
+    } else if (error) {
+      throw input_error(*error);
+    }
     batch_ = batch;
     valid_.assign(static_cast<std::size_t>(T), 1);
     int valid_tokens = T;
@@ -338,6 +342,54 @@ class topk_router {
       for (int e = 0; e < E; ++e)
         out_.tokens_per_expert[static_cast<std::size_t>(e)] += out_.routing_map(t, e);
     return out_;
+  }
+
+  /// What is wrong with this call's input, if anything.
+  std::optional<std::string> input_problem(batch_shape batch, route_options const& options) const {
+    int const T = static_cast<int>(logits_.rows()), E = experts_;
+    if (logits_.cols() != E)
+      return "router logits have shape " + detail::shape_text(logits_.rows(), logits_.cols()) +
+             ", expected [T, " + std::to_string(E) + "] (E = num_moe_experts)";
+    if (batch.micro_batch_size < 1 || batch.seq_length < 0 ||
+        static_cast<long>(batch.seq_length) * batch.micro_batch_size != T)
+      return "router logits have " + std::to_string(T) + " tokens but the batch is " +
+             std::to_string(batch.seq_length) + " positions x " +
+             std::to_string(batch.micro_batch_size) + " sequences";
+    if (!options.padding_mask.empty() && static_cast<int>(options.padding_mask.size()) != T)
+      return "router padding mask has " + std::to_string(options.padding_mask.size()) +
+             " entries, expected T = " + std::to_string(T);
+    for (Eigen::Index i = 0; i < logits_.size(); ++i)
+      if (!std::isfinite(logits_.data()[i]))
+        return "router logits " + detail::shape_text(T, E) + " hold a non-finite value at token " +
+               std::to_string(i / E) + ", expert " + std::to_string(i % E);
+    return std::nullopt;
+  }
+
+  /// One small sum over the widest reduction group: whether any rank's input is bad, and whether
+  /// all agree on E and B (the sizes of the count vectors they are about to reduce). Throws the
+  /// same kind of error on every rank of the group.
+  template <class TpCp, class TpDpCp>
+  void agree_on_input(std::optional<std::string> const& error, batch_shape batch,
+                      reduction_groups<TpCp, TpDpCp> const& groups) const {
+    double const e = experts_, b = batch.micro_batch_size;
+    std::array<double, 5> v{error ? 1.0 : 0.0, e, e * e, b, b * b};
+    bool const wide = groups.tp_dp_cp.size() > 1;
+    double const n = wide ? groups.tp_dp_cp.size() : groups.tp_cp.size();
+    if (wide) {
+      groups.tp_dp_cp.sum(v);
+    } else {
+      groups.tp_cp.sum(v);
+    }
+    if (v[0] > 0.0)
+      throw input_error(error ? *error
+                              : std::string("router input rejected on ") +
+                                    std::to_string(static_cast<int>(v[0])) +
+                                    " other rank(s) of this rank's reduction group (their error "
+                                    "names it)");
+    if (v[1] != n * e || v[2] != n * e * e)
+      throw input_error("router: the ranks of a reduction group disagree on num_moe_experts");
+    if (v[3] != n * b || v[4] != n * b * b)
+      throw input_error("router: the ranks of a reduction group disagree on micro_batch_size");
   }
 
   bool any_aux_loss() const {
