@@ -84,7 +84,6 @@ float fp32_of(json const& j, std::string const& what) {
     if (s == "NaN") return std::numeric_limits<float>::quiet_NaN();
     throw mismatch(what + ": unexpected string " + s);
   }
-  (void)what;
   return static_cast<float>(j.get<double>());  // decimals of fp32 values, or doubles cast as F32(x)
 }
 
@@ -633,7 +632,7 @@ void check_nvfp4_1d(json const& j) {
     auto const neighbours = floats_of(s["neighbours"], "neighbours");
     double const p_up = s["p_up"].get<double>();
     long const samples = s["samples"].get<long>();
-    (void)s["empirical_mean"];  // the generator's own draw; megamoe's is checked against p_up
+    double const file_mean = s["empirical_mean"].get<double>();  // the generator's own draws
     long up = 0;
     double sum = 0.0;
     for (long i = 0; i < samples; ++i) {
@@ -652,6 +651,8 @@ void check_nvfp4_1d(json const& j) {
     double const p = static_cast<double>(up) / samples;
     double const mean = sum / samples;
     double const sigma_mean = (neighbours[1] - neighbours[0]) * sigma_p;
+    if (std::abs(file_mean - value) > 4 * sigma_mean)
+      throw mismatch("stochastic_rounding_demo.empirical_mean is not within 4 sigma of the value");
     if (std::abs(p - p_up) > 4 * sigma_p || std::abs(mean - value) > 4 * sigma_mean)
       throw mismatch("stochastic rounding: P(up) " + std::to_string(p) + ", mean " +
                      std::to_string(mean) + " over " + std::to_string(samples) +
