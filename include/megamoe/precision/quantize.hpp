@@ -19,6 +19,7 @@
 #pragma once
 
 #include <megamoe/core/error.hpp>
+#include <megamoe/core/random.hpp>
 #include <megamoe/precision/formats.hpp>
 #include <megamoe/precision/tags.hpp>
 
@@ -323,12 +324,7 @@ inline float nvfp4_scaled(float x, float s_enc_b) {
 /// A reproducible uniform [0, 1) for element `index` of a call with `seed` (splitmix64); the same
 /// on every platform and thread count.
 inline float uniform_of(std::uint64_t seed, std::uint64_t index) {
-  std::uint64_t x = seed * 0x9e3779b97f4a7c15ULL + index;
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return static_cast<float>(x >> 40) * 0x1.0p-24F;
+  return static_cast<float>(splitmix64(seed * 0x9e3779b97f4a7c15ULL + index) >> 40) * 0x1.0p-24F;
 }
 
 /// E2M1 with stochastic rounding: between the neighbouring grid points lo <= |y| <= hi, round up

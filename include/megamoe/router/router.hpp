@@ -16,6 +16,7 @@
 
 #include <megamoe/config/rules.hpp>
 #include <megamoe/core/error.hpp>
+#include <megamoe/core/random.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/router/capacity.hpp>
 #include <megamoe/router/gating.hpp>
@@ -401,15 +402,9 @@ class topk_router {
   void fill_jitter(std::uint64_t key) {
     // splitmix64 of (seed, key, element): reproducible, independent of threads and platform.
     double const eps = *config_.input_jitter_eps;
-    auto mix = [](std::uint64_t x) {
-      x += 0x9e3779b97f4a7c15ULL;
-      x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-      x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-      return x ^ (x >> 31);
-    };
-    std::uint64_t const base = mix(jitter_seed_ ^ mix(key));
+    std::uint64_t const base = splitmix64(jitter_seed_ ^ splitmix64(key));
     for (Eigen::Index i = 0; i < jitter_.size(); ++i) {
-      double const u = static_cast<double>(mix(base + static_cast<std::uint64_t>(i)) >> 11) *
+      double const u = static_cast<double>(splitmix64(base + static_cast<std::uint64_t>(i)) >> 11) *
                        0x1.0p-53;  // [0, 1)
       jitter_.data()[i] = static_cast<float>(1.0 - eps + 2.0 * eps * u);
     }
