@@ -7,6 +7,8 @@
 // line per section; a section (or a field inside one) that no check reads fails the run. The one
 // statistical section, the stochastic-rounding demonstration, is checked statistically. The
 // program is built twice, at -O0 and at -O3 -march=native -ffp-contract=fast, and both must pass.
+#include "vectors/object_fields.hpp"
+
 #include <megamoe/precision/formats.hpp>
 #include <megamoe/precision/quantize.hpp>
 
@@ -28,42 +30,13 @@
 #include <vector>
 
 namespace mp = megamoe::precision;
+namespace vectors = megamoe::vectors;
 using json = nlohmann::json;
 
 namespace {
 
-struct mismatch : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-/// Reads the fields of one JSON object; fields never read make the section fail.
-class fields {
- public:
-  fields(json const& object, std::string where) : object_(object), where_(std::move(where)) {
-    if (!object.is_object()) throw mismatch(where_ + ": expected an object");
-  }
-  json const& operator[](std::string const& key) {
-    if (!object_.contains(key)) throw mismatch(where_ + "." + key + " is missing");
-    read_.insert(key);
-    return object_.at(key);
-  }
-  [[nodiscard]] bool has(std::string const& key) const { return object_.contains(key); }
-  /// Descriptive text the checks need not compare (generator formulas, notes, layouts, names).
-  void describe(std::initializer_list<char const*> keys) {
-    for (auto const* k : keys)
-      if (object_.contains(k)) read_.insert(k);
-  }
-  void done() const {
-    for (auto const& [key, value] : object_.items())
-      if (!read_.count(key)) throw mismatch(where_ + "." + key + " is not checked");
-  }
-  [[nodiscard]] std::string const& where() const { return where_; }
-
- private:
-  json const& object_;
-  std::string where_;
-  std::set<std::string> read_;
-};
+using vectors::mismatch;
+using vectors::object_fields;
 
 std::uint32_t bits_of(float x) {
   return std::bit_cast<std::uint32_t>(x);
@@ -75,7 +48,7 @@ std::string hex32(std::uint32_t b) {
   return text;
 }
 
-/// A float from the file: the decimal must be the exact value of an fp32.
+/// A float from the file: decimals of fp32 values, doubles to be cast as F32(x), or Inf/NaN text.
 float fp32_of(json const& j, std::string const& what) {
   if (j.is_string()) {
     std::string const s = j.get<std::string>();
@@ -176,86 +149,87 @@ std::vector<std::uint8_t> encode_all(std::vector<float> const& xs, bool saturate
 }
 
 /// The input list, with its fp32 bit patterns checked when given.
-std::vector<float> inputs(fields& f) {
-  auto const xs = floats_of(f["input"], f.where() + ".input");
-  if (f.has("input_bits")) same_bits_list(f.where() + ".input_bits", xs, f["input_bits"]);
+std::vector<float> inputs(object_fields& f) {
+  auto const xs = floats_of(f.take("input"), f.where() + ".input");
+  if (f.has("input_bits")) same_bits_list(f.where() + ".input_bits", xs, f.take("input_bits"));
   return xs;
 }
 
 // --- sections ------------------------------------------------------------------------------------
 
 void check_meta(json const& j) {
-  fields f(j, "meta");
-  if (f["generator"].get<std::string>().empty()) throw mismatch("meta.generator is empty");
+  object_fields f(j, "meta");
+  if (f.take("generator").get<std::string>().empty()) throw mismatch("meta.generator is empty");
   // The conventions are the rules this file checks; each one must be stated.
-  auto const conventions = f["conventions"].dump();
+  auto const conventions = f.take("conventions").dump();
   for (char const* needle :
        {"round-to-nearest-even", "saturate", "E2M1", "fp32 bit patterns", "E8M0"})
     if (conventions.find(needle) == std::string::npos)
       throw mismatch(std::string("meta.conventions no longer mention ") + needle);
-  f.done();
+  f.require_all_handled();
 }
 
 /// exp_bits, man_bits and bias of a format entry.
-void same_layout(fields& f, int exponent_bits, int mantissa_bits, int bias) {
-  same_int(f.where() + ".exp_bits", exponent_bits, f["exp_bits"]);
-  same_int(f.where() + ".man_bits", mantissa_bits, f["man_bits"]);
-  same_int(f.where() + ".bias", bias, f["bias"]);
+void same_layout(object_fields& f, int exponent_bits, int mantissa_bits, int bias) {
+  same_int(f.where() + ".exp_bits", exponent_bits, f.take("exp_bits"));
+  same_int(f.where() + ".man_bits", mantissa_bits, f.take("man_bits"));
+  same_int(f.where() + ".bias", bias, f.take("bias"));
 }
 
 template <class F>
 void check_format_traits(json const& j, std::string const& name) {
-  fields f(j, "formats." + name);
+  object_fields f(j, "formats." + name);
   same_layout(f, F::exponent_bits, F::mantissa_bits, F::bias);
-  same_float(f.where() + ".max_finite", mp::max_finite<F>, fp32_of(f["max_finite"], "max_finite"));
-  same_int(f.where() + ".max_finite_code", F::max_code, f["max_finite_code"]);
+  same_float(f.where() + ".max_finite", mp::max_finite<F>,
+             fp32_of(f.take("max_finite"), "max_finite"));
+  same_int(f.where() + ".max_finite_code", F::max_code, f.take("max_finite_code"));
   // Smallest normal: exponent field 1, mantissa 0; smallest subnormal: code 1.
   same_float(f.where() + ".min_normal",
              mp::decode<F>(static_cast<std::uint8_t>(1u << F::mantissa_bits)),
-             fp32_of(f["min_normal"], "min_normal"));
+             fp32_of(f.take("min_normal"), "min_normal"));
   same_float(f.where() + ".min_subnormal", mp::decode<F>(1),
-             fp32_of(f["min_subnormal"], "min_subnormal"));
-  f.done();
+             fp32_of(f.take("min_subnormal"), "min_subnormal"));
+  f.require_all_handled();
 }
 
 void check_formats(json const& j) {
-  fields f(j, "formats");
-  check_format_traits<mp::e4m3>(f["E4M3"], "E4M3");
-  check_format_traits<mp::e5m2>(f["E5M2"], "E5M2");
-  check_format_traits<mp::e2m1>(f["E2M1"], "E2M1");
+  object_fields f(j, "formats");
+  check_format_traits<mp::e4m3>(f.take("E4M3"), "E4M3");
+  check_format_traits<mp::e5m2>(f.take("E5M2"), "E5M2");
+  check_format_traits<mp::e2m1>(f.take("E2M1"), "E2M1");
   {
-    fields e(f["E8M0"], "formats.E8M0");
+    object_fields e(f.take("E8M0"), "formats.E8M0");
     same_layout(e, 8, 0, 127);
-    same_float("E8M0.min", mp::e8m0_value(0), fp32_of(e["min"], "min"));
-    same_float("E8M0.max", mp::e8m0_value(0xFE), fp32_of(e["max"], "max"));
-    same_int("E8M0.nan_code", 0xFF, e["nan_code"]);
+    same_float("E8M0.min", mp::e8m0_value(0), fp32_of(e.take("min"), "min"));
+    same_float("E8M0.max", mp::e8m0_value(0xFE), fp32_of(e.take("max"), "max"));
+    same_int("E8M0.nan_code", 0xFF, e.take("nan_code"));
     if (!std::isnan(mp::e8m0_value(0xFF))) throw mismatch("E8M0 0xFF is not NaN");
-    e.done();
+    e.require_all_handled();
   }
   {
-    fields b(f["BF16"], "formats.BF16");
+    object_fields b(f.take("BF16"), "formats.BF16");
     same_layout(b, 8, 7, 127);
-    same_float("BF16.max_finite", mp::from_bf16_bits(0x7F7F), fp32_of(b["max_finite"], "max"));
-    same_float("BF16.min_normal", mp::from_bf16_bits(0x0080), fp32_of(b["min_normal"], "min"));
+    same_float("BF16.max_finite", mp::from_bf16_bits(0x7F7F), fp32_of(b.take("max_finite"), "max"));
+    same_float("BF16.min_normal", mp::from_bf16_bits(0x0080), fp32_of(b.take("min_normal"), "min"));
     same_float("BF16.min_subnormal", mp::from_bf16_bits(0x0001),
-               fp32_of(b["min_subnormal"], "sub"));
-    b.done();
+               fp32_of(b.take("min_subnormal"), "sub"));
+    b.require_all_handled();
   }
-  f.done();
+  f.require_all_handled();
 }
 
 void check_fp8_cast(json const& j) {
   for (std::size_t i = 0; i < j.size(); ++i) {
-    fields f(j[i], "fp8_cast[" + std::to_string(i) + "]");
-    std::string const format = f["format"].get<std::string>();
+    object_fields f(j[i], "fp8_cast[" + std::to_string(i) + "]");
+    std::string const format = f.take("format").get<std::string>();
     auto const xs = inputs(f);
     auto run = [&]<class F>() {
-      same_ints(f.where() + ".code_satfinite", encode_all<F>(xs, true), f["code_satfinite"]);
+      same_ints(f.where() + ".code_satfinite", encode_all<F>(xs, true), f.take("code_satfinite"));
       same_ints(f.where() + ".code_nonsaturating", encode_all<F>(xs, false),
-                f["code_nonsaturating"]);
+                f.take("code_nonsaturating"));
       std::vector<float> values;
       for (auto c : encode_all<F>(xs, true)) values.push_back(mp::decode<F>(c));
-      same_floats(f.where() + ".value_satfinite", values, f["value_satfinite"]);
+      same_floats(f.where() + ".value_satfinite", values, f.take("value_satfinite"));
     };
     if (format == "E4M3") {
       run.template operator()<mp::e4m3>();
@@ -264,12 +238,12 @@ void check_fp8_cast(json const& j) {
     } else {
       throw mismatch(f.where() + ": unknown format " + format);
     }
-    f.done();
+    f.require_all_handled();
   }
 }
 
 void check_bf16_cast(json const& j) {
-  fields f(j, "bf16_cast");
+  object_fields f(j, "bf16_cast");
   auto const xs = inputs(f);
   std::vector<std::uint16_t> codes;
   std::vector<float> values;
@@ -277,59 +251,59 @@ void check_bf16_cast(json const& j) {
     codes.push_back(mp::to_bf16_bits(x));
     values.push_back(mp::round_to_bf16(x));
   }
-  same_ints("bf16_cast.code", codes, f["code"]);
-  same_floats("bf16_cast.value", values, f["value"]);
-  f.done();
+  same_ints("bf16_cast.code", codes, f.take("code"));
+  same_floats("bf16_cast.value", values, f.take("value"));
+  f.require_all_handled();
 }
 
 void check_e2m1_cast(json const& j) {
-  fields f(j, "e2m1_cast");
+  object_fields f(j, "e2m1_cast");
   auto const xs = inputs(f);
   auto const codes = encode_all<mp::e2m1>(xs);
-  same_ints("e2m1_cast.code", codes, f["code"]);
+  same_ints("e2m1_cast.code", codes, f.take("code"));
   std::vector<float> values;
   for (auto c : codes) values.push_back(mp::decode<mp::e2m1>(c));
-  same_floats("e2m1_cast.value", values, f["value"]);
-  f.done();
+  same_floats("e2m1_cast.value", values, f.take("value"));
+  f.require_all_handled();
 }
 
 template <class F>
-void check_per_tensor_entry(fields& f, std::vector<float> const& xs) {
+void check_per_tensor_entry(object_fields& f, std::vector<float> const& xs) {
   float const amax = mp::amax_of(xs);
-  same_float(f.where() + ".amax", amax, fp32_of(f["amax"], "amax"));
+  same_float(f.where() + ".amax", amax, fp32_of(f.take("amax"), "amax"));
   float const scale = mp::scale_from_amax(amax, mp::max_finite<F>);
-  same_float(f.where() + ".scale", scale, fp32_of(f["scale"], "scale"));
-  if (f.has("scale_bits")) same_bits(f.where() + ".scale_bits", scale, f["scale_bits"]);
+  same_float(f.where() + ".scale", scale, fp32_of(f.take("scale"), "scale"));
+  if (f.has("scale_bits")) same_bits(f.where() + ".scale_bits", scale, f.take("scale_bits"));
   auto const q = mp::quantize_per_tensor<F>(xs, 1, static_cast<int>(xs.size()), scale);
-  same_float(f.where() + ".scale_inv", q.scale_inv, fp32_of(f["scale_inv"], "scale_inv"));
+  same_float(f.where() + ".scale_inv", q.scale_inv, fp32_of(f.take("scale_inv"), "scale_inv"));
   if (f.has("scale_inv_bits"))
-    same_bits(f.where() + ".scale_inv_bits", q.scale_inv, f["scale_inv_bits"]);
+    same_bits(f.where() + ".scale_inv_bits", q.scale_inv, f.take("scale_inv_bits"));
   if (f.has("scaled")) {
     std::vector<float> scaled;
     for (float x : xs) scaled.push_back(x * scale);
-    same_floats(f.where() + ".scaled", scaled, f["scaled"]);
+    same_floats(f.where() + ".scaled", scaled, f.take("scaled"));
   }
-  same_ints(f.where() + ".code", q.codes, f["code"]);
+  same_ints(f.where() + ".code", q.codes, f.take("code"));
   if (f.has("fp8_value")) {
     std::vector<float> values;
     for (auto c : q.codes) values.push_back(mp::decode<F>(c));
-    same_floats(f.where() + ".fp8_value", values, f["fp8_value"]);
+    same_floats(f.where() + ".fp8_value", values, f.take("fp8_value"));
   }
-  same_floats(f.where() + ".dequant", mp::dequantize<F>(q), f["dequant"]);
+  same_floats(f.where() + ".dequant", mp::dequantize<F>(q), f.take("dequant"));
   if (f.has("pow2_scale")) {
     float const pow2 = mp::scale_from_amax(amax, mp::max_finite<F>, true);
-    same_float(f.where() + ".pow2_scale", pow2, fp32_of(f["pow2_scale"], "pow2_scale"));
+    same_float(f.where() + ".pow2_scale", pow2, fp32_of(f.take("pow2_scale"), "pow2_scale"));
     auto const p = mp::quantize_per_tensor<F>(xs, 1, static_cast<int>(xs.size()), pow2);
-    same_ints(f.where() + ".pow2_code", p.codes, f["pow2_code"]);
-    same_floats(f.where() + ".pow2_dequant", mp::dequantize<F>(p), f["pow2_dequant"]);
+    same_ints(f.where() + ".pow2_code", p.codes, f.take("pow2_code"));
+    same_floats(f.where() + ".pow2_dequant", mp::dequantize<F>(p), f.take("pow2_dequant"));
   }
 }
 
 void check_per_tensor(json const& j) {
   for (std::size_t i = 0; i < j.size(); ++i) {
-    fields f(j[i], "per_tensor_current_scaling[" + std::to_string(i) + "]");
+    object_fields f(j[i], "per_tensor_current_scaling[" + std::to_string(i) + "]");
     f.describe({"note"});
-    std::string const format = f["format"].get<std::string>();
+    std::string const format = f.take("format").get<std::string>();
     auto const xs = inputs(f);
     if (format == "E4M3") {
       check_per_tensor_entry<mp::e4m3>(f, xs);
@@ -338,62 +312,64 @@ void check_per_tensor(json const& j) {
     } else {
       throw mismatch(f.where() + ": unknown format " + format);
     }
-    f.done();
+    f.require_all_handled();
   }
 }
 
 void check_delayed(json const& j) {
-  fields f(j, "delayed_scaling");
-  auto const before = floats_of(f["history_before"], "history_before");
-  auto const after = floats_of(f["history_after_roll"], "history_after_roll");
-  auto const& cases = f["cases"];
+  object_fields f(j, "delayed_scaling");
+  auto const before = floats_of(f.take("history_before"), "history_before");
+  auto const after = floats_of(f.take("history_after_roll"), "history_after_roll");
+  auto const& cases = f.take("cases");
   for (std::size_t i = 0; i < cases.size(); ++i) {
-    fields c(cases[i], "delayed_scaling.cases[" + std::to_string(i) + "]");
+    object_fields c(cases[i], "delayed_scaling.cases[" + std::to_string(i) + "]");
     c.describe({"note"});
-    auto const algo = c["algo"].get<std::string>() == "max"
+    auto const algo = c.take("algo").get<std::string>() == "max"
                           ? mp::delayed_scaling_state::algorithm::max
                           : mp::delayed_scaling_state::algorithm::most_recent;
-    mp::delayed_scaling_state state(static_cast<int>(before.size()), algo, c["margin"].get<int>());
+    mp::delayed_scaling_state state(static_cast<int>(before.size()), algo,
+                                    c.take("margin").get<int>());
     state.amax_history =
-        c.has("history_before") ? floats_of(c["history_before"], "history") : before;
-    if (c.has("prev_scale")) state.scale = fp32_of(c["prev_scale"], "prev_scale");
+        c.has("history_before") ? floats_of(c.take("history_before"), "history") : before;
+    if (c.has("prev_scale")) state.scale = fp32_of(c.take("prev_scale"), "prev_scale");
     float const amax = state.update(mp::max_finite<mp::e4m3>);
-    same_float(c.where() + ".amax", amax, fp32_of(c["amax"], "amax"));
-    same_float(c.where() + ".scale", state.scale, fp32_of(c["scale"], "scale"));
-    if (c.has("scale_bits")) same_bits(c.where() + ".scale_bits", state.scale, c["scale_bits"]);
+    same_float(c.where() + ".amax", amax, fp32_of(c.take("amax"), "amax"));
+    same_float(c.where() + ".scale", state.scale, fp32_of(c.take("scale"), "scale"));
+    if (c.has("scale_bits"))
+      same_bits(c.where() + ".scale_bits", state.scale, c.take("scale_bits"));
     if (!c.has("history_before"))
-      same_floats(c.where() + " rolled history", state.amax_history, f["history_after_roll"]);
-    c.done();
+      same_floats(c.where() + " rolled history", state.amax_history, f.take("history_after_roll"));
+    c.require_all_handled();
   }
   if (after.size() != before.size()) throw mismatch("delayed_scaling: history lengths differ");
-  f.done();
+  f.require_all_handled();
 }
 
 void check_blockwise_row(json const& j) {
-  fields f(j, "blockwise_1x128_row");
+  object_fields f(j, "blockwise_1x128_row");
   f.describe({"generator"});
-  auto const xs = floats_of(f["input"], "input");
+  auto const xs = floats_of(f.take("input"), "input");
   for (std::size_t i = 0; i < xs.size(); ++i) {
     float const expected =
         i < 127 ? static_cast<float>((static_cast<int>(i) % 17) - 8) * 0.3125F : 5.0F;
     same_float("blockwise_1x128_row.input (generator)[" + std::to_string(i) + "]", xs[i], expected);
   }
-  same_float("blockwise_1x128_row.amax", mp::amax_of(xs), fp32_of(f["amax"], "amax"));
+  same_float("blockwise_1x128_row.amax", mp::amax_of(xs), fp32_of(f.take("amax"), "amax"));
   for (bool pow2 : {true, false}) {
-    fields v(f[pow2 ? "pow2" : "fp32_scale"],
-             pow2 ? "blockwise_1x128_row.pow2" : "blockwise_1x128_row.fp32_scale");
+    object_fields v(f.take(pow2 ? "pow2" : "fp32_scale"),
+                    pow2 ? "blockwise_1x128_row.pow2" : "blockwise_1x128_row.fp32_scale");
     auto const q = mp::quantize_blockwise<mp::e4m3>(xs, 1, 128, 1, 128, pow2);
     float const scale = mp::scale_from_amax(mp::amax_of(xs), 448.0F, pow2);
-    same_float(v.where() + ".scale", scale, fp32_of(v["scale"], "scale"));
-    same_float(v.where() + ".scale_inv", q.scale_inv[0], fp32_of(v["scale_inv"], "scale_inv"));
-    if (v.has("scale_bits")) same_bits(v.where() + ".scale_bits", scale, v["scale_bits"]);
+    same_float(v.where() + ".scale", scale, fp32_of(v.take("scale"), "scale"));
+    same_float(v.where() + ".scale_inv", q.scale_inv[0], fp32_of(v.take("scale_inv"), "scale_inv"));
+    if (v.has("scale_bits")) same_bits(v.where() + ".scale_bits", scale, v.take("scale_bits"));
     if (v.has("scale_inv_bits"))
-      same_bits(v.where() + ".scale_inv_bits", q.scale_inv[0], v["scale_inv_bits"]);
-    same_ints(v.where() + ".code", q.codes, v["code"]);
-    same_floats(v.where() + ".dequant", mp::dequantize<mp::e4m3>(q), v["dequant"]);
-    v.done();
+      same_bits(v.where() + ".scale_inv_bits", q.scale_inv[0], v.take("scale_inv_bits"));
+    same_ints(v.where() + ".code", q.codes, v.take("code"));
+    same_floats(v.where() + ".dequant", mp::dequantize<mp::e4m3>(q), v.take("dequant"));
+    v.require_all_handled();
   }
-  f.done();
+  f.require_all_handled();
 }
 
 /// X[i][j] = (((i*a + j*b) % 257) - 128) / 32 * factor(i, j), as the file's generators say.
@@ -408,35 +384,35 @@ std::vector<float> generated(int rows, int cols, int a, int b, Factor factor) {
 }
 
 void check_blockwise_2d(json const& j) {
-  fields f(j, "blockwise_2d_tensor");
+  object_fields f(j, "blockwise_2d_tensor");
   f.describe({"generator"});
-  if (f["format"].get<std::string>() != "E4M3") throw mismatch("blockwise_2d_tensor: format");
-  auto const shape = f["shape"].get<std::vector<int>>();
+  if (f.take("format").get<std::string>() != "E4M3") throw mismatch("blockwise_2d_tensor: format");
+  auto const shape = f.take("shape").get<std::vector<int>>();
   int const rows = shape.at(0), cols = shape.at(1);
   auto x = generated(rows, cols, 37, 101, [](int i, int) { return static_cast<float>(1 + i % 5); });
   x[3 * static_cast<std::size_t>(cols) + 7] = 300.0F;
   auto const xt = mp::transposed(x, rows, cols);
   for (bool pow2 : {false, true}) {
-    fields s(f[pow2 ? "pow2_scales" : "fp32_scales"],
-             std::string("blockwise_2d_tensor.") + (pow2 ? "pow2_scales" : "fp32_scales"));
+    object_fields s(f.take(pow2 ? "pow2_scales" : "fp32_scales"),
+                    std::string("blockwise_2d_tensor.") + (pow2 ? "pow2_scales" : "fp32_scales"));
     auto const row = mp::quantize_blockwise<mp::e4m3>(x, rows, cols, 1, 128, pow2);
     auto const col = mp::quantize_blockwise<mp::e4m3>(xt, cols, rows, 1, 128, pow2);
     auto const tile = mp::quantize_blockwise<mp::e4m3>(x, rows, cols, 128, 128, pow2);
     auto check = [&](char const* name, mp::blockwise_fp8 const& q) {
-      fields c(s[name], s.where() + "." + name);
+      object_fields c(s.take(name), s.where() + "." + name);
       c.describe({"layout", "note"});
-      auto const& si = c["scale_inv"];
+      auto const& si = c.take("scale_inv");
       if (si.is_array()) {
         same_floats(c.where() + ".scale_inv", q.scale_inv, si);
       } else {
         same_float(c.where() + ".scale_inv", q.scale_inv.at(0), fp32_of(si, "scale_inv"));
       }
       if (c.has("scale_inv_bits"))
-        same_bits_list(c.where() + ".scale_inv_bits", q.scale_inv, c["scale_inv_bits"]);
+        same_bits_list(c.where() + ".scale_inv_bits", q.scale_inv, c.take("scale_inv_bits"));
       if (c.has("codes_hex"))
-        same_text(c.where() + ".codes_hex", hex_bytes(q.codes), c["codes_hex"]);
-      same_text(c.where() + ".sha256", sha256_hex(q.codes), c["sha256"]);
-      c.done();
+        same_text(c.where() + ".codes_hex", hex_bytes(q.codes), c.take("codes_hex"));
+      same_text(c.where() + ".sha256", sha256_hex(q.codes), c.take("sha256"));
+      c.require_all_handled();
     };
     check("rowwise_1x128", row);
     check("columnwise_1x128_of_transpose", col);
@@ -455,19 +431,19 @@ void check_blockwise_2d(json const& j) {
         differ += a != b ? 1 : 0;
       }
     same_int(s.where() + ".elements_where_rowwise_and_columnwise_dequant_differ", differ,
-             s["elements_where_rowwise_and_columnwise_dequant_differ"]);
-    s.done();
+             s.take("elements_where_rowwise_and_columnwise_dequant_differ"));
+    s.require_all_handled();
   }
-  f.done();
+  f.require_all_handled();
 }
 
 template <class F>
-void check_mx_variant(fields& v, std::vector<float> const& xs, bool te, int element_emax) {
+void check_mx_variant(object_fields& v, std::vector<float> const& xs, bool te, int element_emax) {
   float const amax = mp::amax_of(xs);
   std::uint8_t const e = te ? mp::mxfp8_scale<F>(amax) : mp::e8m0_ocp(amax, element_emax);
-  same_int(v.where() + ".e8m0", e, v["e8m0"]);
+  same_int(v.where() + ".e8m0", e, v.take("e8m0"));
   if (v.has("scale"))
-    same_float(v.where() + ".scale", mp::e8m0_value(e), fp32_of(v["scale"], "scale"));
+    same_float(v.where() + ".scale", mp::e8m0_value(e), fp32_of(v.take("scale"), "scale"));
   std::vector<std::uint8_t> codes;
   std::vector<float> deq;
   for (float x : xs) {
@@ -477,34 +453,35 @@ void check_mx_variant(fields& v, std::vector<float> const& xs, bool te, int elem
     codes.push_back(c);
     deq.push_back(mp::decode<F>(c) * mp::e8m0_value(e));
   }
-  same_ints(v.where() + ".code", codes, v["code"]);
-  same_floats(v.where() + ".dequant", deq, v["dequant"]);
+  same_ints(v.where() + ".code", codes, v.take("code"));
+  same_floats(v.where() + ".dequant", deq, v.take("dequant"));
   if (te) {
     auto const q = mp::quantize_mxfp8<F>(xs, 1, static_cast<int>(xs.size()));
-    same_ints(v.where() + ".code (quantize_mxfp8)", q.codes, v["code"]);
+    same_ints(v.where() + ".code (quantize_mxfp8)", q.codes, v.take("code"));
   }
-  v.done();
+  v.require_all_handled();
 }
 
 template <class F>
-void check_mx_block(fields& b, int element_emax) {
+void check_mx_block(object_fields& b, int element_emax) {
   auto const xs = inputs(b);
-  if (b.has("amax")) same_float(b.where() + ".amax", mp::amax_of(xs), fp32_of(b["amax"], "amax"));
+  if (b.has("amax"))
+    same_float(b.where() + ".amax", mp::amax_of(xs), fp32_of(b.take("amax"), "amax"));
   {
-    fields te(b["te"], b.where() + ".te");
+    object_fields te(b.take("te"), b.where() + ".te");
     check_mx_variant<F>(te, xs, true, element_emax);
   }
-  fields ocp(b["ocp_spec"], b.where() + ".ocp_spec");
+  object_fields ocp(b.take("ocp_spec"), b.where() + ".ocp_spec");
   check_mx_variant<F>(ocp, xs, false, element_emax);
 }
 
 void check_mxfp8(json const& j, json const& whole) {
-  fields f(j, "mxfp8");
-  auto const& blocks = f["blocks"];
+  object_fields f(j, "mxfp8");
+  auto const& blocks = f.take("blocks");
   for (std::size_t i = 0; i < blocks.size(); ++i) {
-    fields b(blocks[i], "mxfp8.blocks[" + std::to_string(i) + "]");
+    object_fields b(blocks[i], "mxfp8.blocks[" + std::to_string(i) + "]");
     b.describe({"name"});
-    std::string const format = b["format"].get<std::string>();
+    std::string const format = b.take("format").get<std::string>();
     if (format == "E4M3") {
       check_mx_block<mp::e4m3>(b, 8);
     } else if (format == "E5M2") {
@@ -512,81 +489,82 @@ void check_mxfp8(json const& j, json const& whole) {
     } else {
       throw mismatch(b.where() + ": unknown format " + format);
     }
-    b.done();
+    b.require_all_handled();
   }
   {
-    fields b(f["e5m2_block"], "mxfp8.e5m2_block");
+    object_fields b(f.take("e5m2_block"), "mxfp8.e5m2_block");
     b.describe({"name"});
-    if (b["format"].get<std::string>() != "E5M2") throw mismatch("e5m2_block: format");
+    if (b.take("format").get<std::string>() != "E5M2") throw mismatch("e5m2_block: format");
     // The E5M2 case re-uses block A's input.
     auto const& a = whole.at("mxfp8").at("blocks").at(0);
-    auto const xs = floats_of(b.has("input") ? b["input"] : a.at("input"), "input");
-    same_float(b.where() + ".amax", mp::amax_of(xs), fp32_of(b["amax"], "amax"));
+    auto const xs = floats_of(b.has("input") ? b.take("input") : a.at("input"), "input");
+    same_float(b.where() + ".amax", mp::amax_of(xs), fp32_of(b.take("amax"), "amax"));
     {
-      fields te(b["te"], b.where() + ".te");
+      object_fields te(b.take("te"), b.where() + ".te");
       check_mx_variant<mp::e5m2>(te, xs, true, 15);
     }
-    fields ocp(b["ocp_spec"], b.where() + ".ocp_spec");
+    object_fields ocp(b.take("ocp_spec"), b.where() + ".ocp_spec");
     check_mx_variant<mp::e5m2>(ocp, xs, false, 15);
-    b.done();
+    b.require_all_handled();
   }
-  auto const& edges = f["e8m0_edge_cases"];
+  auto const& edges = f.take("e8m0_edge_cases");
   for (std::size_t i = 0; i < edges.size(); ++i) {
-    fields e(edges[i], "mxfp8.e8m0_edge_cases[" + std::to_string(i) + "]");
-    float const amax = fp32_of(e["amax"], "amax");
+    object_fields e(edges[i], "mxfp8.e8m0_edge_cases[" + std::to_string(i) + "]");
+    float const amax = fp32_of(e.take("amax"), "amax");
     float const v = amax * static_cast<float>(1.0 / 448.0);
-    same_float(e.where() + ".amax_times_rcp448", v, fp32_of(e["amax_times_rcp448"], "v"));
-    same_bits(e.where() + ".bits", v, e["bits"]);
-    same_int(e.where() + ".e8m0_te", mp::mxfp8_scale<mp::e4m3>(amax), e["e8m0_te"]);
-    same_int(e.where() + ".e8m0_ocp_e4m3", mp::e8m0_ocp(amax, 8), e["e8m0_ocp_e4m3"]);
-    e.done();
+    same_float(e.where() + ".amax_times_rcp448", v, fp32_of(e.take("amax_times_rcp448"), "v"));
+    same_bits(e.where() + ".bits", v, e.take("bits"));
+    same_int(e.where() + ".e8m0_te", mp::mxfp8_scale<mp::e4m3>(amax), e.take("e8m0_te"));
+    same_int(e.where() + ".e8m0_ocp_e4m3", mp::e8m0_ocp(amax, 8), e.take("e8m0_ocp_e4m3"));
+    e.require_all_handled();
   }
   {
-    fields r(f["rowwise_vs_columnwise"], "mxfp8.rowwise_vs_columnwise");
+    object_fields r(f.take("rowwise_vs_columnwise"), "mxfp8.rowwise_vs_columnwise");
     r.describe({"generator", "rowwise_layout", "columnwise_layout"});
-    auto const shape = r["shape"].get<std::vector<int>>();
+    auto const shape = r.take("shape").get<std::vector<int>>();
     int const rows = shape.at(0), cols = shape.at(1);
     auto x =
         generated(rows, cols, 29, 83, [](int i, int) { return static_cast<float>(1 + i % 5); });
     x[5 * static_cast<std::size_t>(cols) + 40] = -90.0F;
     auto const row = mp::quantize_mxfp8<mp::e4m3>(x, rows, cols);
     auto const col = mp::quantize_mxfp8<mp::e4m3>(mp::transposed(x, rows, cols), cols, rows);
-    same_ints(r.where() + ".rowwise_e8m0", row.scales, r["rowwise_e8m0"]);
-    same_text(r.where() + ".rowwise_codes_hex", hex_bytes(row.codes), r["rowwise_codes_hex"]);
-    same_text(r.where() + ".rowwise_sha256", sha256_hex(row.codes), r["rowwise_sha256"]);
-    same_ints(r.where() + ".columnwise_e8m0", col.scales, r["columnwise_e8m0"]);
-    same_text(r.where() + ".columnwise_codes_hex", hex_bytes(col.codes), r["columnwise_codes_hex"]);
-    same_text(r.where() + ".columnwise_sha256", sha256_hex(col.codes), r["columnwise_sha256"]);
-    r.done();
+    same_ints(r.where() + ".rowwise_e8m0", row.scales, r.take("rowwise_e8m0"));
+    same_text(r.where() + ".rowwise_codes_hex", hex_bytes(row.codes), r.take("rowwise_codes_hex"));
+    same_text(r.where() + ".rowwise_sha256", sha256_hex(row.codes), r.take("rowwise_sha256"));
+    same_ints(r.where() + ".columnwise_e8m0", col.scales, r.take("columnwise_e8m0"));
+    same_text(r.where() + ".columnwise_codes_hex", hex_bytes(col.codes),
+              r.take("columnwise_codes_hex"));
+    same_text(r.where() + ".columnwise_sha256", sha256_hex(col.codes), r.take("columnwise_sha256"));
+    r.require_all_handled();
   }
-  f.done();
+  f.require_all_handled();
 }
 
-void check_nvfp4_block(fields& b, std::vector<float> const& xs, float global_amax) {
+void check_nvfp4_block(object_fields& b, std::vector<float> const& xs, float global_amax) {
   auto const g = mp::nvfp4_global(global_amax);
   float const block_amax = mp::amax_of(xs);
-  same_float(b.where() + ".block_amax", block_amax, fp32_of(b["block_amax"], "block_amax"));
+  same_float(b.where() + ".block_amax", block_amax, fp32_of(b.take("block_amax"), "block_amax"));
   auto const s = mp::nvfp4_block(block_amax, g);
-  same_float(b.where() + ".s_dec_b_fp32", s.s_dec_b, fp32_of(b["s_dec_b_fp32"], "s_dec_b"));
-  same_bits(b.where() + ".s_dec_b_fp32_bits", s.s_dec_b, b["s_dec_b_fp32_bits"]);
-  same_int(b.where() + ".scale_e4m3_code", s.e4m3_code, b["scale_e4m3_code"]);
+  same_float(b.where() + ".s_dec_b_fp32", s.s_dec_b, fp32_of(b.take("s_dec_b_fp32"), "s_dec_b"));
+  same_bits(b.where() + ".s_dec_b_fp32_bits", s.s_dec_b, b.take("s_dec_b_fp32_bits"));
+  same_int(b.where() + ".scale_e4m3_code", s.e4m3_code, b.take("scale_e4m3_code"));
   same_float(b.where() + ".scale_e4m3_value", mp::decode<mp::e4m3>(s.e4m3_code),
-             fp32_of(b["scale_e4m3_value"], "v"));
-  same_float(b.where() + ".s_enc_b", s.s_enc_b, fp32_of(b["s_enc_b"], "s_enc_b"));
-  same_bits(b.where() + ".s_enc_b_bits", s.s_enc_b, b["s_enc_b_bits"]);
+             fp32_of(b.take("scale_e4m3_value"), "v"));
+  same_float(b.where() + ".s_enc_b", s.s_enc_b, fp32_of(b.take("s_enc_b"), "s_enc_b"));
+  same_bits(b.where() + ".s_enc_b_bits", s.s_enc_b, b.take("s_enc_b_bits"));
   std::vector<float> scaled;
   std::vector<std::uint8_t> codes;
   for (float x : xs) {
     scaled.push_back(mp::nvfp4_scaled(x, s.s_enc_b));
     codes.push_back(mp::encode<mp::e2m1>(scaled.back()));
   }
-  same_floats(b.where() + ".scaled_clamped", scaled, b["scaled_clamped"]);
-  same_ints(b.where() + ".codes", codes, b["codes"]);
+  same_floats(b.where() + ".scaled_clamped", scaled, b.take("scaled_clamped"));
+  same_ints(b.where() + ".codes", codes, b.take("codes"));
   float const factor = mp::nvfp4_dequant_factor(s.e4m3_code, global_amax);
-  same_float(b.where() + ".dequant_factor", factor, fp32_of(b["dequant_factor"], "factor"));
+  same_float(b.where() + ".dequant_factor", factor, fp32_of(b.take("dequant_factor"), "factor"));
   std::vector<float> deq;
   for (auto c : codes) deq.push_back(mp::decode<mp::e2m1>(c) * factor);
-  same_floats(b.where() + ".dequant", deq, b["dequant"]);
+  same_floats(b.where() + ".dequant", deq, b.take("dequant"));
   // The whole-tensor quantizer gives the same codes and scale for this block.
   auto const q = mp::quantize_nvfp4(xs, 1, static_cast<int>(xs.size()), false,
                                     mp::fp4_rounding::nearest_even, 0, global_amax);
@@ -594,45 +572,45 @@ void check_nvfp4_block(fields& b, std::vector<float> const& xs, float global_ama
     if (q.code(i) != codes[i])
       throw mismatch(b.where() + ": quantize_nvfp4 code " + std::to_string(i));
   if (q.scales.at(0) != s.e4m3_code) throw mismatch(b.where() + ": quantize_nvfp4 scale");
-  same_floats(b.where() + ".dequant (quantize_nvfp4)", mp::dequantize(q), b["dequant"]);
+  same_floats(b.where() + ".dequant (quantize_nvfp4)", mp::dequantize(q), b.take("dequant"));
 }
 
-void check_global(fields& f, float global_amax) {
+void check_global(object_fields& f, float global_amax) {
   auto const g = mp::nvfp4_global(global_amax);
-  same_float(f.where() + ".s_enc", g.s_enc, fp32_of(f["s_enc"], "s_enc"));
-  if (f.has("s_enc_bits")) same_bits(f.where() + ".s_enc_bits", g.s_enc, f["s_enc_bits"]);
-  same_float(f.where() + ".s_dec", g.s_dec, fp32_of(f["s_dec"], "s_dec"));
-  if (f.has("s_dec_bits")) same_bits(f.where() + ".s_dec_bits", g.s_dec, f["s_dec_bits"]);
+  same_float(f.where() + ".s_enc", g.s_enc, fp32_of(f.take("s_enc"), "s_enc"));
+  if (f.has("s_enc_bits")) same_bits(f.where() + ".s_enc_bits", g.s_enc, f.take("s_enc_bits"));
+  same_float(f.where() + ".s_dec", g.s_dec, fp32_of(f.take("s_dec"), "s_dec"));
+  if (f.has("s_dec_bits")) same_bits(f.where() + ".s_dec_bits", g.s_dec, f.take("s_dec_bits"));
 }
 
 void check_nvfp4_1d(json const& j) {
-  fields f(j, "nvfp4_1d");
-  float const global_amax = fp32_of(f["global_amax"], "global_amax");
+  object_fields f(j, "nvfp4_1d");
+  float const global_amax = fp32_of(f.take("global_amax"), "global_amax");
   check_global(f, global_amax);
-  auto const& blocks = f["blocks"];
+  auto const& blocks = f.take("blocks");
   std::vector<float> first;
   for (std::size_t i = 0; i < blocks.size(); ++i) {
-    fields b(blocks[i], "nvfp4_1d.blocks[" + std::to_string(i) + "]");
+    object_fields b(blocks[i], "nvfp4_1d.blocks[" + std::to_string(i) + "]");
     auto const xs = inputs(b);
     if (i == 0) first = xs;
     check_nvfp4_block(b, xs, global_amax);
-    b.done();
+    b.require_all_handled();
   }
   {
-    fields s(f["same_block_global_amax_20"], "nvfp4_1d.same_block_global_amax_20");
-    float const ga = fp32_of(s["global_amax"], "global_amax");
+    object_fields s(f.take("same_block_global_amax_20"), "nvfp4_1d.same_block_global_amax_20");
+    float const ga = fp32_of(s.take("global_amax"), "global_amax");
     check_global(s, ga);
     check_nvfp4_block(s, first, ga);
-    s.done();
+    s.require_all_handled();
   }
   {
     // Stochastic rounding: checked statistically (a CPU generator cannot match the GPU's bits).
-    fields s(f["stochastic_rounding_demo"], "nvfp4_1d.stochastic_rounding_demo");
-    float const value = fp32_of(s["value"], "value");
-    auto const neighbours = floats_of(s["neighbours"], "neighbours");
-    double const p_up = s["p_up"].get<double>();
-    long const samples = s["samples"].get<long>();
-    double const file_mean = s["empirical_mean"].get<double>();  // the generator's own draws
+    object_fields s(f.take("stochastic_rounding_demo"), "nvfp4_1d.stochastic_rounding_demo");
+    float const value = fp32_of(s.take("value"), "value");
+    auto const neighbours = floats_of(s.take("neighbours"), "neighbours");
+    double const p_up = s.take("p_up").get<double>();
+    long const samples = s.take("samples").get<long>();
+    double const file_mean = s.take("empirical_mean").get<double>();  // the generator's own draws
     long up = 0;
     double sum = 0.0;
     for (long i = 0; i < samples; ++i) {
@@ -657,29 +635,29 @@ void check_nvfp4_1d(json const& j) {
       throw mismatch("stochastic rounding: P(up) " + std::to_string(p) + ", mean " +
                      std::to_string(mean) + " over " + std::to_string(samples) +
                      " draws (4 sigma)");
-    s.done();
+    s.require_all_handled();
   }
-  f.done();
+  f.require_all_handled();
 }
 
 void check_nvfp4_2d(json const& j) {
-  fields f(j, "nvfp4_2d");
+  object_fields f(j, "nvfp4_2d");
   f.describe({"generator", "note"});
-  auto const shape = f["shape"].get<std::vector<int>>();
+  auto const shape = f.take("shape").get<std::vector<int>>();
   int const rows = shape.at(0), cols = shape.at(1);
   float const m[2][2] = {{1.0F, 0.25F}, {2.0F, 0.0625F}};
   auto const x = generated(rows, cols, 41, 7, [&](int i, int jj) { return m[i / 16][jj / 16]; });
   float const global_amax = mp::amax_of(x);
-  same_float("nvfp4_2d.global_amax", global_amax, fp32_of(f["global_amax"], "global_amax"));
+  same_float("nvfp4_2d.global_amax", global_amax, fp32_of(f.take("global_amax"), "global_amax"));
   check_global(f, global_amax);
   auto const tiles = mp::quantize_nvfp4(x, rows, cols, true);
   auto const rowwise = mp::quantize_nvfp4(x, rows, cols, false);
-  auto const& list = f["tiles_16x16"];
+  auto const& list = f.take("tiles_16x16");
   for (std::size_t t = 0; t < list.size(); ++t) {
-    fields e(list[t], "nvfp4_2d.tiles_16x16[" + std::to_string(t) + "]");
-    auto const at = e["tile"].get<std::vector<int>>();
+    object_fields e(list[t], "nvfp4_2d.tiles_16x16[" + std::to_string(t) + "]");
+    auto const at = e.take("tile").get<std::vector<int>>();
     int const ti = at.at(0), tj = at.at(1);
-    same_float(e.where() + ".multiplier", m[ti][tj], fp32_of(e["multiplier"], "multiplier"));
+    same_float(e.where() + ".multiplier", m[ti][tj], fp32_of(e.take("multiplier"), "multiplier"));
     float tile_amax = 0.0F;
     std::vector<std::uint8_t> codes;
     for (int r = 0; r < 16; ++r)
@@ -688,56 +666,57 @@ void check_nvfp4_2d(json const& j) {
         tile_amax = std::max(tile_amax, std::fabs(x[i]));
         codes.push_back(tiles.code(i));
       }
-    same_float(e.where() + ".tile_amax", tile_amax, fp32_of(e["tile_amax"], "tile_amax"));
+    same_float(e.where() + ".tile_amax", tile_amax, fp32_of(e.take("tile_amax"), "tile_amax"));
     std::uint8_t const scale =
         tiles.scales.at(static_cast<std::size_t>(ti * tiles.grid.col_blocks() + tj));
-    same_int(e.where() + ".scale_e4m3_code", scale, e["scale_e4m3_code"]);
+    same_int(e.where() + ".scale_e4m3_code", scale, e.take("scale_e4m3_code"));
     same_float(e.where() + ".scale_e4m3_value", mp::decode<mp::e4m3>(scale),
-               fp32_of(e["scale_e4m3_value"], "v"));
+               fp32_of(e.take("scale_e4m3_value"), "v"));
     same_float(e.where() + ".dequant_factor", mp::nvfp4_dequant_factor(scale, global_amax),
-               fp32_of(e["dequant_factor"], "factor"));
-    same_text(e.where() + ".codes_hex_rowmajor", hex_bytes(codes, true), e["codes_hex_rowmajor"]);
+               fp32_of(e.take("dequant_factor"), "factor"));
+    same_text(e.where() + ".codes_hex_rowmajor", hex_bytes(codes, true),
+              e.take("codes_hex_rowmajor"));
     std::vector<std::uint8_t> row_scales;
     for (int r = 0; r < 16; ++r)
       row_scales.push_back(rowwise.scales.at(
           static_cast<std::size_t>((ti * 16 + r) * rowwise.grid.col_blocks() + tj)));
     same_ints(e.where() + ".for_comparison_1x16_scale_codes_per_row", row_scales,
-              e["for_comparison_1x16_scale_codes_per_row"]);
-    e.done();
+              e.take("for_comparison_1x16_scale_codes_per_row"));
+    e.require_all_handled();
   }
-  f.done();
+  f.require_all_handled();
 }
 
 void check_rht16(json const& j) {
-  fields f(j, "rht16");
+  object_fields f(j, "rht16");
   f.describe({"matrix"});
   same_ints("rht16.signs", std::vector<int>(mp::rht_signs.begin(), mp::rht_signs.end()),
-            f["signs"]);
-  auto const& cases = f["cases"];
+            f.take("signs"));
+  auto const& cases = f.take("cases");
   for (std::size_t i = 0; i < cases.size(); ++i) {
-    fields c(cases[i], "rht16.cases[" + std::to_string(i) + "]");
+    object_fields c(cases[i], "rht16.cases[" + std::to_string(i) + "]");
     c.describe({"input_note"});
-    auto const xs = floats_of(c["input"], "input");
+    auto const xs = floats_of(c.take("input"), "input");
     if (xs.size() != 16) throw mismatch(c.where() + ": input is not 16 values");
     auto const y = mp::rht16(std::span<float const, 16>(xs.data(), 16));
     same_floats(c.where() + ".output_fp32", std::vector<float>(y.begin(), y.end()),
-                c["output_fp32"]);
-    same_floats(c.where() + ".output_bf16", mp::rht16_rows_bf16(xs, 1, 16), c["output_bf16"]);
-    c.done();
+                c.take("output_fp32"));
+    same_floats(c.where() + ".output_bf16", mp::rht16_rows_bf16(xs, 1, 16), c.take("output_bf16"));
+    c.require_all_handled();
   }
-  f.done();
+  f.require_all_handled();
 }
 
 void check_moe_padding(json const& j) {
-  fields f(j, "moe_padding");
-  auto const counts = f["tokens_per_expert"].get<std::vector<long>>();
+  object_fields f(j, "moe_padding");
+  auto const counts = f.take("tokens_per_expert").get<std::vector<long>>();
   for (int align : {16, 32, 128}) {
     std::vector<long> padded;
     for (long c : counts) padded.push_back(static_cast<long>(mp::pad_rows(c, align)));
     same_ints("moe_padding.align_" + std::to_string(align), padded,
-              f["align_" + std::to_string(align)]);
+              f.take("align_" + std::to_string(align)));
   }
-  f.done();
+  f.require_all_handled();
 }
 
 }  // namespace
