@@ -7,6 +7,7 @@
 
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/policy.hpp>
+#include <megamoe/core/random.hpp>
 #include <megamoe/core/rule_ids.hpp>
 #include <megamoe/core/shape.hpp>
 #include <megamoe/core/tensor.hpp>
