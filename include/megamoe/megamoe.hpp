@@ -5,6 +5,7 @@
 
 #include <megamoe/version.hpp>
 
+#include <megamoe/core/buffer.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/policy.hpp>
 #include <megamoe/core/random.hpp>
@@ -36,6 +37,11 @@
 
 #include <megamoe/dispatch/permute.hpp>
 
+#include <megamoe/expert/activation.hpp>
+#include <megamoe/expert/backends.hpp>
+#include <megamoe/expert/gemm.hpp>
+#include <megamoe/expert/mlp.hpp>
+
 #include <megamoe/precision/formats.hpp>
 #include <megamoe/precision/quantize.hpp>
 
@@ -44,3 +50,6 @@
 #include <megamoe/parallel/layout.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 #include <megamoe/parallel/rank_generator.hpp>
+
+#include <megamoe/model/context.hpp>
+#include <megamoe/model/moe_layer.hpp>

@@ -61,18 +61,27 @@ class thread_pool {
   [[nodiscard]] Eigen::ThreadPoolDevice const& device() const noexcept { return device_; }
 
   /// Runs `task(i)` for i in [0, count) on the pool's threads and waits for all of them. The caller
-  /// must not be one of the pool's own threads.
+  /// must not be one of the pool's own threads. Allocation-free: each scheduled closure is one
+  /// pointer and an index, small enough for std::function's in-place storage.
   template <class Task>
   void run(int count, Task const& task) {
     if (count <= 0) return;
     Eigen::Barrier done(static_cast<unsigned>(count));
+    struct job {
+      Task const* task;
+      Eigen::Barrier* done;
+    } const shared{&task, &done};
+    job const* const j = &shared;
     for (int i = 0; i < count; ++i)
-      pool_.Schedule([&task, &done, i] {
-        task(i);
-        done.Notify();
+      pool_.Schedule([j, i] {
+        (*j->task)(i);
+        j->done->Notify();
       });
     done.Wait();
   }
+
+  /// The index in [0, size()) of the pool thread running the caller, or -1 outside the pool.
+  [[nodiscard]] int current_thread() const noexcept { return pool_.CurrentThreadId(); }
 
  private:
   Eigen::ThreadPool pool_;

@@ -442,7 +442,8 @@ class topk_router {
     saved_sum_.resize(T);
     if (config_.score == score_function::softmax_before_topk) scores_.resize(T, E);
     row_s_.resize(static_cast<std::size_t>(E));
-    std::vector<S> values(static_cast<std::size_t>(k));
+    std::vector<S>& values = row_k_;
+    values.resize(static_cast<std::size_t>(k));
     for (int t = 0; t < T; ++t) {
       int* idx = &out_.topk_indices(t, 0);
       L const* z = &logits_(t, 0);
@@ -548,9 +549,12 @@ class topk_router {
     int const B = batch_.micro_batch_size, Sq = batch_.seq_length;
     aux_scores_.setZero(T, E);
     aux_map_.setZero(T, E);
-    std::vector<int> idx(static_cast<std::size_t>(k));
-    std::vector<double> counts(static_cast<std::size_t>(E), 0.0);
-    std::vector<double> seq_counts(static_cast<std::size_t>(B * E), 0.0);
+    std::vector<int>& idx = aux_idx_;
+    idx.resize(static_cast<std::size_t>(k));
+    std::vector<double>& counts = counts_;
+    std::vector<double>& seq_counts = seq_counts_;
+    counts.assign(static_cast<std::size_t>(E), 0.0);
+    seq_counts.assign(static_cast<std::size_t>(B * E), 0.0);
     for (int t = 0; t < T; ++t) {
       if (!valid_[static_cast<std::size_t>(t)]) continue;
       S* s = &aux_scores_(t, 0);
@@ -563,8 +567,10 @@ class topk_router {
       }
     }
     // Column sums of the aux scores: per expert, and per (sequence, expert).
-    std::vector<double> probs_sum(static_cast<std::size_t>(E), 0.0);
-    std::vector<double> seq_probs_sum(static_cast<std::size_t>(B * E), 0.0);
+    std::vector<double>& probs_sum = probs_sum_;
+    std::vector<double>& seq_probs_sum = seq_probs_sum_;
+    probs_sum.assign(static_cast<std::size_t>(E), 0.0);
+    seq_probs_sum.assign(static_cast<std::size_t>(B * E), 0.0);
     for (int t = 0; t < T; ++t)
       for (int e = 0; e < E; ++e) {
         double const s = static_cast<double>(aux_scores_(t, e));
@@ -587,7 +593,8 @@ class topk_router {
 
     if (config_.aux_loss_coeff && *config_.aux_loss_coeff > 0.0) {
       double const coeff = *config_.aux_loss_coeff;
-      std::vector<double> c = counts;
+      std::vector<double>& c = reduced_;
+      c.assign(counts.begin(), counts.end());
       groups.tp_cp.sum(c);
       double const tokens_total =
           has_mask_ ? total(c) / k : static_cast<double>(T) * groups.tp_cp.size();
@@ -599,7 +606,8 @@ class topk_router {
     }
     if (config_.global_aux_loss_coeff && *config_.global_aux_loss_coeff > 0.0) {
       double const coeff = *config_.global_aux_loss_coeff;
-      std::vector<double> c = counts;
+      std::vector<double>& c = reduced_;
+      c.assign(counts.begin(), counts.end());
       groups.tp_dp_cp.sum(c);
       double const tokens_total =
           has_mask_ ? total(c) / k : static_cast<double>(T) * groups.tp_dp_cp.size();
@@ -609,7 +617,9 @@ class topk_router {
               c[static_cast<std::size_t>(e)];
         ++state_.global_aux_steps;
       }
-      std::vector<double> average = state_.global_tokens_per_expert;
+      std::vector<double>& average = average_;
+      average.assign(state_.global_tokens_per_expert.begin(),
+                     state_.global_tokens_per_expert.end());
       for (double& a : average) a /= state_.global_aux_steps;
       double const factor = switch_factor(coeff, tokens_total);
       double const loss = factor * dot(probs_sum, average);
@@ -619,7 +629,8 @@ class topk_router {
     }
     if (config_.seq_aux_loss_coeff && *config_.seq_aux_loss_coeff > 0.0) {
       double const coeff = *config_.seq_aux_loss_coeff;
-      std::vector<double> c = seq_counts;
+      std::vector<double>& c = reduced_;
+      c.assign(seq_counts.begin(), seq_counts.end());
       groups.tp_cp.sum(c);
       double const tokens_total = has_mask_ ? total(c) / (static_cast<double>(k) * B)
                                             : static_cast<double>(Sq) * groups.tp_cp.size();
@@ -657,8 +668,10 @@ class topk_router {
     int const T = tokens_, E = experts_, k = config_.top_k;
     S const scale =
         config_.topk_scaling_factor ? static_cast<S>(*config_.topk_scaling_factor) : S(1);
-    std::vector<S> g(static_cast<std::size_t>(k));
-    std::vector<S> ds(static_cast<std::size_t>(E));
+    std::vector<S>& g = row_k_;
+    std::vector<S>& ds = row_e_;
+    g.resize(static_cast<std::size_t>(k));
+    ds.resize(static_cast<std::size_t>(E));
     for (int t = 0; t < T; ++t) {
       int const* idx = &out_.topk_indices(t, 0);
       bool any = false;
@@ -707,7 +720,8 @@ class topk_router {
 
   void backward_sinkhorn(Eigen::Ref<row_matrix<L> const> const& grad_probs) {
     int const T = tokens_, E = experts_, k = config_.top_k;
-    std::vector<S> ds(static_cast<std::size_t>(E));
+    std::vector<S>& ds = row_e_;
+    ds.resize(static_cast<std::size_t>(E));
     for (int t = 0; t < T; ++t) {
       std::fill(ds.begin(), ds.end(), S(0));
       for (int i = 0; i < k; ++i) {
@@ -733,8 +747,10 @@ class topk_router {
     if (!terms.aux_loss && !terms.seq_aux_loss && !terms.global_aux_loss) return;
     double const aux_on = terms.aux_loss ? 1.0 : 0.0, global_on = terms.global_aux_loss ? 1.0 : 0.0;
     double const seq_on = terms.seq_aux_loss ? 1.0 : 0.0;
-    std::vector<S> ds(static_cast<std::size_t>(E));
-    std::vector<S> raw(static_cast<std::size_t>(E));
+    std::vector<S>& ds = row_e_;
+    std::vector<S>& raw = row_s_;
+    ds.resize(static_cast<std::size_t>(E));
+    raw.resize(static_cast<std::size_t>(E));
     bool const softmax_scores = config_.score == score_function::softmax_after_topk ||
                                 config_.score == score_function::softmax_before_topk;
     for (int t = 0; t < T; ++t) {
@@ -788,6 +804,10 @@ class topk_router {
   batch_shape batch_{};
   bool has_mask_ = false, z_active_ = false, aux_active_ = false, gated_ = false, jittered_ = false;
   std::vector<std::uint8_t> valid_;
+  // Per-call work space, kept so that a step allocates nothing once it has grown.
+  std::vector<S> row_k_, row_e_;
+  std::vector<int> aux_idx_;
+  std::vector<double> counts_, seq_counts_, probs_sum_, seq_probs_sum_, reduced_, average_;
   row_matrix<L> logits_, activation_, grad_logits_;
   row_matrix<float> jitter_;
   row_matrix<S> saved_k_, scores_, aux_scores_, sinkhorn_cost_;

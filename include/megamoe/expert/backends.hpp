@@ -1,0 +1,202 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/expert/backends.hpp — GEMM backends: how a batch of per-expert products is run on the
+// thread pool. One interface, chosen by type (expert::per_expert, expert::grouped,
+// expert::tensor_contraction):
+//
+//   Backend::template run<gemm_op::nt>(executor, problems);   // every problem, then return
+//
+// per_expert_gemm    one task per expert, each a single-threaded Eigen product: simple, but a
+//                    skewed routing leaves threads idle while one expert finishes.
+// grouped_gemm       all experts' products as one piece of work, cut into one contiguous share
+//                    of rows per thread by FLOPs, so small and uneven experts keep every core busy.
+// tensor_gemm        Eigen Tensor contractions on the pool's ThreadPoolDevice, expert after expert
+//                    (Eigen splits each contraction over the pool).
+#pragma once
+
+#include <megamoe/core/thread_pool.hpp>
+#include <megamoe/expert/gemm.hpp>
+#include <megamoe/expert/tags.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+namespace megamoe::expert {
+
+/// Where a grouped product's share of work begins: problem index and first row.
+struct split_point {
+  int problem = 0;
+  int row = 0;
+};
+
+/// The pool and one GEMM workspace per pool thread; what every backend runs on.
+template <class T>
+class executor {
+ public:
+  explicit executor(thread_pool& pool)
+      : pool_(&pool),
+        workspaces_(static_cast<std::size_t>(pool.size())),
+        splits_(static_cast<std::size_t>(pool.size()) + 1) {}
+
+  [[nodiscard]] thread_pool& pool() const noexcept { return *pool_; }
+  [[nodiscard]] int threads() const noexcept { return pool_->size(); }
+  /// The workspace of the pool thread running the caller.
+  [[nodiscard]] gemm_workspace<T>& workspace() {
+    int const id = pool_->current_thread();
+    return workspaces_[static_cast<std::size_t>(id < 0 ? 0 : id)];
+  }
+  [[nodiscard]] std::span<split_point> splits() noexcept { return splits_; }
+  /// Grows every thread's workspace for `problems`, on the calling thread.
+  void reserve_for(std::span<gemm_problem<T> const> problems) {
+    for (auto& w : workspaces_) expert::reserve_for(problems, w);
+  }
+  /// Bytes held by the packing buffers.
+  [[nodiscard]] std::size_t workspace_bytes() const noexcept {
+    std::size_t total = 0;
+    for (auto const& w : workspaces_) total += w.bytes();
+    return total;
+  }
+
+  /// Runs `body(begin, end)` over [0, count) cut into one contiguous range per thread.
+  template <class Body>
+  void parallel_rows(int count, Body const& body) {
+    int const tasks = std::max(1, std::min(threads(), count));
+    if (count <= 0) return;
+    pool_->run(tasks, [&](int i) {
+      int const begin = static_cast<int>(static_cast<long long>(count) * i / tasks);
+      int const end = static_cast<int>(static_cast<long long>(count) * (i + 1) / tasks);
+      body(begin, end);
+    });
+  }
+
+ private:
+  thread_pool* pool_;
+  std::vector<gemm_workspace<T>> workspaces_;
+  std::vector<split_point> splits_;
+};
+
+/// One task per problem; each problem is one single-threaded product.
+struct per_expert_gemm {
+  static constexpr gemm_backend id = gemm_backend::per_expert;
+  template <gemm_op Op, class T>
+  static void run(executor<T>& exec, std::span<gemm_problem<T> const> problems) {
+    exec.reserve_for(problems);
+    exec.pool().run(static_cast<int>(problems.size()), [&](int i) {
+      gemm<Op>(problems[static_cast<std::size_t>(i)], exec.workspace());
+    });
+  }
+};
+
+/// All problems as one piece of work: each thread gets a contiguous run of (problem, row) with an
+/// equal share of the FLOPs, cut at multiples of `row_granularity` rows.
+struct grouped_gemm {
+  static constexpr gemm_backend id = gemm_backend::grouped;
+  static constexpr int row_granularity = 16;
+
+  template <gemm_op Op, class T>
+  static void run(executor<T>& exec, std::span<gemm_problem<T> const> problems) {
+    int const count = static_cast<int>(problems.size());
+    exec.reserve_for(problems);
+    // Cost of one row of C; a problem with k = 0 still has rows to clear.
+    auto row_cost = [](gemm_problem<T> const& p) {
+      return 2.0 * p.n * std::max(p.k, p.accumulate ? 0 : 1);
+    };
+    double total = 0.0;
+    for (auto const& p : problems) total += row_cost(p) * p.m;
+    int const threads = exec.threads();
+    auto splits = exec.splits();
+    splits[0] = {0, 0};
+    // Walk the problems once, placing split t where the running cost passes t/threads of the total.
+    int placed = 1;
+    double running = 0.0;
+    for (int i = 0; i < count && placed < threads; ++i) {
+      auto const& p = problems[static_cast<std::size_t>(i)];
+      double const cost = row_cost(p);
+      if (p.m == 0 || cost == 0.0) continue;
+      while (placed < threads) {
+        double const target = total * placed / threads;
+        if (running + cost * p.m < target) break;
+        int row = static_cast<int>((target - running) / cost);
+        row = std::clamp((row + row_granularity / 2) / row_granularity * row_granularity, 0, p.m);
+        splits[static_cast<std::size_t>(placed++)] = {i, row};
+      }
+      running += cost * p.m;
+    }
+    for (; placed <= threads; ++placed) splits[static_cast<std::size_t>(placed)] = {count, 0};
+    exec.pool().run(threads, [&](int t) {
+      split_point const from = splits[static_cast<std::size_t>(t)];
+      split_point const to = splits[static_cast<std::size_t>(t) + 1];
+      auto& workspace = exec.workspace();
+      for (int i = from.problem; i <= to.problem && i < count; ++i) {
+        auto const& p = problems[static_cast<std::size_t>(i)];
+        int const begin = i == from.problem ? from.row : 0;
+        int const end = i == to.problem ? to.row : p.m;
+        gemm_rows<Op>(p, begin, end, workspace);
+      }
+    });
+  }
+};
+
+/// Eigen Tensor contractions on the pool's device, one problem after another.
+struct tensor_gemm {
+  static constexpr gemm_backend id = gemm_backend::tensor_contraction;
+  template <gemm_op Op, class T>
+  static void run(executor<T>& exec, std::span<gemm_problem<T> const> problems) {
+    using matrix = Eigen::TensorMap<Eigen::Tensor<T, 2, Eigen::RowMajor>>;
+    using const_matrix = Eigen::TensorMap<Eigen::Tensor<T const, 2, Eigen::RowMajor>>;
+    // nt contracts A's and B's columns, nn A's columns with B's rows, tn A's rows with B's rows.
+    constexpr std::array<Eigen::IndexPair<int>, 1> dims{
+        Eigen::IndexPair<int>(Op == gemm_op::tn ? 0 : 1, Op == gemm_op::nt ? 1 : 0)};
+    auto const& device = exec.pool().device();
+    for (auto const& p : problems) {
+      if (p.m == 0 || p.n == 0) continue;
+      matrix c(p.c, p.m, p.n);
+      if (p.k == 0) {
+        if (!p.accumulate) c.device(device) = c.constant(T(0));
+        continue;
+      }
+      const_matrix a(p.a, Op == gemm_op::tn ? p.k : p.m, Op == gemm_op::tn ? p.m : p.k);
+      const_matrix b(p.b, Op == gemm_op::nt ? p.n : p.k, Op == gemm_op::nt ? p.k : p.n);
+      if (p.accumulate) {
+        c.device(device) += a.contract(b, dims);
+      } else {
+        c.device(device) = a.contract(b, dims);
+      }
+    }
+  }
+};
+
+namespace detail {
+template <gemm_backend B>
+struct backend_for {
+  static_assert(B != gemm_backend::amx,
+                "megamoe: expert::amx has no implementation yet (it needs the precision recipes); "
+                "use expert::grouped, expert::per_expert or expert::tensor_contraction");
+};
+/// `auto` resolves to the grouped backend (docs/design.md says why); the AMX backend will join the
+/// choice once it exists.
+template <>
+struct backend_for<gemm_backend::auto_> {
+  using type = grouped_gemm;
+};
+template <>
+struct backend_for<gemm_backend::per_expert> {
+  using type = per_expert_gemm;
+};
+template <>
+struct backend_for<gemm_backend::grouped> {
+  using type = grouped_gemm;
+};
+template <>
+struct backend_for<gemm_backend::tensor_contraction> {
+  using type = tensor_gemm;
+};
+}  // namespace detail
+
+/// The backend class for a backend tag's value.
+template <gemm_backend B>
+using backend_t = typename detail::backend_for<B>::type;
+
+}  // namespace megamoe::expert

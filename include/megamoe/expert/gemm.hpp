@@ -1,0 +1,137 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/expert/gemm.hpp — one expert GEMM on row-major data, single-threaded, allocation-free.
+//
+// Eigen's matrix product allocates its packing buffers on every call (and parallelises only through
+// OpenMP, which megamoe does not use). megamoe calls the same Eigen kernel (GEBP with Eigen's own
+// cache blocking) with packing buffers that belong to the calling pool thread and are reused by
+// every product, so a training step allocates nothing once the buffers have grown.
+//
+// The three products of an expert FFN, with weights stored [out, in] as the reference stores them:
+//   gemm_op::nt  C[m,n]  = A[m,k] B[n,k]^T     fc1 / fc2 forward (x W^T)
+//   gemm_op::nn  C[m,n]  = A[m,k] B[k,n]       data gradients (dy W)
+//   gemm_op::tn  C[m,n] += A[k,m]^T B[k,n]     weight gradients (dy^T x)
+#pragma once
+
+#include <megamoe/core/buffer.hpp>
+#include <megamoe/core/tensor.hpp>
+
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+
+namespace megamoe::expert {
+
+enum class gemm_op { nt, nn, tn };
+
+/// One product C = op(A) op(B) (or C += with `accumulate`), every operand row-major with its own
+/// leading dimension. For `tn`, A is stored [k, m].
+template <class T>
+struct gemm_problem {
+  int m = 0, n = 0, k = 0;
+  T const* a = nullptr;
+  int lda = 0;
+  T const* b = nullptr;
+  int ldb = 0;
+  T* c = nullptr;
+  int ldc = 0;
+  bool accumulate = false;
+  [[nodiscard]] double flops() const { return 2.0 * m * n * k; }
+};
+
+/// Packing buffers of one thread, grown to the largest blocks seen and then reused.
+template <class T>
+class gemm_workspace {
+ public:
+  /// Room for the packed A and B blocks of Eigen's blocking; grows only.
+  void reserve(std::size_t a_elements, std::size_t b_elements) {
+    if (a_elements > a_.capacity_bytes() / sizeof(T)) a_.reserve(a_elements);
+    if (b_elements > b_.capacity_bytes() / sizeof(T)) b_.reserve(b_elements);
+  }
+  [[nodiscard]] T* a() const noexcept { return a_.data(); }
+  [[nodiscard]] T* b() const noexcept { return b_.data(); }
+  [[nodiscard]] std::size_t bytes() const noexcept {
+    return a_.capacity_bytes() + b_.capacity_bytes();
+  }
+
+ private:
+  buffer<T> a_, b_;
+};
+
+namespace detail {
+
+/// Eigen's cache blocking for problem `p` as a whole: Eigen's row-major product runs the
+/// column-major kernel on the transposed problem, whose rows are C's columns. A share of rows uses
+/// the whole problem's blocking, so the packing room a problem needs does not depend on the split.
+struct block_sizes {
+  Eigen::Index kc = 0, mc = 0, nc = 0;
+  [[nodiscard]] std::size_t a_elements() const { return static_cast<std::size_t>(kc * mc); }
+  [[nodiscard]] std::size_t b_elements() const { return static_cast<std::size_t>(kc * nc); }
+};
+template <class T>
+block_sizes blocking_of(gemm_problem<T> const& p) {
+  block_sizes b{p.k, p.n, p.m};
+  Eigen::internal::computeProductBlockingSizes<T, T, 1>(b.kc, b.mc, b.nc, Eigen::Index{1});
+  return b;
+}
+
+/// Those blocking sizes, pointing at a workspace's buffers instead of Eigen's own.
+template <class T>
+class workspace_blocking : public Eigen::internal::level3_blocking<T, T> {
+ public:
+  workspace_blocking(block_sizes const& sizes, gemm_workspace<T>& workspace) {
+    this->m_kc = sizes.kc;
+    this->m_mc = sizes.mc;
+    this->m_nc = sizes.nc;
+    workspace.reserve(sizes.a_elements(), sizes.b_elements());
+    this->m_blockA = workspace.a();
+    this->m_blockB = workspace.b();
+  }
+};
+
+template <gemm_op Op>
+inline constexpr int lhs_order = Op == gemm_op::tn ? Eigen::ColMajor : Eigen::RowMajor;
+template <gemm_op Op>
+inline constexpr int rhs_order = Op == gemm_op::nt ? Eigen::ColMajor : Eigen::RowMajor;
+
+}  // namespace detail
+
+/// Rows [row_begin, row_end) of C for problem `p`, on the calling thread with its workspace.
+template <gemm_op Op, class T>
+void gemm_rows(gemm_problem<T> const& p, int row_begin, int row_end, gemm_workspace<T>& workspace) {
+  int const rows = row_end - row_begin;
+  if (rows <= 0 || p.n <= 0) return;
+  T* const c = p.c + static_cast<std::ptrdiff_t>(row_begin) * p.ldc;
+  if (!p.accumulate)
+    for (int i = 0; i < rows; ++i)
+      std::fill_n(c + static_cast<std::ptrdiff_t>(i) * p.ldc, p.n, T(0));
+  if (p.k <= 0) return;
+  // op(A)'s rows start at row_begin: a row offset of A, or a column offset of the stored A for tn.
+  T const* const a =
+      Op == gemm_op::tn ? p.a + row_begin : p.a + static_cast<std::ptrdiff_t>(row_begin) * p.lda;
+  detail::workspace_blocking<T> blocking(detail::blocking_of(p), workspace);
+  Eigen::internal::general_matrix_matrix_product<Eigen::Index, T, detail::lhs_order<Op>, false, T,
+                                                 detail::rhs_order<Op>, false, Eigen::RowMajor,
+                                                 1>::run(rows, p.n, p.k, a, p.lda, p.b, p.ldb, c, 1,
+                                                         p.ldc, T(1), blocking, nullptr);
+}
+
+/// Grows `workspace` to what any share of any of `problems` needs (call before fanning out, so
+/// that which thread gets which share never decides whether a step allocates).
+template <class T>
+void reserve_for(std::span<gemm_problem<T> const> problems, gemm_workspace<T>& workspace) {
+  for (auto const& p : problems)
+    if (p.m > 0 && p.n > 0 && p.k > 0) {
+      auto const b = detail::blocking_of(p);
+      workspace.reserve(b.a_elements(), b.b_elements());
+    }
+}
+
+/// The whole of problem `p` on the calling thread.
+template <gemm_op Op, class T>
+void gemm(gemm_problem<T> const& p, gemm_workspace<T>& workspace) {
+  gemm_rows<Op>(p, 0, p.m, workspace);
+}
+
+}  // namespace megamoe::expert
