@@ -214,39 +214,50 @@ class moe_layer {
     router::require_shape(dy, tokens_, H, "moe_layer: output gradient");
     awaiting_backward_ = false;
     auto& exec = ctx.executor<scalar>();
+    auto& stages = ctx.stages;
     if (memory_settings.moe_layer) {
       compute_forward(ctx, router::pass::recompute, false);
     } else {
       if (memory_settings.moe_act)
-        routed_mlp_.recompute_activation(exec, experts_, rows(ctx),
-                                         buf(ctx, scratch_slot::routed_fc1).data(),
-                                         buf(ctx, scratch_slot::routed_act).data());
-      if (memory_settings.shared_experts && has_shared_expert()) shared_forward(ctx);
+        stages.time(layer_stage::experts, [&] {
+          routed_mlp_.recompute_activation(exec, experts_, rows(ctx),
+                                           buf(ctx, scratch_slot::routed_fc1).data(),
+                                           buf(ctx, scratch_slot::routed_act).data());
+        });
+      if (memory_settings.shared_experts && has_shared_expert())
+        stages.time(layer_stage::shared_expert, [&] { shared_forward(ctx); });
     }
     int const N = perm_.rows();
     int const W1 = fc1_width(values_.shape.ffn), F = values_.shape.ffn;
     // Combine backward is a dispatch: each row takes its token's gradient.
     scalar* grad_rows = ctx.scratch<scalar>(scratch_slot::grad_rows).reserve(std::size_t(N) * H);
-    gather_rows(exec, dy.data(), grad_rows);
+    stages.time(layer_stage::unpermute, [&] { gather_rows(exec, dy.data(), grad_rows); });
     scalar* grad_probs_rows =
         ctx.scratch<scalar>(scratch_slot::grad_row_probs).reserve(std::size_t(N));
-    routed_mlp_.backward(exec, experts_, rows(ctx), buf(ctx, scratch_slot::routed_rows).data(),
-                         buf(ctx, scratch_slot::routed_fc1).data(),
-                         buf(ctx, scratch_slot::routed_act).data(), grad_rows,
-                         ctx.scratch<scalar>(scratch_slot::grad_act).reserve(std::size_t(N) * F),
-                         ctx.scratch<scalar>(scratch_slot::grad_fc1).reserve(std::size_t(N) * W1),
-                         grad_rows, grad_probs_rows);
+    stages.time(layer_stage::experts, [&] {
+      routed_mlp_.backward(exec, experts_, rows(ctx), buf(ctx, scratch_slot::routed_rows).data(),
+                           buf(ctx, scratch_slot::routed_fc1).data(),
+                           buf(ctx, scratch_slot::routed_act).data(), grad_rows,
+                           ctx.scratch<scalar>(scratch_slot::grad_act).reserve(std::size_t(N) * F),
+                           ctx.scratch<scalar>(scratch_slot::grad_fc1).reserve(std::size_t(N) * W1),
+                           grad_rows, grad_probs_rows);
+    });
     // The probs' gradient goes back through the router (attached losses included) and its gating.
-    grad_probs_.setZero(tokens_, E);
-    for (int j = 0; j < N; ++j)
-      grad_probs_(perm_.source_token[static_cast<std::size_t>(j)],
-                  perm_.row_expert[static_cast<std::size_t>(j)]) =
-          static_cast<logit>(grad_probs_rows[j]);
     auto grad_input = grad_input_.matrix(tokens_, H);
-    router_backward(ctx, grad_input);
+    stages.time(layer_stage::router, [&] {
+      grad_probs_.setZero(tokens_, E);
+      for (int j = 0; j < N; ++j)
+        grad_probs_(perm_.source_token[static_cast<std::size_t>(j)],
+                    perm_.row_expert[static_cast<std::size_t>(j)]) =
+            static_cast<logit>(grad_probs_rows[j]);
+      router_backward(ctx, grad_input);
+    });
     // Dispatch backward is a combine: each token adds its rows' gradients, in row order.
-    combine_rows(exec, grad_rows, grad_input.data(), true);
-    if (has_shared_expert()) shared_backward(ctx, dy.data(), grad_input.data());
+    stages.time(layer_stage::permute,
+                [&] { combine_rows(exec, grad_rows, grad_input.data(), true); });
+    if (has_shared_expert())
+      stages.time(layer_stage::shared_expert,
+                  [&] { shared_backward(ctx, dy.data(), grad_input.data()); });
     return {grad_input_.data(), tokens_, H};
   }
 
@@ -390,38 +401,48 @@ class moe_layer {
     router::route_options options;
     options.mode = mode;
     options.jitter_key = jitter_key_;
-    if constexpr (std::is_same_v<logit, scalar>) {
-      if (fast_gating()) {
-        logits_.resize(tokens_, E);
-        run_one<expert::gemm_op::nt>(exec, {tokens_, E, H, input_.data(), H, router_weight_.data(),
-                                            H, logits_.data(), E, false});
-        router_.route(logits_, batch_, options);
-      } else {
-        router_.route(input, router_weight_, batch_, options);
+    auto& stages = ctx.stages;
+    stages.time(layer_stage::router, [&] {
+      if constexpr (std::is_same_v<logit, scalar>) {
+        if (fast_gating()) {
+          logits_.resize(tokens_, E);
+          run_one<expert::gemm_op::nt>(exec, {tokens_, E, H, input_.data(), H,
+                                              router_weight_.data(), H, logits_.data(), E, false});
+          router_.route(logits_, batch_, options);
+          return;
+        }
       }
-    } else {
       router_.route(input, router_weight_, batch_, options);
-    }
+    });
     auto const& routing = router_.output();
-    dispatch::make_permutation(routing.routing_map, perm_,
-                               router_.config().pad_to_capacity ? routing.capacity : 0);
-    index_token_rows();
-    int const N = perm_.rows();
     int const W1 = fc1_width(values_.shape.ffn), F = values_.shape.ffn;
-    scalar* routed_rows = buf(ctx, scratch_slot::routed_rows).reserve(std::size_t(N) * H);
-    scalar* probs = buf(ctx, scratch_slot::row_probs).reserve(std::size_t(N));
-    gather_rows(exec, input_.data(), routed_rows);
-    for (int j = 0; j < N; ++j)
-      probs[j] = static_cast<scalar>(routing.probs(perm_.source_token[static_cast<std::size_t>(j)],
-                                                   perm_.row_expert[static_cast<std::size_t>(j)]));
+    scalar* routed_rows = nullptr;
+    stages.time(layer_stage::permute, [&] {
+      dispatch::make_permutation(routing.routing_map, perm_,
+                                 router_.config().pad_to_capacity ? routing.capacity : 0);
+      index_token_rows();
+      int const N = perm_.rows();
+      routed_rows = buf(ctx, scratch_slot::routed_rows).reserve(std::size_t(N) * H);
+      scalar* probs = buf(ctx, scratch_slot::row_probs).reserve(std::size_t(N));
+      gather_rows(exec, input_.data(), routed_rows);
+      for (int j = 0; j < N; ++j)
+        probs[j] =
+            static_cast<scalar>(routing.probs(perm_.source_token[static_cast<std::size_t>(j)],
+                                              perm_.row_expert[static_cast<std::size_t>(j)]));
+    });
+    int const N = perm_.rows();
     scalar* routed_out = ctx.scratch<scalar>(scratch_slot::routed_out).reserve(std::size_t(N) * H);
-    routed_mlp_.forward(exec, experts_, rows(ctx), routed_rows,
-                        buf(ctx, scratch_slot::routed_fc1).reserve(std::size_t(N) * W1),
-                        buf(ctx, scratch_slot::routed_act).reserve(std::size_t(N) * F), routed_out);
-    if (has_shared_expert()) shared_forward(ctx);
+    stages.time(layer_stage::experts, [&] {
+      routed_mlp_.forward(exec, experts_, rows(ctx), routed_rows,
+                          buf(ctx, scratch_slot::routed_fc1).reserve(std::size_t(N) * W1),
+                          buf(ctx, scratch_slot::routed_act).reserve(std::size_t(N) * F),
+                          routed_out);
+    });
+    if (has_shared_expert()) stages.time(layer_stage::shared_expert, [&] { shared_forward(ctx); });
     if (!combine) return;
     auto output = output_.matrix(tokens_, H);
-    combine_rows(exec, routed_out, output.data(), false);
+    stages.time(layer_stage::unpermute,
+                [&] { combine_rows(exec, routed_out, output.data(), false); });
     if (has_shared_expert()) {
       scalar const* shared = buf(ctx, scratch_slot::shared_out).data();
       exec.parallel_rows(tokens_, [&](int begin, int end) {
