@@ -12,6 +12,8 @@
 #include <gtest/gtest.h>
 
 #include <iostream>
+#include <limits>
+#include <utility>
 
 #include <algorithm>
 #include <cmath>
@@ -413,6 +415,110 @@ TEST(MoeLayerAllocations, TensorBackendAllocatesTheSameEveryStepAndKeepsNothing)
   EXPECT_EQ(a.calls[1], a.calls[0]);
   EXPECT_EQ(a.calls[2], a.calls[0]);
   EXPECT_EQ(a.retained_bytes, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Names, kinds, saved bytes per memory policy, errors and eval.
+
+TEST(MoeLayerParameters, NamesShapesAndKindsFollowTheReference) {
+  mm::moe_layer<gelu_per_expert_bias_sigmoid_groups_moe_act> routed(7);
+  std::vector<std::string> names;
+  routed.for_each_parameter(
+      [&](std::string_view name, auto value, auto grad, mm::parameter_kind kind) {
+        names.emplace_back(name);
+        EXPECT_EQ(value.rows(), grad.rows()) << name;
+        EXPECT_EQ(value.cols(), grad.cols()) << name;
+        bool const expert = name.find(".experts.") != std::string_view::npos;
+        EXPECT_EQ(kind, expert ? mm::parameter_kind::expert : mm::parameter_kind::dense) << name;
+      });
+  ASSERT_EQ(names.size(), 1u + 4 * 8 + 2);  // router, 4 kinds x 8 experts, shared fc1 and fc2
+  EXPECT_EQ(names[0], "decoder.layers.7.mlp.router.weight");
+  EXPECT_EQ(names[1], "decoder.layers.7.mlp.experts.linear_fc1.weight0");
+  EXPECT_EQ(names[9], "decoder.layers.7.mlp.experts.linear_fc2.weight0");
+  EXPECT_EQ(names[17], "decoder.layers.7.mlp.experts.linear_fc1.bias0");
+  EXPECT_EQ(names[32], "decoder.layers.7.mlp.experts.linear_fc2.bias7");
+  EXPECT_EQ(names[33], "decoder.layers.7.mlp.shared_experts.linear_fc1.weight");
+
+  mm::moe_layer<swiglu_grouped_aux_z_shared_gate> shared(0);
+  std::vector<std::pair<std::string, std::pair<long, long>>> shapes;
+  shared.for_each_parameter([&](std::string_view name, auto value, auto, mm::parameter_kind) {
+    shapes.push_back(
+        {std::string(name), {static_cast<long>(value.rows()), static_cast<long>(value.cols())}});
+  });
+  ASSERT_EQ(shapes.size(), 1u + 2 * 4 + 3);
+  EXPECT_EQ(shapes[0].second, (std::pair<long, long>{4, 12}));
+  EXPECT_EQ(shapes[1].second, (std::pair<long, long>{20, 12}));  // [2F, H] for SwiGLU
+  EXPECT_EQ(shapes[5].second, (std::pair<long, long>{12, 10}));  // [H, F]
+  EXPECT_EQ(shapes[9].first, "decoder.layers.0.mlp.shared_experts.linear_fc1.weight");
+  EXPECT_EQ(shapes[9].second, (std::pair<long, long>{14, 12}));
+  EXPECT_EQ(shapes[10].first, "decoder.layers.0.mlp.shared_experts.linear_fc2.weight");
+  EXPECT_EQ(shapes[11].first, "decoder.layers.0.mlp.shared_experts.gate_weight");
+  EXPECT_EQ(shapes[11].second, (std::pair<long, long>{1, 12}));
+}
+
+template <class Memory>
+using policy_config = config<mm::shape<mm::hidden<16>, mm::ffn<24>, mm::experts<4>>, rt::top_k<2>,
+                             local, ex::mlp<ex::swiglu, ex::grouped>, Memory>;
+
+template <class Config>
+std::size_t saved_bytes_after_forward(int S, int B) {
+  mm::context ctx(1);
+  mm::moe_layer<Config> layer(0);
+  layer.initialize(9);
+  layer.forward(ctx, random_matrix<float>(S * B, 16, 3), S, B);
+  return layer.saved_activation_bytes();
+}
+
+TEST(MoeLayerMemory, SavedBytesFollowThePolicy) {
+  int const S = 10, B = 3, T = S * B, N = T * 2, H = 16, F = 24;
+  auto const keep = saved_bytes_after_forward<policy_config<mem::keep_all>>(S, B);
+  auto const act = saved_bytes_after_forward<policy_config<mem::recompute<mem::moe_act>>>(S, B);
+  auto const layer = saved_bytes_after_forward<policy_config<mem::recompute<mem::moe_layer>>>(S, B);
+  // moe_act drops the activation [N, F]; moe_layer keeps only the input [T, H].
+  EXPECT_EQ(keep - act, std::size_t(N) * F * sizeof(float));
+  EXPECT_EQ(layer, std::size_t(T) * H * sizeof(float));
+  // keep_all: input, rows [N,H], fc1 [N,2F], act [N,F], probs [N], and the routing bookkeeping.
+  std::size_t const activations = (std::size_t(T) * H + std::size_t(N) * (H + 2 * F + F + 1)) * 4;
+  EXPECT_GE(keep, activations);
+  EXPECT_LT(keep, activations + std::size_t(T) * 4 * 5 + std::size_t(N + T + 1) * 4 * 4);
+}
+
+TEST(MoeLayerErrors, BadInputIsRejectedAndLeavesNoBackward) {
+  mm::context ctx(1);
+  mm::moe_layer<float_swiglu_grouped> layer(0);
+  layer.initialize(1);
+  auto const x = random_matrix<float>(12, 12, 1);
+  EXPECT_THROW(layer.backward(ctx, x), mm::input_error);       // no forward yet
+  EXPECT_THROW(layer.forward(ctx, x, 5, 2), mm::input_error);  // S*B != rows
+  EXPECT_THROW(layer.forward(ctx, random_matrix<float>(12, 11, 1), 6, 2), mm::input_error);
+  EXPECT_THROW(layer.forward(ctx, x, 0, 12), mm::input_error);
+  layer.forward(ctx, x, 6, 2);
+  EXPECT_THROW(layer.backward(ctx, random_matrix<float>(10, 12, 2)), mm::input_error);
+  layer.forward(ctx, x, 6, 2);
+  auto bad = x;
+  bad(3, 4) = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THROW(layer.forward(ctx, bad, 6, 2), mm::input_error);  // non-finite logits
+  EXPECT_THROW(layer.backward(ctx, x), mm::input_error);         // the failed forward left none
+  try {
+    layer.forward(ctx, random_matrix<float>(12, 11, 1), 6, 2);
+  } catch (mm::input_error const& e) {
+    EXPECT_NE(std::string(e.what()).find("[12, 12]"), std::string::npos) << e.what();
+  }
+}
+
+TEST(MoeLayerModes, EvalAttachesNoLossCountsNothingAndMatchesTraining) {
+  mm::context ctx(2);
+  mm::moe_layer<squared_relu_per_expert_sqrtsoftplus_bias> layer(0);
+  layer.initialize(4, 0.5);
+  auto const x = random_matrix<double>(12, 12, 8);
+  mm::row_matrix<double> const trained = layer.forward(ctx, x, 6, 2).y;
+  auto const counts = layer.router().state().local_tokens_per_expert;
+  ctx.step.mode = rt::pass::eval;
+  auto const out = layer.forward(ctx, x, 6, 2);
+  EXPECT_FALSE(out.losses.aux_loss.has_value());
+  EXPECT_EQ(layer.router().state().local_tokens_per_expert, counts);
+  EXPECT_LT((out.y - trained).cwiseAbs().maxCoeff(), 1e-12);
+  EXPECT_THROW(layer.backward(ctx, x), mm::input_error);
 }
 
 }  // namespace

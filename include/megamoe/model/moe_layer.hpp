@@ -194,6 +194,9 @@ class moe_layer {
     if (mode == router::pass::recompute)
       throw input_error(
           "moe_layer: pass::recompute is the layer's own; forward in training or eval");
+    // Whatever happens below, the previous forward's state is gone: no backward may follow a
+    // forward that failed.
+    awaiting_backward_ = false;
     tokens_ = static_cast<int>(x.rows());
     batch_ = {seq_length, micro_batch_size};
     jitter_key_ = ctx.step.micro_batch_key;
