@@ -521,4 +521,23 @@ TEST(MoeLayerModes, EvalAttachesNoLossCountsNothingAndMatchesTraining) {
   EXPECT_THROW(layer.backward(ctx, x), mm::input_error);
 }
 
+TEST(MoeLayerMemory, WholeLayerRecomputationCountsRouterStatisticsOnce) {
+  using counted =
+      config<mm::shape<mm::hidden<8>, mm::ffn<6>, mm::experts<4>>,
+             rt::top_k<2, rt::sigmoid, rt::expert_bias<>, rt::global_aux_loss<1e-2>>, local,
+             ex::mlp<ex::swiglu, ex::grouped>, mm::precision::fp64, mem::recompute<mem::moe_layer>>;
+  mm::context ctx(2);
+  mm::moe_layer<counted> layer(0);
+  layer.initialize(2, 0.5);
+  int const S = 6, B = 2;
+  auto const x = random_matrix<double>(S * B, 8, 5);
+  layer.forward(ctx, x, S, B);
+  layer.backward(ctx, x);
+  auto const& state = layer.router().state();
+  double counted_tokens = 0.0;
+  for (double c : state.local_tokens_per_expert) counted_tokens += c;
+  EXPECT_EQ(counted_tokens, S * B * 2);  // once per token and choice, not twice
+  EXPECT_EQ(state.global_aux_steps, 1);
+}
+
 }  // namespace
