@@ -111,7 +111,7 @@ struct first_step {
 /// of every expert's fc1 and fc2 gradients summed over all of that expert's tokens. (The router
 /// weight's gradient sums every token's full expert outputs; the unit tests check it.)
 template <class Layer>
-double check_first_step(Layer& layer, first_step const& s, int seq_length) {
+double check_first_step(Layer& layer, first_step const& s) {
   int const T = static_cast<int>(s.x.rows()), E = layer.num_experts();
   std::size_t const H = static_cast<std::size_t>(layer.hidden_size());
   ref::moe_weights w;
@@ -131,7 +131,6 @@ double check_first_step(Layer& layer, first_step const& s, int seq_length) {
     z[static_cast<std::size_t>(t)] = ref::times(w.router, to_mat(s.x.row(t))[0]);
   ref::router_memory memory;
   auto const routing = ref::route(z, settings, 1, {}, {}, memory);
-  (void)seq_length;
   error_tracker errors;
   auto x_of = [&](int t) { return to_mat(s.x.row(t))[0]; };
   auto dy_of = [&](int t) { return to_mat(s.dy.row(t))[0]; };
@@ -255,7 +254,7 @@ int run(options const& o, bench_shape const& shape, std::string const& backend_n
       layer.for_each_parameter([&](std::string_view, auto, auto grad, mm::parameter_kind) {
         first.grads.emplace_back(grad);
       });
-      err = check_first_step(layer, first, S);
+      err = check_first_step(layer, first);
     }
     if (step == 0) mm::testing::reset_peak();
     if (step + 1 == o.warmup) ctx.stages.clear();

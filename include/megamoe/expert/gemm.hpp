@@ -46,8 +46,8 @@ class gemm_workspace {
  public:
   /// Room for the packed A and B blocks of Eigen's blocking; grows only.
   void reserve(std::size_t a_elements, std::size_t b_elements) {
-    if (a_elements > a_.capacity_bytes() / sizeof(T)) a_.reserve(a_elements);
-    if (b_elements > b_.capacity_bytes() / sizeof(T)) b_.reserve(b_elements);
+    a_.reserve(a_elements);
+    b_.reserve(b_elements);
   }
   [[nodiscard]] T* a() const noexcept { return a_.data(); }
   [[nodiscard]] T* b() const noexcept { return b_.data(); }
