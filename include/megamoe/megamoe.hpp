@@ -7,6 +7,7 @@
 
 #include <megamoe/core/buffer.hpp>
 #include <megamoe/core/error.hpp>
+#include <megamoe/core/parameter.hpp>
 #include <megamoe/core/policy.hpp>
 #include <megamoe/core/random.hpp>
 #include <megamoe/core/rule_ids.hpp>
@@ -36,6 +37,12 @@
 #include <megamoe/router/router.hpp>
 
 #include <megamoe/dispatch/permute.hpp>
+#include <megamoe/dispatch/token_rows.hpp>
+#include <megamoe/dispatch/local.hpp>
+#include <megamoe/dispatch/groups.hpp>
+#include <megamoe/dispatch/all_gather.hpp>
+#include <megamoe/dispatch/all_to_all.hpp>
+#include <megamoe/dispatch/dispatcher.hpp>
 
 #include <megamoe/expert/activation.hpp>
 #include <megamoe/expert/backends.hpp>
@@ -47,6 +54,7 @@
 
 #include <megamoe/parallel/collectives.hpp>
 #include <megamoe/parallel/environment.hpp>
+#include <megamoe/parallel/gradients.hpp>
 #include <megamoe/parallel/layout.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 #include <megamoe/parallel/rank_generator.hpp>

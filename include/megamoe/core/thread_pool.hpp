@@ -88,4 +88,17 @@ class thread_pool {
   Eigen::ThreadPoolDevice device_;
 };
 
+/// Runs `body(begin, end)` over [0, count) cut into one contiguous range per pool thread (at most
+/// `count` ranges).
+template <class Body>
+void parallel_rows(thread_pool& pool, int count, Body const& body) {
+  if (count <= 0) return;
+  int const tasks = std::max(1, std::min(pool.size(), count));
+  pool.run(tasks, [&](int i) {
+    int const begin = static_cast<int>(static_cast<long long>(count) * i / tasks);
+    int const end = static_cast<int>(static_cast<long long>(count) * (i + 1) / tasks);
+    body(begin, end);
+  });
+}
+
 }  // namespace megamoe

@@ -32,10 +32,17 @@ struct permutation {
 };
 
 /// Row order for `map` [T,E]. With `capacity` > 0 (drop-and-pad), each expert gets exactly
-/// min(capacity, T) rows. `out` is reused: no allocation once it has grown.
-inline void make_permutation(mask_matrix const& map, permutation& out, int capacity = 0) {
+/// min(capacity, T) rows. Only the experts [first_expert, first_expert + count) take part (all of
+/// them by default), numbered from 0 in `row_expert` and `tokens_per_expert`. `out` is reused: no
+/// allocation once it has grown.
+inline void make_permutation(mask_matrix const& map, permutation& out, int capacity = 0,
+                             int first_expert = 0, int count = -1) {
   int const tokens = static_cast<int>(map.rows());
-  int const experts = static_cast<int>(map.cols());
+  int const experts = count < 0 ? static_cast<int>(map.cols()) - first_expert : count;
+  if (first_expert < 0 || first_expert + experts > map.cols())
+    throw input_error("make_permutation: experts [" + std::to_string(first_expert) + ", " +
+                      std::to_string(first_expert + experts) + ") outside a map of " +
+                      std::to_string(map.cols()) + " experts");
   out.num_tokens = tokens;
   out.drop_and_pad = capacity > 0;
   out.source_token.clear();
@@ -46,7 +53,7 @@ inline void make_permutation(mask_matrix const& map, permutation& out, int capac
     int const limit = out.drop_and_pad ? std::min(capacity, tokens) : tokens;
     for (int pass = 0; pass < (out.drop_and_pad ? 2 : 1); ++pass) {
       for (int t = 0; t < tokens && taken < limit; ++t) {
-        bool const routed = map(t, e) != 0;
+        bool const routed = map(t, first_expert + e) != 0;
         if (routed != (pass == 0)) continue;
         out.source_token.push_back(t);
         out.row_expert.push_back(e);

@@ -62,13 +62,7 @@ class executor {
   /// Runs `body(begin, end)` over [0, count) cut into one contiguous range per thread.
   template <class Body>
   void parallel_rows(int count, Body const& body) {
-    int const tasks = std::max(1, std::min(threads(), count));
-    if (count <= 0) return;
-    pool_->run(tasks, [&](int i) {
-      int const begin = static_cast<int>(static_cast<long long>(count) * i / tasks);
-      int const end = static_cast<int>(static_cast<long long>(count) * (i + 1) / tasks);
-      body(begin, end);
-    });
+    megamoe::parallel_rows(*pool_, count, body);
   }
 
  private:

@@ -20,29 +20,33 @@
 #include <megamoe/config/resolve.hpp>
 #include <megamoe/core/buffer.hpp>
 #include <megamoe/core/error.hpp>
+#include <megamoe/core/parameter.hpp>
 #include <megamoe/core/random.hpp>
 #include <megamoe/core/tensor.hpp>
+#include <megamoe/dispatch/dispatcher.hpp>
 #include <megamoe/dispatch/permute.hpp>
 #include <megamoe/expert/backends.hpp>
 #include <megamoe/expert/gemm.hpp>
 #include <megamoe/expert/mlp.hpp>
 #include <megamoe/model/context.hpp>
+#include <megamoe/parallel/collectives.hpp>
+#include <megamoe/parallel/environment.hpp>
+#include <megamoe/parallel/process_groups.hpp>
 #include <megamoe/router/router.hpp>
 
 #include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace megamoe {
-
-/// Dense parameters reduce over DP x CP; expert parameters over the expert data-parallel group.
-enum class parameter_kind { dense, expert };
 
 /// What a forward returns: the layer output and the losses the router attached to it.
 template <class T>
@@ -67,6 +71,19 @@ consteval bool router_in_double() {
     return false;
   }
 }
+
+/// The dispatcher a configuration runs: `auto_` is `local` when the type fixes EP = ETP = 1, else
+/// `all_to_all` (which also works on one rank).
+template <class C>
+consteval dispatch::dispatcher layer_dispatcher() {
+  constexpr auto chosen = C::dispatch::value;
+  if constexpr (chosen != dispatch::dispatcher::auto_) {
+    return chosen;
+  } else {
+    constexpr auto d = C::parallel::value;
+    return d.ep == 1 && d.etp == 1 ? dispatch::dispatcher::local : dispatch::dispatcher::all_to_all;
+  }
+}
 }  // namespace detail
 
 template <training_config Config>
@@ -81,11 +98,9 @@ class moe_layer {
   static constexpr expert::activation_function activation = expert_settings.activation;
   using backend = expert::backend_t<expert_settings.backend>;
   using mlp_type = expert::grouped_mlp<activation, backend, scalar>;
-
-  static_assert(Config::dispatch::value == dispatch::dispatcher::local ||
-                    Config::dispatch::value == dispatch::dispatcher::auto_,
-                "megamoe: moe_layer runs on one rank with dispatch::local (or auto); the "
-                "expert-parallel dispatchers arrive with expert parallelism");
+  static constexpr dispatch::dispatcher dispatcher_kind = detail::layer_dispatcher<Config>();
+  static constexpr bool distributed = dispatch::communicates(dispatcher_kind);
+  using dispatcher_type = dispatch::dispatcher_t<dispatcher_kind, scalar, logit>;
   static_assert(Config::precision::value.recipe == precision::recipe_id::fp32 ||
                     Config::precision::value.recipe == precision::recipe_id::fp64,
                 "megamoe: moe_layer computes in fp32 or fp64 for now; the bf16, FP8 and FP4 "
@@ -93,80 +108,67 @@ class moe_layer {
   static_assert(!memory_settings.quantized_activations && !memory_settings.quantized_weights,
                 "megamoe: quantized storage needs the precision recipes in the layer");
 
-  /// `layer_number` names the parameters (decoder.layers.{i}); `given` supplies what the type left
-  /// to start-up (sizes, a run-time router). Every configuration rule is checked here.
-  explicit moe_layer(int layer_number = 0, startup_values const& given = {})
-      : values_(checked_values(given)),
-        layer_number_(layer_number),
-        router_(router_settings(values_), values_.shape.experts,
-                Config::precision::value.padding_multiple),
-        experts_(routed_sizes(values_)),
-        routed_mlp_(routed_sizes(values_)),
-        shared_(shared_sizes(values_)),
-        shared_mlp_(shared_sizes(values_)),
-        router_weight_(values_.shape.experts, values_.shape.hidden),
-        router_weight_grad_(row_matrix<scalar>::Zero(values_.shape.experts, values_.shape.hidden)),
-        problem_(1) {
-    if (has_shared_gate()) {
-      gate_weight_ = row_matrix<scalar>::Zero(1, values_.shape.hidden);
-      gate_weight_grad_ = row_matrix<scalar>::Zero(1, values_.shape.hidden);
-    }
-    router_weight_.setZero();
-    name_parameters();
-  }
+  /// One rank (dispatch::local): `layer_number` names the parameters (decoder.layers.{i}); `given`
+  /// supplies what the type left to start-up (sizes, a run-time router). Every configuration rule
+  /// is checked here.
+  explicit moe_layer(int layer_number = 0, startup_values const& given = {}) requires(!distributed)
+      : moe_layer(nullptr, layer_number, given) {}
+
+  /// On the process groups of a job (collective only in forward and backward, not here): the
+  /// degrees come from the groups' layout. This rank holds experts [first_expert(),
+  /// first_expert() + local_experts()), each as its ETP shard: 1/ETP of the FFN width (fc1 rows,
+  /// fc2 columns). Its tokens are its own sequence-parallel shard.
+  moe_layer(parallel::process_groups const& groups, int layer_number = 0,
+            startup_values const& given = {})
+      : moe_layer(&groups, layer_number, given) {}
 
   [[nodiscard]] config_values const& values() const noexcept { return values_; }
   [[nodiscard]] int hidden_size() const noexcept { return values_.shape.hidden; }
   [[nodiscard]] int num_experts() const noexcept { return values_.shape.experts; }
+  /// This rank's experts: [first_expert(), first_expert() + local_experts()).
+  [[nodiscard]] int first_expert() const noexcept { return first_expert_; }
+  [[nodiscard]] int local_experts() const noexcept { return experts_.sizes().experts; }
+  /// This rank's ETP shard of each local expert: FFN columns [ffn_offset(), + local ffn()).
+  [[nodiscard]] int ffn_offset() const noexcept { return ffn_offset_; }
+  [[nodiscard]] int local_ffn() const noexcept { return experts_.sizes().ffn; }
+  /// The layer's dispatcher (its bookkeeping describes the last forward).
+  [[nodiscard]] dispatcher_type const& dispatcher() const noexcept { return dispatcher_; }
   [[nodiscard]] router_type& router() noexcept { return router_; }
   [[nodiscard]] router_type const& router() const noexcept { return router_; }
   [[nodiscard]] bool has_shared_expert() const noexcept { return values_.shape.shared_ffn > 0; }
   [[nodiscard]] bool has_shared_gate() const noexcept {
     return has_shared_expert() && expert_settings.shared_expert_gate;
   }
-  /// The permutation of the last forward (rows grouped by expert).
-  [[nodiscard]] dispatch::permutation const& permutation() const noexcept { return perm_; }
+  /// The permutation of the last forward (rows grouped by expert), with dispatch::local.
+  [[nodiscard]] dispatch::permutation const& permutation() const noexcept
+      requires(dispatcher_kind == dispatch::dispatcher::local) {
+    return dispatcher_.local_rows().permutation();
+  }
 
   /// Draws every weight from N(0, std^2) as a function of (seed, parameter, element); biases 0.
+  /// Parameters and elements are numbered as on one rank, so every parallel mapping starts from
+  /// the same weights.
   void initialize(std::uint64_t seed, double std = 0.02) {
-    std::uint64_t index = 0;
-    for_each_parameter([&](std::string_view name, auto value, auto, parameter_kind) {
-      ++index;
+    visit_parameters([&](std::string_view name, row_matrix_map<scalar> value,
+                         row_matrix_map<scalar>, parameter_kind, std::uint64_t index,
+                         element_numbering const& numbering) {
       bool const bias = name.find(".bias") != std::string_view::npos;
-      for (Eigen::Index i = 0; i < value.size(); ++i)
-        value.data()[i] =
-            bias ? scalar(0)
-                 : static_cast<scalar>(
-                       std * standard_normal(seed + index, static_cast<std::uint64_t>(i)));
+      for (Eigen::Index r = 0; r < value.rows(); ++r)
+        for (Eigen::Index c = 0; c < value.cols(); ++c)
+          value(r, c) = bias ? scalar(0)
+                             : static_cast<scalar>(
+                                   std * standard_normal(seed + index, numbering.global(r, c)));
     });
   }
 
-  /// Calls f(name, value, grad, kind) for every parameter, with value and grad as row-major maps
-  /// (biases as [1, n]), named as the reference names them.
+  /// Calls f(name, value, grad, kind) for every parameter this rank holds, with value and grad as
+  /// row-major maps (biases as [1, n]), named as the reference names them on one rank (experts by
+  /// their global number; with ETP > 1 each is this rank's shard).
   template <class F>
   void for_each_parameter(F&& f) {
-    std::size_t n = 0;
-    auto visit = [&](row_matrix_map<scalar> value, row_matrix_map<scalar> grad, parameter_kind k) {
-      f(std::string_view(names_[n++]), value, grad, k);
-    };
-    visit(map(router_weight_), map(router_weight_grad_), parameter_kind::dense);
-    int const E = num_experts();
-    for (int e = 0; e < E; ++e)
-      visit(experts_.fc1(e), experts_.grad_fc1(e), parameter_kind::expert);
-    for (int e = 0; e < E; ++e)
-      visit(experts_.fc2(e), experts_.grad_fc2(e), parameter_kind::expert);
-    if (expert_settings.bias) {
-      for (int e = 0; e < E; ++e)
-        visit(experts_.fc1_bias(e), experts_.grad_fc1_bias(e), parameter_kind::expert);
-      for (int e = 0; e < E; ++e)
-        visit(experts_.fc2_bias(e), experts_.grad_fc2_bias(e), parameter_kind::expert);
-    }
-    if (has_shared_expert()) {
-      visit(shared_.fc1(0), shared_.grad_fc1(0), parameter_kind::dense);
-      visit(shared_.fc2(0), shared_.grad_fc2(0), parameter_kind::dense);
-      if (has_shared_gate())
-        visit(map(gate_weight_), map(gate_weight_grad_), parameter_kind::dense);
-    }
+    visit_parameters([&](std::string_view name, row_matrix_map<scalar> value,
+                         row_matrix_map<scalar> grad, parameter_kind kind, std::uint64_t,
+                         element_numbering const&) { f(name, value, grad, kind); });
   }
 
   void zero_grad() {
@@ -182,21 +184,25 @@ class moe_layer {
   moe_output<scalar> forward(context& ctx, Eigen::Ref<row_matrix<scalar> const> x, int seq_length,
                              int micro_batch_size) {
     int const H = hidden_size();
-    if (seq_length < 1 || micro_batch_size < 1)
-      throw input_error("moe_layer: the micro-batch needs S >= 1 and B >= 1, got S = " +
-                        std::to_string(seq_length) + ", B = " + std::to_string(micro_batch_size));
-    if (x.rows() != std::int64_t{seq_length} * micro_batch_size || x.cols() != H)
-      throw input_error("moe_layer: input has shape " +
-                        router::detail::shape_text(x.rows(), x.cols()) + ", expected " +
-                        router::detail::shape_text(std::int64_t{seq_length} * micro_batch_size, H) +
-                        " (S*B tokens x hidden size)");
     router::pass const mode = ctx.step.mode;
-    if (mode == router::pass::recompute)
-      throw input_error(
-          "moe_layer: pass::recompute is the layer's own; forward in training or eval");
     // Whatever happens below, the previous forward's state is gone: no backward may follow a
     // forward that failed.
     awaiting_backward_ = false;
+    // On a job, every rank of the stage hears of a bad input here, before any collective.
+    agree([&] {
+      if (seq_length < 1 || micro_batch_size < 1)
+        throw input_error("moe_layer: the micro-batch needs S >= 1 and B >= 1, got S = " +
+                          std::to_string(seq_length) + ", B = " + std::to_string(micro_batch_size));
+      if (x.rows() != std::int64_t{seq_length} * micro_batch_size || x.cols() != H)
+        throw input_error(
+            "moe_layer: input has shape " + router::detail::shape_text(x.rows(), x.cols()) +
+            ", expected " +
+            router::detail::shape_text(std::int64_t{seq_length} * micro_batch_size, H) +
+            " (S*B tokens x hidden size)");
+      if (mode == router::pass::recompute)
+        throw input_error(
+            "moe_layer: pass::recompute is the layer's own; forward in training or eval");
+    });
     tokens_ = static_cast<int>(x.rows());
     batch_ = {seq_length, micro_batch_size};
     jitter_key_ = ctx.step.micro_batch_key;
@@ -212,11 +218,14 @@ class moe_layer {
   /// by ctx.step.loss_backward_scale).
   const_row_matrix_map<scalar> backward(context& ctx, Eigen::Ref<row_matrix<scalar> const> dy) {
     int const H = hidden_size(), E = num_experts();
-    if (!awaiting_backward_)
-      throw input_error("moe_layer: backward needs a training forward first (once per forward)");
-    router::require_shape(dy, tokens_, H, "moe_layer: output gradient");
+    agree([&] {
+      if (!awaiting_backward_)
+        throw input_error("moe_layer: backward needs a training forward first (once per forward)");
+      router::require_shape(dy, tokens_, H, "moe_layer: output gradient");
+    });
     awaiting_backward_ = false;
     auto& exec = ctx.executor<scalar>();
+    auto& pool = ctx.pool();
     auto& stages = ctx.stages;
     if (memory_settings.moe_layer) {
       compute_forward(ctx, router::pass::recompute, false);
@@ -230,11 +239,11 @@ class moe_layer {
       if (memory_settings.shared_experts && has_shared_expert())
         stages.time(layer_stage::shared_expert, [&] { shared_forward(ctx); });
     }
-    int const N = perm_.rows();
-    int const W1 = fc1_width(values_.shape.ffn), F = values_.shape.ffn;
+    int const N = dispatcher_.expert_rows();
+    int const W1 = fc1_width(local_ffn()), F = local_ffn();
     // Combine backward is a dispatch: each row takes its token's gradient.
     scalar* grad_rows = ctx.scratch<scalar>(scratch_slot::grad_rows).reserve(std::size_t(N) * H);
-    stages.time(layer_stage::unpermute, [&] { gather_rows(exec, dy.data(), grad_rows); });
+    stages.time(layer_stage::unpermute, [&] { dispatcher_.dispatch(pool, dy.data(), grad_rows); });
     scalar* grad_probs_rows =
         ctx.scratch<scalar>(scratch_slot::grad_row_probs).reserve(std::size_t(N));
     stages.time(layer_stage::experts, [&] {
@@ -245,19 +254,16 @@ class moe_layer {
                            ctx.scratch<scalar>(scratch_slot::grad_fc1).reserve(std::size_t(N) * W1),
                            grad_rows, grad_probs_rows);
     });
-    // The probs' gradient goes back through the router (attached losses included) and its gating.
+    // Dispatch backward is a combine: each token adds its rows' gradients, in row order, and the
+    // probs' gradients go back to their tokens.
     auto grad_input = grad_input_.matrix(tokens_, H);
-    stages.time(layer_stage::router, [&] {
+    stages.time(layer_stage::permute, [&] {
+      grad_input.setZero();
       grad_probs_.setZero(tokens_, E);
-      for (int j = 0; j < N; ++j)
-        grad_probs_(perm_.source_token[static_cast<std::size_t>(j)],
-                    perm_.row_expert[static_cast<std::size_t>(j)]) =
-            static_cast<logit>(grad_probs_rows[j]);
-      router_backward(ctx, grad_input);
+      dispatcher_.combine_grad(pool, grad_rows, grad_probs_rows, grad_input.data(), grad_probs_);
     });
-    // Dispatch backward is a combine: each token adds its rows' gradients, in row order.
-    stages.time(layer_stage::permute,
-                [&] { combine_rows(exec, grad_rows, grad_input.data(), true); });
+    // Then through the router (attached losses included) and its gating.
+    stages.time(layer_stage::router, [&] { router_backward(ctx, grad_input); });
     if (has_shared_expert())
       stages.time(layer_stage::shared_expert,
                   [&] { shared_backward(ctx, dy.data(), grad_input.data()); });
@@ -272,9 +278,7 @@ class moe_layer {
     for (std::size_t s = 0; s < own_.size(); ++s)
       if (is_saved(static_cast<scratch_slot>(s))) bytes += own_[s].used_bytes();
     if (!memory_settings.moe_layer) {
-      bytes += (perm_.source_token.size() + perm_.row_expert.size() + token_row_start_.size() +
-                token_rows_.size()) *
-               sizeof(int);
+      bytes += dispatcher_.saved_bytes();
       bytes += gate_.size() * sizeof(scalar);
       bytes += static_cast<std::size_t>(router_.output().probs.size()) * (sizeof(logit) + 1);
     }
@@ -301,12 +305,67 @@ class moe_layer {
     }
   }
 
-  static config_values checked_values(startup_values const& given) {
+  moe_layer(parallel::process_groups const* groups, int layer_number, startup_values const& given)
+      : groups_(groups),
+        values_(checked_values(groups, given)),
+        layer_number_(layer_number),
+        router_(router_settings(values_), values_.shape.experts,
+                Config::precision::value.padding_multiple),
+        experts_(routed_sizes(values_)),
+        routed_mlp_(routed_sizes(values_)),
+        shared_(shared_sizes(values_)),
+        shared_mlp_(shared_sizes(values_)),
+        dispatcher_(make_dispatcher(groups, values_)),
+        router_weight_(values_.shape.experts, values_.shape.hidden),
+        router_weight_grad_(row_matrix<scalar>::Zero(values_.shape.experts, values_.shape.hidden)),
+        problem_(1) {
+    if (groups != nullptr) {
+      first_expert_ = groups->ep().rank() * local_experts();
+      ffn_offset_ = groups->expert_tp().rank() * local_ffn();
+      tp_cp_ = parallel::communicator_sum(groups->tp_cp());
+      tp_dp_cp_ = parallel::communicator_sum(groups->tp_dp_cp());
+    }
+    if (has_shared_gate()) {
+      gate_weight_ = row_matrix<scalar>::Zero(1, values_.shape.hidden);
+      gate_weight_grad_ = row_matrix<scalar>::Zero(1, values_.shape.hidden);
+    }
+    router_weight_.setZero();
+    name_parameters();
+  }
+
+  static config_values checked_values(parallel::process_groups const* groups,
+                                      startup_values given) {
+    if (groups != nullptr) {
+      auto const& l = groups->layout();
+      given.world_size = l.world_size;
+      given.tp = l.tp;
+      given.cp = l.cp;
+      given.pp = l.pp;
+      given.etp = l.etp;
+      given.ep = l.ep;
+    }
     config_values v = resolve<Config>(given);
     if (!v.router) throw config_error(27, "moe_layer: give the run-time router's settings");
-    if (v.parallel.ep != 1 || v.parallel.etp != 1)
-      throw config_error(19, "moe_layer runs on one rank: EP and ETP must be 1");
+    if (dispatcher_kind == dispatch::dispatcher::local &&
+        (v.parallel.ep != 1 || v.parallel.etp != 1))
+      throw config_error(19,
+                         "moe_layer with dispatch::local runs its experts on one rank: EP and "
+                         "ETP must be 1 (EP " +
+                             std::to_string(v.parallel.ep) + ", ETP " +
+                             std::to_string(v.parallel.etp) + ")");
+    if (v.shape.ffn % v.parallel.etp != 0)
+      throw config_error(16, "the expert FFN width " + std::to_string(v.shape.ffn) +
+                                 " must split evenly over ETP " + std::to_string(v.parallel.etp));
     return v;
+  }
+
+  static dispatcher_type make_dispatcher(parallel::process_groups const* groups,
+                                         config_values const& v) {
+    if constexpr (distributed) {
+      return dispatcher_type(dispatch::expert_groups(*groups, v.shape.experts), v.shape.hidden);
+    } else {
+      return dispatcher_type(v.shape.hidden);
+    }
   }
 
   static router::settings router_settings(config_values const& v) {
@@ -321,8 +380,10 @@ class moe_layer {
     return s;
   }
 
+  /// This rank's experts: E/EP of them, each 1/ETP of the FFN width.
   static expert::mlp_sizes routed_sizes(config_values const& v) {
-    return {v.shape.experts, v.shape.hidden, v.shape.ffn, activation, expert_settings.bias};
+    return {v.shape.experts / v.parallel.ep, v.shape.hidden, v.shape.ffn / v.parallel.etp,
+            activation, expert_settings.bias};
   }
   static expert::mlp_sizes shared_sizes(config_values const& v) {
     // Without a shared expert these sizes are a placeholder that is never run.
@@ -337,9 +398,9 @@ class moe_layer {
   void name_parameters() {
     std::string const prefix = "decoder.layers." + std::to_string(layer_number_) + ".mlp.";
     names_.push_back(prefix + "router.weight");
-    int const E = num_experts();
     auto experts = [&](char const* what) {
-      for (int e = 0; e < E; ++e) names_.push_back(prefix + "experts." + what + std::to_string(e));
+      for (int e = 0; e < local_experts(); ++e)
+        names_.push_back(prefix + "experts." + what + std::to_string(first_expert_ + e));
     };
     experts("linear_fc1.weight");
     experts("linear_fc2.weight");
@@ -354,13 +415,71 @@ class moe_layer {
     }
   }
 
+  /// How element (r, c) of this rank's copy or shard of a parameter is numbered in the whole
+  /// parameter (row-major): ETP shards are row and column offsets; a SwiGLU fc1 shard holds rows of
+  /// the gate half and of the linear half.
+  struct element_numbering {
+    std::int64_t global_cols = 0;
+    std::int64_t col_offset = 0;
+    std::int64_t half_rows = 0;  // > 0: local rows [0, half_rows) are the gate's, the rest linear
+    std::int64_t first_row = 0, second_row = 0;
+
+    [[nodiscard]] std::uint64_t global(Eigen::Index r, Eigen::Index c) const {
+      std::int64_t const row =
+          half_rows == 0 || r < half_rows ? first_row + r : second_row + (r - half_rows);
+      return static_cast<std::uint64_t>(row * global_cols + col_offset + c);
+    }
+  };
+
+  /// f(name, value, grad, kind, index, numbering) for every parameter this rank holds; index is the
+  /// parameter's number on one rank (1 = router weight).
+  template <class Visitor>
+  void visit_parameters(Visitor&& f) {
+    std::size_t n = 0;
+    auto visit = [&](row_matrix_map<scalar> value, row_matrix_map<scalar> grad, parameter_kind k,
+                     std::uint64_t index, element_numbering const& numbering) {
+      f(std::string_view(names_[n++]), value, grad, k, index, numbering);
+    };
+    std::int64_t const E = num_experts(), H = hidden_size(), Ffull = values_.shape.ffn;
+    std::int64_t const Fl = local_ffn(), first = first_expert_;
+    bool const glu = expert::fc1_width(activation, 1) == 2;
+    visit(map(router_weight_), map(router_weight_grad_), parameter_kind::dense, 1, {H});
+    element_numbering const fc1 =
+        glu ? element_numbering{H, 0, Fl, ffn_offset_, Ffull + ffn_offset_}
+            : element_numbering{H, 0, 0, ffn_offset_, 0};
+    element_numbering const fc2{Ffull, ffn_offset_};
+    int const L = local_experts();
+    for (int e = 0; e < L; ++e)
+      visit(experts_.fc1(e), experts_.grad_fc1(e), parameter_kind::expert,
+            static_cast<std::uint64_t>(2 + first + e), fc1);
+    for (int e = 0; e < L; ++e)
+      visit(experts_.fc2(e), experts_.grad_fc2(e), parameter_kind::expert,
+            static_cast<std::uint64_t>(2 + E + first + e), fc2);
+    std::uint64_t next = static_cast<std::uint64_t>(2 + 2 * E);
+    if (expert_settings.bias) {  // ETP = 1 (R014): whole vectors
+      for (int e = 0; e < L; ++e)
+        visit(experts_.fc1_bias(e), experts_.grad_fc1_bias(e), parameter_kind::expert,
+              next + static_cast<std::uint64_t>(first + e), {experts_.fc1_bias(e).cols()});
+      for (int e = 0; e < L; ++e)
+        visit(experts_.fc2_bias(e), experts_.grad_fc2_bias(e), parameter_kind::expert,
+              next + static_cast<std::uint64_t>(E + first + e), {H});
+      next += static_cast<std::uint64_t>(2 * E);
+    }
+    if (has_shared_expert()) {
+      visit(shared_.fc1(0), shared_.grad_fc1(0), parameter_kind::dense, next, {H});
+      visit(shared_.fc2(0), shared_.grad_fc2(0), parameter_kind::dense, next + 1,
+            {values_.shape.shared_ffn});
+      if (has_shared_gate())
+        visit(map(gate_weight_), map(gate_weight_grad_), parameter_kind::dense, next + 2, {H});
+    }
+  }
+
   [[nodiscard]] bool fast_gating() const {
     return std::is_same_v<logit, scalar> &&
            !(router_.config().input_jitter_eps && *router_.config().input_jitter_eps > 0.0);
   }
 
-  /// Through the router (attached losses included) and its gating: dx = dz Wr (written),
-  /// dWr += dz^T x.
+  /// Through the router (attached losses included) and its gating: dx += dz Wr, dWr += dz^T x.
   void router_backward(context& ctx, row_matrix_map<scalar> grad_input) {
     int const H = hidden_size(), E = num_experts();
     auto& exec = ctx.executor<scalar>();
@@ -368,16 +487,17 @@ class moe_layer {
       if (fast_gating()) {
         auto const& grad_logits = router_.backward(grad_probs_, ctx.step.loss_backward_scale);
         run_one<expert::gemm_op::nn>(exec, {tokens_, H, E, grad_logits.data(), E,
-                                            router_weight_.data(), H, grad_input.data(), H, false});
+                                            router_weight_.data(), H, grad_input.data(), H, true});
         run_one<expert::gemm_op::tn>(exec, {E, H, tokens_, grad_logits.data(), E, input_.data(), H,
                                             router_weight_grad_.data(), H, true});
         return;
       }
     }
     auto const input = const_row_matrix_map<scalar>(input_.data(), tokens_, H);
-    row_matrix<scalar> grad_weight(E, H);
-    router_.backward(grad_probs_, ctx.step.loss_backward_scale, input, router_weight_, grad_input,
+    row_matrix<scalar> grad_weight(E, H), grad_hidden(tokens_, H);
+    router_.backward(grad_probs_, ctx.step.loss_backward_scale, input, router_weight_, grad_hidden,
                      grad_weight);
+    grad_input += grad_hidden;
     router_weight_grad_ += grad_weight;
   }
 
@@ -386,7 +506,8 @@ class moe_layer {
   }
 
   expert::grouped_rows<scalar> rows(context& ctx) {
-    return {perm_.rows(), perm_.tokens_per_expert, buf(ctx, scratch_slot::row_probs).data()};
+    return {dispatcher_.expert_rows(), dispatcher_.tokens_per_local_expert(),
+            buf(ctx, scratch_slot::row_probs).data()};
   }
 
   template <expert::gemm_op Op>
@@ -405,35 +526,33 @@ class moe_layer {
     options.mode = mode;
     options.jitter_key = jitter_key_;
     auto& stages = ctx.stages;
+    auto& pool = ctx.pool();
+    router::reduction_groups<parallel::communicator_sum, parallel::communicator_sum> const groups{
+        tp_cp_, tp_dp_cp_};
     stages.time(layer_stage::router, [&] {
       if constexpr (std::is_same_v<logit, scalar>) {
         if (fast_gating()) {
           logits_.resize(tokens_, E);
           run_one<expert::gemm_op::nt>(exec, {tokens_, E, H, input_.data(), H,
                                               router_weight_.data(), H, logits_.data(), E, false});
-          router_.route(logits_, batch_, options);
+          router_.route(logits_, batch_, options, groups);
           return;
         }
       }
-      router_.route(input, router_weight_, batch_, options);
+      router_.route(input, router_weight_, batch_, options, groups);
     });
     auto const& routing = router_.output();
-    int const W1 = fc1_width(values_.shape.ffn), F = values_.shape.ffn;
+    int const W1 = fc1_width(local_ffn()), F = local_ffn();
     scalar* routed_rows = nullptr;
     stages.time(layer_stage::permute, [&] {
-      dispatch::make_permutation(routing.routing_map, perm_,
-                                 router_.config().pad_to_capacity ? routing.capacity : 0);
-      index_token_rows();
-      int const N = perm_.rows();
+      dispatcher_.plan(pool, routing.routing_map,
+                       router_.config().pad_to_capacity ? routing.capacity : 0);
+      int const N = dispatcher_.expert_rows();
       routed_rows = buf(ctx, scratch_slot::routed_rows).reserve(std::size_t(N) * H);
       scalar* probs = buf(ctx, scratch_slot::row_probs).reserve(std::size_t(N));
-      gather_rows(exec, input_.data(), routed_rows);
-      for (int j = 0; j < N; ++j)
-        probs[j] =
-            static_cast<scalar>(routing.probs(perm_.source_token[static_cast<std::size_t>(j)],
-                                              perm_.row_expert[static_cast<std::size_t>(j)]));
+      dispatcher_.dispatch(pool, input_.data(), routed_rows, routing.probs, probs);
     });
-    int const N = perm_.rows();
+    int const N = dispatcher_.expert_rows();
     scalar* routed_out = ctx.scratch<scalar>(scratch_slot::routed_out).reserve(std::size_t(N) * H);
     stages.time(layer_stage::experts, [&] {
       routed_mlp_.forward(exec, experts_, rows(ctx), routed_rows,
@@ -445,7 +564,7 @@ class moe_layer {
     if (!combine) return;
     auto output = output_.matrix(tokens_, H);
     stages.time(layer_stage::unpermute,
-                [&] { combine_rows(exec, routed_out, output.data(), false); });
+                [&] { dispatcher_.combine(pool, routed_out, output.data()); });
     if (has_shared_expert()) {
       scalar const* shared = buf(ctx, scratch_slot::shared_out).data();
       exec.parallel_rows(tokens_, [&](int begin, int end) {
@@ -457,47 +576,13 @@ class moe_layer {
     }
   }
 
-  /// token_row_start_ [T+1] and token_rows_ [N]: the rows of each token, ascending (the order in
-  /// which the reference's unpermute adds them).
-  void index_token_rows() {
-    int const N = perm_.rows();
-    token_row_start_.assign(static_cast<std::size_t>(tokens_) + 1, 0);
-    for (int j = 0; j < N; ++j)
-      ++token_row_start_[static_cast<std::size_t>(perm_.source_token[static_cast<std::size_t>(j)]) +
-                         1];
-    for (int t = 0; t < tokens_; ++t)
-      token_row_start_[static_cast<std::size_t>(t) + 1] +=
-          token_row_start_[static_cast<std::size_t>(t)];
-    token_rows_.resize(static_cast<std::size_t>(N));
-    fill_.assign(token_row_start_.begin(), token_row_start_.end() - 1);
-    for (int j = 0; j < N; ++j)
-      token_rows_[static_cast<std::size_t>(
-          fill_[static_cast<std::size_t>(perm_.source_token[static_cast<std::size_t>(j)])]++)] = j;
-  }
-
-  /// rows[j] = tokens[source_token[j]], split over the pool.
-  void gather_rows(expert::executor<scalar>& exec, scalar const* tokens, scalar* rows_out) {
-    int const H = hidden_size();
-    exec.parallel_rows(perm_.rows(), [&](int begin, int end) {
-      for (int j = begin; j < end; ++j)
-        std::copy_n(tokens + std::ptrdiff_t{perm_.source_token[static_cast<std::size_t>(j)]} * H, H,
-                    rows_out + std::ptrdiff_t{j} * H);
-    });
-  }
-
-  /// out[t] (+)= sum of its rows, in row order, split over tokens.
-  void combine_rows(expert::executor<scalar>& exec, scalar const* rows_in, scalar* out, bool add) {
-    int const H = hidden_size();
-    exec.parallel_rows(tokens_, [&](int begin, int end) {
-      for (int t = begin; t < end; ++t) {
-        row_matrix_map<scalar> o(out + std::ptrdiff_t{t} * H, 1, H);
-        if (!add) o.setZero();
-        for (int i = token_row_start_[static_cast<std::size_t>(t)];
-             i < token_row_start_[static_cast<std::size_t>(t) + 1]; ++i)
-          o += const_row_matrix_map<scalar>(
-              rows_in + std::ptrdiff_t{token_rows_[static_cast<std::size_t>(i)]} * H, 1, H);
-      }
-    });
+  /// Runs `check` locally on one rank, or on every rank of the stage with agreement on failure.
+  template <class Check>
+  void agree(Check&& check) const {
+    if (groups_ != nullptr)
+      parallel::check_on_every_rank(groups_->tp_dp_cp(), std::forward<Check>(check));
+    else
+      check();
   }
 
   /// The shared expert on every token (prob 1), and its gate sigma(x g).
@@ -571,6 +656,7 @@ class moe_layer {
     });
   }
 
+  parallel::process_groups const* groups_ = nullptr;
   config_values values_;
   int layer_number_;
   router_type router_;
@@ -578,6 +664,9 @@ class moe_layer {
   mlp_type routed_mlp_;
   expert::expert_parameters<scalar> shared_;
   mlp_type shared_mlp_;
+  dispatcher_type dispatcher_;
+  int first_expert_ = 0, ffn_offset_ = 0;
+  parallel::communicator_sum tp_cp_, tp_dp_cp_;  // the router's reduction groups
   row_matrix<scalar> router_weight_, router_weight_grad_;
   row_matrix<scalar> gate_weight_, gate_weight_grad_;
   std::vector<std::string> names_;
@@ -590,8 +679,6 @@ class moe_layer {
   buffer<scalar> input_, output_, grad_input_;
   std::array<buffer<scalar>, slot_count> own_;
   row_matrix<logit> logits_, grad_probs_;
-  dispatch::permutation perm_;
-  std::vector<int> token_row_start_, token_rows_, fill_;
   std::vector<scalar> gate_, gate_grad_, shared_ones_;
   std::array<std::int64_t, 1> shared_count_{};
   std::vector<expert::gemm_problem<scalar>> problem_;

@@ -1,0 +1,308 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/dispatch/all_to_all.hpp — the reference's all-to-all dispatcher. Interface:
+// dispatch/local.hpp.
+//
+// plan: permutation 1 groups this rank's tokens by global expert; the per-expert counts are
+// all-gathered over tp_ep (the count exchange, which also carries an error flag), giving
+// N[i][j][e], the rows rank (ETP i, EP j) sends to expert e. From that table alone every rank
+// derives the same splits, so the variable-count collectives that follow cannot disagree. dispatch:
+// all-to-all over EP (send splits = rows per destination EP rank; receive splits = N[my i][j][my
+// experts]); with ETP > 1 an all-gather-v over ETP (every ETP shard of an expert sees all its
+// rows); then permutation 2 re-orders chunks from (ETP i, EP j, local expert l) to (l, i, j): each
+// expert's rows by source rank, then token. Tokens and probs travel together. combine: the exact
+// inverse; the ETP shards' partial outputs are summed by a reduce-scatter-v. Drop-and-pad (capacity
+// > 0): every expert has exactly C rows on every rank, so the splits are known without the count
+// exchange; the ranks only check that they agree on C.
+#pragma once
+
+#include <megamoe/core/buffer.hpp>
+#include <megamoe/core/error.hpp>
+#include <megamoe/core/tensor.hpp>
+#include <megamoe/core/thread_pool.hpp>
+#include <megamoe/dispatch/groups.hpp>
+#include <megamoe/dispatch/token_rows.hpp>
+#include <megamoe/parallel/collectives.hpp>
+#include <megamoe/parallel/environment.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace megamoe::dispatch {
+
+/// T: the layer's scalar; P: the router's probs type.
+template <class T, class P>
+class all_to_all_dispatcher {
+ public:
+  all_to_all_dispatcher(expert_groups const& groups, int hidden)
+      : groups_(groups),
+        hidden_(hidden),
+        send_splits_(static_cast<std::size_t>(groups.ep_size())),
+        recv_splits_(static_cast<std::size_t>(groups.ep_size())),
+        etp_rows_(static_cast<std::size_t>(groups.etp_size())),
+        local_counts_(static_cast<std::size_t>(groups.local_experts())) {}
+
+  void plan(thread_pool&, mask_matrix const& map, int capacity) {
+    int const E = groups_.num_experts(), L = groups_.local_experts();
+    int const EP = groups_.ep_size(), ETP = groups_.etp_size();
+    std::exception_ptr problem;
+    try {
+      if (map.cols() != E)
+        throw input_error("all_to_all dispatcher: the routing map has " +
+                          std::to_string(map.cols()) + " experts, the layer " + std::to_string(E));
+      send_rows_.assign(map, capacity);
+    } catch (...) {
+      problem = std::current_exception();
+    }
+    counts_.assign(static_cast<std::size_t>(ETP) * EP * E, 0);
+    if (capacity > 0)
+      agree_on_capacity(problem, capacity);
+    else
+      exchange_counts(problem);
+    // Splits, ETP row counts, rows per local expert and the chunk table, all from counts_.
+    auto const count = [&](int i, int j, int e) {
+      return counts_[(static_cast<std::size_t>(i) * EP + j) * E + e];
+    };
+    int const me_i = groups_.etp_rank(), first = groups_.first_expert();
+    auto const& mine = send_rows_.permutation().tokens_per_expert;
+    std::fill(send_splits_.begin(), send_splits_.end(), 0);
+    for (int e = 0; e < E; ++e) send_splits_[static_cast<std::size_t>(e / L)] += mine[e];
+    std::fill(recv_splits_.begin(), recv_splits_.end(), 0);
+    std::fill(etp_rows_.begin(), etp_rows_.end(), 0);
+    std::fill(local_counts_.begin(), local_counts_.end(), 0);
+    chunk_size_.resize(static_cast<std::size_t>(ETP) * EP * L);
+    for (int i = 0; i < ETP; ++i)
+      for (int j = 0; j < EP; ++j)
+        for (int l = 0; l < L; ++l) {
+          std::int64_t const n = count(i, j, first + l);
+          if (i == me_i) recv_splits_[static_cast<std::size_t>(j)] += n;
+          etp_rows_[static_cast<std::size_t>(i)] += n;
+          local_counts_[static_cast<std::size_t>(l)] += n;
+          chunk_size_[(static_cast<std::size_t>(i) * EP + j) * L + l] = n;
+        }
+    // Chunk c = (i, j, l) sits at source_start_[c] in (i, j, l) order and at target_start_[c] in
+    // (l, i, j) order.
+    chunk_order_.resize(chunk_size_.size());
+    for (int l = 0, p = 0; l < L; ++l)
+      for (int i = 0; i < ETP; ++i)
+        for (int j = 0; j < EP; ++j, ++p)
+          chunk_order_[static_cast<std::size_t>(p)] = (i * EP + j) * L + l;
+    source_start_.resize(chunk_size_.size());
+    target_start_.resize(chunk_size_.size());
+    std::int64_t at = 0;
+    for (std::size_t c = 0; c < chunk_size_.size(); ++c) {
+      source_start_[c] = at;
+      at += chunk_size_[c];
+    }
+    rows_ = at;
+    at = 0;
+    for (int c : chunk_order_) {
+      target_start_[static_cast<std::size_t>(c)] = at;
+      at += chunk_size_[static_cast<std::size_t>(c)];
+    }
+    received_ = recv_splits_total();
+  }
+
+  [[nodiscard]] int expert_rows() const noexcept { return static_cast<int>(rows_); }
+  [[nodiscard]] std::span<std::int64_t const> tokens_per_local_expert() const noexcept {
+    return local_counts_;
+  }
+
+  // Bookkeeping, for tests and logs.
+  /// Permutation 1: this rank's rows in global expert order (what it sends).
+  [[nodiscard]] token_rows const& send_rows() const noexcept { return send_rows_; }
+  [[nodiscard]] std::span<std::int64_t const> send_splits() const noexcept { return send_splits_; }
+  [[nodiscard]] std::span<std::int64_t const> recv_splits() const noexcept { return recv_splits_; }
+  /// Permutation 2: position p of the expert-major order holds chunk chunk_order()[p] of the
+  /// received order, chunk (i, j, l) being number (i * EP + j) * L + l (the reference's
+  /// sort_input_by_local_experts).
+  [[nodiscard]] std::span<int const> chunk_order() const noexcept { return chunk_order_; }
+  /// N[i][j][e], flattened: rows that the rank with ETP index i and EP index j routes to expert e.
+  [[nodiscard]] std::span<std::int64_t const> global_counts() const noexcept { return counts_; }
+  /// The token rows this rank received from EP in the last dispatch, before the ETP gather and
+  /// permutation 2 ([recv rows, H], by source EP rank).
+  [[nodiscard]] const_row_matrix_map<T> received_tokens() const {
+    return {lanes_[0].received.data(), static_cast<Eigen::Index>(received_), hidden_};
+  }
+
+  void dispatch(thread_pool& pool, T const* tokens, T* rows, row_matrix<P> const& probs,
+                T* row_probs) {
+    T* send = send_.reserve(std::size_t(send_rows_.rows()) * hidden_);
+    send_rows_.gather(pool, tokens, hidden_, send);
+    T* send_probs = send_probs_.reserve(std::size_t(send_rows_.rows()));
+    send_rows_.gather_probs(probs, 0, send_probs);
+    forward({{{send, hidden_, rows}, {send_probs, 1, row_probs}}}, 2, pool);
+  }
+  void dispatch(thread_pool& pool, T const* tokens, T* rows) {
+    T* send = send_.reserve(std::size_t(send_rows_.rows()) * hidden_);
+    send_rows_.gather(pool, tokens, hidden_, send);
+    forward({{{send, hidden_, rows}, {}}}, 1, pool);
+  }
+  void combine(thread_pool& pool, T const* rows, T* out) {
+    T* back = send_.reserve(std::size_t(send_rows_.rows()) * hidden_);
+    backward({{{rows, hidden_, back}, {}}}, 1, pool);
+    send_rows_.combine(pool, back, hidden_, out, false);
+  }
+  void combine_grad(thread_pool& pool, T const* grad_rows, T const* grad_row_probs, T* dx,
+                    row_matrix<P>& grad_probs) {
+    T* back = send_.reserve(std::size_t(send_rows_.rows()) * hidden_);
+    T* back_probs = send_probs_.reserve(std::size_t(send_rows_.rows()));
+    backward({{{grad_rows, hidden_, back}, {grad_row_probs, 1, back_probs}}}, 2, pool);
+    send_rows_.combine(pool, back, hidden_, dx, true);
+    send_rows_.scatter_probs(back_probs, 0, grad_probs);
+  }
+
+  [[nodiscard]] std::size_t saved_bytes() const noexcept {
+    return send_rows_.bytes() +
+           (counts_.size() + chunk_size_.size() * 3 + local_counts_.size()) * sizeof(std::int64_t);
+  }
+
+ private:
+  /// One payload moving through the exchange: rows of `width` elements from `in` to `out`.
+  template <class In>
+  struct lane_io {
+    In in = nullptr;
+    int width = 0;
+    T* out = nullptr;
+  };
+  /// Staging per payload, so that tokens and probs are in flight together.
+  struct lane_buffers {
+    buffer<T> received, gathered;
+  };
+
+  [[nodiscard]] std::int64_t recv_splits_total() const {
+    std::int64_t total = 0;
+    for (auto n : recv_splits_) total += n;
+    return total;
+  }
+
+  /// The count exchange: [error flag, ETP index, EP index, counts of E experts] from every rank of
+  /// tp_ep. A flag anywhere makes every rank throw the same agreed error.
+  void exchange_counts(std::exception_ptr problem) {
+    auto const& comm = groups_.tp_ep();
+    int const E = groups_.num_experts(), EP = groups_.ep_size();
+    std::size_t const width = 3 + static_cast<std::size_t>(E);
+    header_.assign(width, 0);
+    header_[0] = problem ? 1 : 0;
+    header_[1] = groups_.etp_rank();
+    header_[2] = groups_.ep_rank();
+    if (!problem)
+      std::copy(send_rows_.permutation().tokens_per_expert.begin(),
+                send_rows_.permutation().tokens_per_expert.end(), header_.begin() + 3);
+    table_.resize(width * static_cast<std::size_t>(comm.size()));
+    MPI_Allgather(header_.data(), static_cast<int>(width), MPI_INT64_T, table_.data(),
+                  static_cast<int>(width), MPI_INT64_T, MPI_Comm(comm));
+    bool failed = false;
+    for (int r = 0; r < comm.size(); ++r) failed = failed || table_[width * r] != 0;
+    if (failed) parallel::agree_on_failure(comm, problem);
+    for (int r = 0; r < comm.size(); ++r) {
+      std::int64_t const* row = table_.data() + width * r;
+      std::copy(row + 3, row + width,
+                counts_.begin() + (static_cast<std::ptrdiff_t>(row[1]) * EP + row[2]) * E);
+    }
+  }
+
+  /// Drop-and-pad: every rank sends C' = min(C, T) rows to every expert. The ranks only agree on
+  /// the error flag and C' (one all-reduce of three numbers), no count exchange.
+  void agree_on_capacity(std::exception_ptr problem, int capacity) {
+    auto const& comm = groups_.tp_ep();
+    std::int64_t const rows_each =
+        problem ? 0 : std::min<std::int64_t>(capacity, send_rows_.permutation().num_tokens);
+    std::int64_t range[3] = {problem ? -1 : 0, rows_each, -rows_each};
+    MPI_Allreduce(MPI_IN_PLACE, range, 3, MPI_INT64_T, MPI_MIN, MPI_Comm(comm));
+    if (range[0] != 0) parallel::agree_on_failure(comm, problem);
+    if (range[1] != -range[2])
+      parallel::agree_on_failure(
+          comm, std::make_exception_ptr(input_error(
+                    "all_to_all dispatcher: drop-and-pad needs the same capacity on every rank "
+                    "of the tp_ep group (rows per expert range from " +
+                    std::to_string(range[1]) + " to " + std::to_string(-range[2]) +
+                    "): give every rank the same number of tokens")));
+    std::fill(counts_.begin(), counts_.end(), rows_each);
+  }
+
+  /// Copies chunk c from `from` (at start_from[c]) to `to` (at start_to[c]), split over chunks.
+  void move_chunks(thread_pool& pool, T const* from, std::span<std::int64_t const> start_from,
+                   T* to, std::span<std::int64_t const> start_to, int width) const {
+    parallel_rows(pool, static_cast<int>(chunk_size_.size()), [&](int begin, int end) {
+      for (int c = begin; c < end; ++c) {
+        auto const n = chunk_size_[static_cast<std::size_t>(c)] * width;
+        std::copy_n(from + start_from[static_cast<std::size_t>(c)] * width, n,
+                    to + start_to[static_cast<std::size_t>(c)] * width);
+      }
+    });
+  }
+
+  /// Token side -> expert rows, for `lanes` payloads at once.
+  void forward(std::array<lane_io<T const*>, 2> const& io, int lanes, thread_pool& pool) {
+    int const ETP = groups_.etp_size();
+    std::array<parallel::request, 2> pending;
+    std::array<T*, 2> received{};
+    for (int k = 0; k < lanes; ++k) {
+      auto const& x = io[static_cast<std::size_t>(k)];
+      received[k] = lanes_[k].received.reserve(std::size_t(received_) * x.width);
+      pending[k] = parallel::all_to_all_v_start(groups_.ep(), x.in, send_splits_, received[k],
+                                                recv_splits_, x.width);
+    }
+    for (int k = 0; k < lanes; ++k) pending[k].wait();
+    std::array<T*, 2> gathered = received;
+    if (ETP > 1) {
+      for (int k = 0; k < lanes; ++k) {
+        auto const& x = io[static_cast<std::size_t>(k)];
+        gathered[k] = lanes_[k].gathered.reserve(std::size_t(rows_) * x.width);
+        pending[k] = parallel::all_gather_v_start(groups_.etp(), received[k], gathered[k],
+                                                  etp_rows_, x.width);
+      }
+      for (int k = 0; k < lanes; ++k) pending[k].wait();
+    }
+    for (int k = 0; k < lanes; ++k) {
+      auto const& x = io[static_cast<std::size_t>(k)];
+      move_chunks(pool, gathered[k], source_start_, x.out, target_start_, x.width);
+    }
+  }
+
+  /// Expert rows -> token side (ETP partials summed), for `lanes` payloads at once.
+  void backward(std::array<lane_io<T const*>, 2> const& io, int lanes, thread_pool& pool) {
+    int const ETP = groups_.etp_size();
+    std::array<parallel::request, 2> pending;
+    std::array<T*, 2> unsorted{}, received{};
+    for (int k = 0; k < lanes; ++k) {
+      auto const& x = io[static_cast<std::size_t>(k)];
+      auto& b = lanes_[k];
+      unsorted[k] = (ETP > 1 ? b.gathered : b.received).reserve(std::size_t(rows_) * x.width);
+      move_chunks(pool, x.in, target_start_, unsorted[k], source_start_, x.width);
+    }
+    received = unsorted;
+    if (ETP > 1) {
+      for (int k = 0; k < lanes; ++k) {
+        auto const& x = io[static_cast<std::size_t>(k)];
+        received[k] = lanes_[k].received.reserve(std::size_t(received_) * x.width);
+        pending[k] = parallel::reduce_scatter_v_start(groups_.etp(), unsorted[k], received[k],
+                                                      etp_rows_, x.width);
+      }
+      for (int k = 0; k < lanes; ++k) pending[k].wait();
+    }
+    for (int k = 0; k < lanes; ++k) {
+      auto const& x = io[static_cast<std::size_t>(k)];
+      pending[k] = parallel::all_to_all_v_start(groups_.ep(), received[k], recv_splits_, x.out,
+                                                send_splits_, x.width);
+    }
+    for (int k = 0; k < lanes; ++k) pending[k].wait();
+  }
+
+  expert_groups groups_;
+  int hidden_;
+  token_rows send_rows_;
+  std::vector<std::int64_t> header_, table_, counts_;
+  std::vector<std::int64_t> send_splits_, recv_splits_, etp_rows_, local_counts_;
+  std::vector<std::int64_t> chunk_size_, source_start_, target_start_;
+  std::vector<int> chunk_order_;
+  std::int64_t rows_ = 0, received_ = 0;
+  buffer<T> send_, send_probs_;
+  std::array<lane_buffers, 2> lanes_;
+};
+
+}  // namespace megamoe::dispatch

@@ -1,0 +1,43 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/dispatch/dispatcher.hpp — the dispatcher class of a `dispatch` policy, chosen at compile
+// time. Interface: dispatch/local.hpp.
+#pragma once
+
+#include <megamoe/dispatch/all_gather.hpp>
+#include <megamoe/dispatch/all_to_all.hpp>
+#include <megamoe/dispatch/groups.hpp>
+#include <megamoe/dispatch/local.hpp>
+#include <megamoe/dispatch/tags.hpp>
+
+namespace megamoe::dispatch {
+
+namespace detail {
+template <dispatcher D, class T, class P>
+struct dispatcher_class {
+  static_assert(D != dispatcher::hierarchical,
+                "megamoe: dispatch::hierarchical is not implemented yet (it arrives with the "
+                "hierarchical-dispatch work); use dispatch::all_to_all");
+  static_assert(D != dispatcher::auto_, "megamoe: resolve dispatch::auto_ first");
+  using type = local_dispatcher<T, P>;
+};
+template <class T, class P>
+struct dispatcher_class<dispatcher::all_gather, T, P> {
+  using type = all_gather_dispatcher<T, P>;
+};
+template <class T, class P>
+struct dispatcher_class<dispatcher::all_to_all, T, P> {
+  using type = all_to_all_dispatcher<T, P>;
+};
+}  // namespace detail
+
+/// The class that moves tokens for dispatcher D (T: the layer's scalar; P: the probs type).
+template <dispatcher D, class T, class P>
+using dispatcher_t = typename detail::dispatcher_class<D, T, P>::type;
+
+/// True for the dispatchers that talk to other ranks (and so need process groups).
+constexpr bool communicates(dispatcher d) {
+  return d == dispatcher::all_gather || d == dispatcher::all_to_all ||
+         d == dispatcher::hierarchical;
+}
+
+}  // namespace megamoe::dispatch
