@@ -128,7 +128,7 @@ mv::check_result check(mv::vector_file& file, mm::parallel::environment& env) {
   fmatrix a2a_rows(N, H);
   std::vector<float> a2a_probs(static_cast<std::size_t>(N));
   a2a_dispatcher.dispatch(pool, x.data(), a2a_rows.data(), routing.probs, a2a_probs.data());
-  fmatrix const received = a2a_dispatcher.received_tokens();
+  auto const received = a2a_dispatcher.received_rows_in_expert_order();
   fmatrix const a2a_input = a2a_rows;
   fake_expert(a2a_rows, a2a_dispatcher.tokens_per_local_expert(), first, a2a_probs);
   fmatrix a2a_out(T, H);
@@ -188,12 +188,13 @@ mv::check_result check(mv::vector_file& file, mm::parallel::environment& env) {
     cmp.exact("permute1_row_expert", column(std::span<int const>(p1.row_expert)),
               mv::matrix_of<std::int64_t>(a2a.take("permute1_row_expert"), "p1e"));
     // Received rows, before permutation 2: by source rank, then local expert.
-    imatrix got_received(received.rows(), 3);
+    imatrix got_received(static_cast<Eigen::Index>(received.size()), 3);
     Eigen::Index row = 0;
     for (int j = 0; j < EP; ++j)
       for (int l = 0; l < L; ++l)
         for (std::int64_t i = 0; i < per_source(j, l); ++i, ++row) {
-          auto const [src, token] = identify(hidden, &received(row, 0));
+          auto const [src, token] =
+              identify(hidden, &a2a_input(received[static_cast<std::size_t>(row)], 0));
           got_received.row(row) << src, token, first + l;
         }
     cmp.exact("received_rows_src_rank_token_expert", got_received,

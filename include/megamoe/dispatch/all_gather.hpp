@@ -90,7 +90,7 @@ class all_gather_dispatcher {
   void combine(thread_pool& pool, T const* rows, T* out) {
     T* gathered = gathered_.reserve(static_cast<std::size_t>(gathered_tokens_) * hidden_);
     rows_.combine(pool, rows, hidden_, gathered, false);
-    parallel::reduce_scatter_v(groups_.tp_ep(), gathered, out, tokens_per_rank_, hidden_);
+    reduce_scatter(pool, gathered, out);
   }
   void combine_grad(thread_pool& pool, T const* grad_rows, T const* grad_row_probs, T* dx,
                     row_matrix<P>& grad_probs) {
@@ -112,6 +112,27 @@ class all_gather_dispatcher {
     scatter_probs.wait();
   }
 
+  /// Sums the ranks' partial [Tg,H] outputs and keeps this rank's block: an all-to-all of the
+  /// blocks, then the sum on the pool in rank order (MPI's reduce-scatter sums on one thread, and
+  /// its order depends on the algorithm it picks; this one is the same on every run).
+  void reduce_scatter(thread_pool& pool, T const* partial, T* out) {
+    auto const& comm = groups_.tp_ep();
+    int const n = comm.size();
+    auto const me = static_cast<std::size_t>(comm.rank());
+    std::int64_t const mine = tokens_per_rank_[me];
+    mine_each_.assign(static_cast<std::size_t>(n), mine);
+    T* blocks = blocks_.reserve(static_cast<std::size_t>(mine * n) * hidden_);
+    parallel::all_to_all_v(comm, partial, tokens_per_rank_, blocks, mine_each_, hidden_);
+    std::ptrdiff_t const block = mine * hidden_;
+    parallel_rows(pool, static_cast<int>(mine), [&](int begin, int end) {
+      std::ptrdiff_t const from = std::ptrdiff_t{begin} * hidden_,
+                           to = std::ptrdiff_t{end} * hidden_;
+      for (std::ptrdiff_t i = from; i < to; ++i) out[i] = blocks[i];
+      for (int q = 1; q < n; ++q)
+        for (std::ptrdiff_t i = from; i < to; ++i) out[i] += blocks[q * block + i];
+    });
+  }
+
   [[nodiscard]] std::size_t saved_bytes() const noexcept {
     return rows_.bytes() + static_cast<std::size_t>(map_.size());
   }
@@ -123,7 +144,8 @@ class all_gather_dispatcher {
   std::int64_t gathered_tokens_ = 0;
   mask_matrix map_;
   token_rows rows_;
-  buffer<T> gathered_, partial_;
+  buffer<T> gathered_, partial_, blocks_;
+  std::vector<std::int64_t> mine_each_;
   row_matrix<P> probs_, grad_probs_;  // gathered, in the router's type
 };
 

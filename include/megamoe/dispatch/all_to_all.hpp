@@ -25,6 +25,8 @@
 #include <megamoe/parallel/environment.hpp>
 
 #include <algorithm>
+#include <array>
+#include <climits>
 #include <cstdint>
 #include <exception>
 #include <span>
@@ -104,6 +106,7 @@ class all_to_all_dispatcher {
       at += chunk_size_[static_cast<std::size_t>(c)];
     }
     received_ = recv_splits_total();
+    build_datatypes();
   }
 
   [[nodiscard]] int expert_rows() const noexcept { return static_cast<int>(rows_); }
@@ -122,23 +125,31 @@ class all_to_all_dispatcher {
   [[nodiscard]] std::span<int const> chunk_order() const noexcept { return chunk_order_; }
   /// N[i][j][e], flattened: rows that the rank with ETP index i and EP index j routes to expert e.
   [[nodiscard]] std::span<std::int64_t const> global_counts() const noexcept { return counts_; }
-  /// The token rows this rank received from EP in the last dispatch, before the ETP gather and
-  /// permutation 2 ([recv rows, H], by source EP rank).
-  [[nodiscard]] const_row_matrix_map<T> received_tokens() const {
-    return {lanes_[0].received.data(), static_cast<Eigen::Index>(received_), hidden_};
+  /// The rows this rank receives from EP, in the order they arrive (by source EP rank, then local
+  /// expert, then token), as indices into the expert rows that hold them after permutation 2.
+  [[nodiscard]] std::vector<std::int64_t> received_rows_in_expert_order() const {
+    int const EP = groups_.ep_size(), L = groups_.local_experts();
+    std::vector<std::int64_t> out;
+    for (int j = 0; j < EP; ++j)
+      for (int l = 0; l < L; ++l) {
+        std::size_t const c = (static_cast<std::size_t>(groups_.etp_rank()) * EP + j) * L + l;
+        for (std::int64_t i = 0; i < chunk_size_[c]; ++i) out.push_back(target_start_[c] + i);
+      }
+    return out;
   }
+  /// True when the exchanges read and write rows in place through MPI datatypes (ETP = 1), false
+  /// when they go through staging buffers (ETP > 1, or buffers beyond 2 GiB).
+  [[nodiscard]] bool in_place() const noexcept { return direct_; }
 
   void dispatch(thread_pool& pool, T const* tokens, T* rows, row_matrix<P> const& probs,
                 T* row_probs) {
-    T* send = send_.reserve(std::size_t(send_rows_.rows()) * hidden_);
-    send_rows_.gather(pool, tokens, hidden_, send);
+    T const* send = stage_tokens(pool, tokens);
     T* send_probs = send_probs_.reserve(std::size_t(send_rows_.rows()));
     send_rows_.gather_probs(probs, 0, send_probs);
     forward({{{send, hidden_, rows}, {send_probs, 1, row_probs}}}, 2, pool);
   }
   void dispatch(thread_pool& pool, T const* tokens, T* rows) {
-    T* send = send_.reserve(std::size_t(send_rows_.rows()) * hidden_);
-    send_rows_.gather(pool, tokens, hidden_, send);
+    T const* send = stage_tokens(pool, tokens);
     forward({{{send, hidden_, rows}, {}}}, 1, pool);
   }
   void combine(thread_pool& pool, T const* rows, T* out) {
@@ -224,6 +235,74 @@ class all_to_all_dispatcher {
     std::fill(counts_.begin(), counts_.end(), rows_each);
   }
 
+  /// The tokens' send side: in place, the token buffer itself (the row datatypes pick the rows);
+  /// staged, permutation 1 gathered into the send buffer.
+  T const* stage_tokens(thread_pool& pool, T const* tokens) {
+    if (direct_) return tokens;
+    T* send = send_.reserve(std::size_t(send_rows_.rows()) * hidden_);
+    send_rows_.gather(pool, tokens, hidden_, send);
+    return send;
+  }
+
+  /// With ETP = 1, datatypes that let one all-to-all-w do permutation 1, the exchange and
+  /// permutation 2 (and the reverse) without staging copies: per destination EP rank, its token
+  /// rows where they lie in the token buffer; per source EP rank, its chunks where they belong in
+  /// the expert-major rows (for tokens and for probs). Lane 0 carries tokens, lane 1 probs.
+  void build_datatypes() {
+    int const EP = groups_.ep_size(), L = groups_.local_experts();
+    auto const peers = static_cast<std::size_t>(EP);
+    std::int64_t const sent = send_rows_.rows();
+    direct_ = groups_.etp_size() == 1 &&
+              std::max(sent, rows_) * hidden_ * static_cast<std::int64_t>(sizeof(T)) <= INT_MAX;
+    row_types_.resize(peers);
+    for (auto& t : chunk_types_) t.resize(peers);
+    if (!direct_) return;
+    std::int64_t begin = 0;
+    for (auto* side :
+         {&forward_send_[0], &forward_send_[1], &forward_recv_[0], &forward_recv_[1],
+          &backward_send_[0], &backward_send_[1], &backward_recv_[0], &backward_recv_[1]})
+      side->resize(peers);
+    for (int j = 0; j < EP; ++j) {
+      auto const J = static_cast<std::size_t>(j);
+      std::int64_t const n = send_splits_[J];
+      offsets_.resize(static_cast<std::size_t>(n));
+      for (std::int64_t r = 0; r < n; ++r)
+        offsets_[static_cast<std::size_t>(r)] =
+            static_cast<MPI_Aint>(send_rows_.source_token(static_cast<int>(begin + r))) * hidden_ *
+            static_cast<MPI_Aint>(sizeof(T));
+      row_types_[J] = parallel::equal_blocks_type<T>(hidden_, offsets_);
+      for (int k = 0; k < 2; ++k) {
+        int const width = k == 0 ? hidden_ : 1;
+        lengths_.resize(static_cast<std::size_t>(L));
+        offsets_.resize(static_cast<std::size_t>(L));
+        for (int l = 0; l < L; ++l) {
+          std::size_t const c = static_cast<std::size_t>(j) * L + l;
+          lengths_[static_cast<std::size_t>(l)] = static_cast<int>(chunk_size_[c] * width);
+          offsets_[static_cast<std::size_t>(l)] =
+              static_cast<MPI_Aint>(target_start_[c] * width * std::int64_t{sizeof(T)});
+        }
+        chunk_types_[k][J] = parallel::blocks_type<T>(lengths_, offsets_);
+        // Expert side: one chunk type per peer, when it has rows.
+        int const has_rows = recv_splits_[J] > 0 ? 1 : 0;
+        for (auto* side : {&forward_recv_[k], &backward_send_[k]}) {
+          side->counts[J] = has_rows;
+          side->types[J] = chunk_types_[k][J].get();
+        }
+        // Token side, contiguous in permutation-1 order (probs both ways, token rows coming back).
+        for (auto* side : {&forward_send_[k], &backward_recv_[k]}) {
+          side->counts[J] = static_cast<int>(n * width);
+          side->byte_offsets[J] = static_cast<int>(begin * width * std::int64_t{sizeof(T)});
+          side->types[J] = parallel::mpi_type<T>();
+        }
+      }
+      // Token rows leave straight from the token buffer.
+      forward_send_[0].counts[J] = n > 0 ? 1 : 0;
+      forward_send_[0].byte_offsets[J] = 0;
+      forward_send_[0].types[J] = row_types_[J].get();
+      begin += n;
+    }
+  }
+
   /// Copies chunk c from `from` (at start_from[c]) to `to` (at start_to[c]), split over chunks.
   void move_chunks(thread_pool& pool, T const* from, std::span<std::int64_t const> start_from,
                    T* to, std::span<std::int64_t const> start_to, int width) const {
@@ -240,6 +319,13 @@ class all_to_all_dispatcher {
   void forward(std::array<lane_io<T const*>, 2> const& io, int lanes, thread_pool& pool) {
     int const ETP = groups_.etp_size();
     std::array<parallel::request, 2> pending;
+    if (direct_) {
+      for (int k = 0; k < lanes; ++k)
+        pending[k] = parallel::all_to_all_w_start(groups_.ep(), io[k].in, forward_send_[k],
+                                                  io[k].out, forward_recv_[k]);
+      for (int k = 0; k < lanes; ++k) pending[k].wait();
+      return;
+    }
     std::array<T*, 2> received{};
     for (int k = 0; k < lanes; ++k) {
       auto const& x = io[static_cast<std::size_t>(k)];
@@ -268,6 +354,13 @@ class all_to_all_dispatcher {
   void backward(std::array<lane_io<T const*>, 2> const& io, int lanes, thread_pool& pool) {
     int const ETP = groups_.etp_size();
     std::array<parallel::request, 2> pending;
+    if (direct_) {
+      for (int k = 0; k < lanes; ++k)
+        pending[k] = parallel::all_to_all_w_start(groups_.ep(), io[k].in, backward_send_[k],
+                                                  io[k].out, backward_recv_[k]);
+      for (int k = 0; k < lanes; ++k) pending[k].wait();
+      return;
+    }
     std::array<T*, 2> unsorted{}, received{};
     for (int k = 0; k < lanes; ++k) {
       auto const& x = io[static_cast<std::size_t>(k)];
@@ -300,6 +393,12 @@ class all_to_all_dispatcher {
   std::vector<std::int64_t> send_splits_, recv_splits_, etp_rows_, local_counts_;
   std::vector<std::int64_t> chunk_size_, source_start_, target_start_;
   std::vector<int> chunk_order_;
+  bool direct_ = false;
+  std::vector<parallel::datatype> row_types_;
+  std::array<std::vector<parallel::datatype>, 2> chunk_types_;
+  std::array<parallel::typed_side, 2> forward_send_, forward_recv_, backward_send_, backward_recv_;
+  std::vector<MPI_Aint> offsets_;
+  std::vector<int> lengths_;
   std::int64_t rows_ = 0, received_ = 0;
   buffer<T> send_, send_probs_;
   std::array<lane_buffers, 2> lanes_;

@@ -325,6 +325,79 @@ void reduce_scatter_v_checked(boost::mpi::communicator const& comm, std::span<T 
   reduce_scatter_v(comm, send.data(), recv.data(), rows, width);
 }
 
+// ---- all-to-all with datatypes -----------------------------------------------------------------
+
+/// An owned, committed MPI datatype (freed with it).
+class datatype {
+ public:
+  datatype() = default;
+  /// Takes a freshly created type and commits it.
+  explicit datatype(MPI_Datatype created) : type_(created) { MPI_Type_commit(&type_); }
+  datatype(datatype&& other) noexcept : type_(std::exchange(other.type_, MPI_DATATYPE_NULL)) {}
+  datatype& operator=(datatype&& other) noexcept {
+    if (this != &other) {
+      reset();
+      type_ = std::exchange(other.type_, MPI_DATATYPE_NULL);
+    }
+    return *this;
+  }
+  datatype(datatype const&) = delete;
+  datatype& operator=(datatype const&) = delete;
+  ~datatype() { reset(); }
+
+  void reset() {
+    if (type_ != MPI_DATATYPE_NULL) MPI_Type_free(&type_);
+  }
+  [[nodiscard]] MPI_Datatype get() const noexcept { return type_; }
+
+ private:
+  MPI_Datatype type_ = MPI_DATATYPE_NULL;
+};
+
+/// Blocks of `block_elements[b]` elements of T at byte offsets `byte_offsets[b]` (hindexed).
+template <class T>
+datatype blocks_type(std::span<int const> block_elements, std::span<MPI_Aint const> byte_offsets) {
+  MPI_Datatype t = MPI_DATATYPE_NULL;
+  MPI_Type_create_hindexed(static_cast<int>(block_elements.size()), block_elements.data(),
+                           byte_offsets.data(), mpi_type<T>(), &t);
+  return datatype(t);
+}
+
+/// Equal blocks of `block_elements` elements of T at byte offsets `byte_offsets[b]`.
+template <class T>
+datatype equal_blocks_type(int block_elements, std::span<MPI_Aint const> byte_offsets) {
+  MPI_Datatype t = MPI_DATATYPE_NULL;
+  MPI_Type_create_hindexed_block(static_cast<int>(byte_offsets.size()), block_elements,
+                                 byte_offsets.data(), mpi_type<T>(), &t);
+  return datatype(t);
+}
+
+/// One side of an all-to-all-w: per peer a count of a datatype at a byte offset. Lets MPI read
+/// rows where they lie and write them where they belong, without staging copies.
+struct typed_side {
+  std::vector<int> counts, byte_offsets;
+  std::vector<MPI_Datatype> types;
+
+  void resize(std::size_t peers) {
+    counts.assign(peers, 0);
+    byte_offsets.assign(peers, 0);
+    types.assign(peers, MPI_BYTE);
+  }
+};
+
+/// MPI_Ialltoallw: the buffers' layouts are entirely in the two sides' datatypes and offsets,
+/// which must stay alive until the request completes.
+inline request all_to_all_w_start(boost::mpi::communicator const& comm, void const* send,
+                                  typed_side const& send_side, void* recv,
+                                  typed_side const& recv_side) {
+  request r;
+  MPI_Ialltoallw(send, send_side.counts.data(), send_side.byte_offsets.data(),
+                 send_side.types.data(), recv, recv_side.counts.data(),
+                 recv_side.byte_offsets.data(), recv_side.types.data(), detail::raw(comm),
+                 &r.handle_);
+  return r;
+}
+
 // ---- all-reduce --------------------------------------------------------------------------------
 
 /// Sums `values` in place over the group.
