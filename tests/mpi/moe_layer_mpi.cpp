@@ -9,12 +9,13 @@
 //   - the sum over TP x CP of its router losses equals the one-rank losses of its replica;
 //   - after `reduce_gradients`, every parameter gradient it holds (experts: its ETP shard of its
 //     local experts) equals the one-rank gradient / (DP*CP);
+//   - with the aux-loss-free router, the expert bias after `finish_global_batch` equals one rank's;
 //   - each rank holds exactly its share of the expert weights: (E/EP) * (1/ETP) of them.
 // Tolerance: 1e-9 relative in fp64, 1e-5 of the tensor's largest entry in fp32.
 //
 //   mpiexec -n 8 megamoe_layer_mpi_tests --tp 2 --ep 8 --etp 1 --dispatcher all_to_all
 //       [--precision fp32] [--router aux|plain|capacity|pad|seq_aux] [--skew one_rank|few_experts]
-//       [--memory moe_layer] [--bad-input-on-rank R]
+//       [--memory moe_layer] [--bad-input-on-rank R] [--nan-on-rank R]
 #include <megamoe/config/config.hpp>
 #include <megamoe/model/moe_layer.hpp>
 #include <megamoe/parallel/gradients.hpp>
@@ -49,7 +50,7 @@ struct options {
   mm::parallel::degrees degrees;
   std::string dispatcher = "all_to_all", precision = "fp64", router = "aux", skew = "none";
   std::string memory = "keep_all";
-  int bad_input_on_rank = -1;
+  int bad_input_on_rank = -1, nan_on_rank = -1;
   int positions = 8, sequences = 4;
 };
 
@@ -77,6 +78,8 @@ options parse(int argc, char** argv) {
       o.memory = value;
     else if (key == "--bad-input-on-rank")
       o.bad_input_on_rank = std::stoi(value);
+    else if (key == "--nan-on-rank")
+      o.nan_on_rank = std::stoi(value);
     else if (key == "--positions")
       o.positions = std::stoi(value);
     else if (key == "--sequences")
@@ -105,6 +108,10 @@ mr::settings router_settings(std::string const& kind) {
     s.score = mr::score_function::softmax_before_topk;
     s.capacity_factor = 1.0;
     s.pad_to_capacity = true;
+  } else if (kind == "bias") {  // aux-loss-free: the expert bias moves with the global counts
+    s.score = mr::score_function::sigmoid;
+    s.expert_bias = true;
+    s.bias_update_rate = 1e-2;
   } else if (kind != "plain") {
     throw mm::input_error("unknown router kind " + kind);
   }
@@ -217,11 +224,13 @@ int run(mm::parallel::environment& env, options const& o) {
   // The mapped layer: one micro-batch per rank.
   auto x = table<scalar>(mine, input_value);
   if (world.rank() == o.bad_input_on_rank) x.conservativeResize(x.rows(), hidden + 1);
+  if (world.rank() == o.nan_on_rank) x(1, 2) = std::nan("");
   auto const out = layer.forward(ctx, x, mine.num_positions, mine.num_sequences);
   mm::row_matrix<scalar> const y = out.y;
   auto const losses = out.losses;
   mm::row_matrix<scalar> const dx = layer.backward(ctx, table<scalar>(mine, grad_value));
   mm::parallel::reduce_gradients(groups, layer);
+  layer.finish_global_batch();
 
   // One rank: every DP replica in turn (this rank's replica is compared row by row).
   mm::row_matrix<scalar> y_ref, dx_ref;
@@ -237,6 +246,14 @@ int run(mm::parallel::environment& env, options const& o) {
     mm::row_matrix<scalar> const g = one.backward(ctx, table<scalar>(r, grad_value));
     if (d == dp.rank()) dx_ref = g;
   }
+
+  one.finish_global_batch();
+  auto const& bias = layer.router().state().expert_bias;
+  auto const& bias_ref = one.router().state().expert_bias;
+  result.close("expert bias entries", static_cast<double>(bias.size()),
+               static_cast<double>(bias_ref.size()), 1.0, 0.0);
+  for (std::size_t e = 0; e < std::min(bias.size(), bias_ref.size()); ++e)
+    result.close("expert bias " + std::to_string(e), bias[e], bias_ref[e], 1.0, 0.0);
 
   auto compare_rows = [&](char const* what, mm::row_matrix<scalar> const& got,
                           mm::row_matrix<scalar> const& ref) {

@@ -37,11 +37,12 @@ class all_gather_dispatcher {
 
   /// Collective over tp_ep: the token counts (with an error flag, so a bad map on one rank is an
   /// agreed error on all), then the maps.
-  void plan(thread_pool&, mask_matrix const& map, int /*capacity*/) {
+  void plan(thread_pool&, mask_matrix const& map, int /*capacity*/,
+            std::exception_ptr earlier = nullptr) {
     auto const& comm = groups_.tp_ep();
     int const n = comm.size(), E = groups_.num_experts();
-    std::exception_ptr problem;
-    if (map.cols() != E)
+    std::exception_ptr problem = earlier;
+    if (!problem && map.cols() != E)
       problem = std::make_exception_ptr(input_error("all_gather dispatcher: the routing map has " +
                                                     std::to_string(map.cols()) +
                                                     " experts, the layer " + std::to_string(E)));

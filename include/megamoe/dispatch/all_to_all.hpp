@@ -47,18 +47,20 @@ class all_to_all_dispatcher {
         etp_rows_(static_cast<std::size_t>(groups.etp_size())),
         local_counts_(static_cast<std::size_t>(groups.local_experts())) {}
 
-  void plan(thread_pool&, mask_matrix const& map, int capacity) {
+  void plan(thread_pool&, mask_matrix const& map, int capacity,
+            std::exception_ptr earlier = nullptr) {
     int const E = groups_.num_experts(), L = groups_.local_experts();
     int const EP = groups_.ep_size(), ETP = groups_.etp_size();
-    std::exception_ptr problem;
-    try {
-      if (map.cols() != E)
-        throw input_error("all_to_all dispatcher: the routing map has " +
-                          std::to_string(map.cols()) + " experts, the layer " + std::to_string(E));
-      send_rows_.assign(map, capacity);
-    } catch (...) {
-      problem = std::current_exception();
-    }
+    std::exception_ptr problem = earlier;
+    if (!problem) try {
+        if (map.cols() != E)
+          throw input_error("all_to_all dispatcher: the routing map has " +
+                            std::to_string(map.cols()) + " experts, the layer " +
+                            std::to_string(E));
+        send_rows_.assign(map, capacity);
+      } catch (...) {
+        problem = std::current_exception();
+      }
     counts_.assign(static_cast<std::size_t>(ETP) * EP * E, 0);
     if (capacity > 0)
       agree_on_capacity(problem, capacity);

@@ -2,7 +2,10 @@
 // megamoe/dispatch/local.hpp — the dispatcher of one expert rank (EP = ETP = 1): permutation only.
 //
 // Every dispatcher has this interface (the layer calls nothing else):
-//   plan(pool, map [T,E], capacity)            collective; decides the expert rows of a micro-batch
+//   plan(pool, map [T,E], capacity, earlier)   collective; decides the expert rows of a
+//   micro-batch.
+//                                              `earlier`: a failure of this rank before the plan
+//                                              (routing), which every rank then reports
 //   expert_rows(), tokens_per_local_expert()   what the local experts see
 //   dispatch(pool, tokens [T,H], rows, probs [T,E], row_probs)   tokens -> expert rows (+ probs)
 //   dispatch(pool, dy [T,H], rows)             the same for the output gradient (combine backward)
@@ -18,6 +21,7 @@
 #include <megamoe/dispatch/token_rows.hpp>
 
 #include <cstdint>
+#include <exception>
 #include <span>
 
 namespace megamoe::dispatch {
@@ -28,7 +32,11 @@ class local_dispatcher {
  public:
   explicit local_dispatcher(int hidden) : hidden_(hidden) {}
 
-  void plan(thread_pool&, mask_matrix const& map, int capacity) { rows_.assign(map, capacity); }
+  void plan(thread_pool&, mask_matrix const& map, int capacity,
+            std::exception_ptr earlier = nullptr) {
+    if (earlier) std::rethrow_exception(earlier);
+    rows_.assign(map, capacity);
+  }
 
   [[nodiscard]] int expert_rows() const noexcept { return rows_.rows(); }
   [[nodiscard]] std::span<std::int64_t const> tokens_per_local_expert() const noexcept {

@@ -38,6 +38,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <optional>
 #include <span>
 #include <string>
@@ -268,6 +269,14 @@ class moe_layer {
       stages.time(layer_stage::shared_expert,
                   [&] { shared_backward(ctx, dy.data(), grad_input.data()); });
     return {grad_input_.data(), tokens_, H};
+  }
+
+  /// Once per global batch (after its last backward): the router's expert-bias update from the
+  /// token counts summed over TP x DP x CP. Collective over that group on a job.
+  void finish_global_batch() {
+    router_.state().finish_global_batch(
+        router::reduction_groups<parallel::communicator_sum, parallel::communicator_sum>{
+            tp_cp_, tp_dp_cp_});
   }
 
   /// Bytes kept from forward to backward under this layer's memory policy: the input copy, and the
@@ -529,24 +538,32 @@ class moe_layer {
     auto& pool = ctx.pool();
     router::reduction_groups<parallel::communicator_sum, parallel::communicator_sum> const groups{
         tp_cp_, tp_dp_cp_};
+    // A routing failure on this rank (say a NaN in its tokens) goes to the dispatcher's plan,
+    // whose exchange makes it an error on every rank instead of a rank missing from a collective.
+    std::exception_ptr routing_failure;
     stages.time(layer_stage::router, [&] {
-      if constexpr (std::is_same_v<logit, scalar>) {
-        if (fast_gating()) {
-          logits_.resize(tokens_, E);
-          run_one<expert::gemm_op::nt>(exec, {tokens_, E, H, input_.data(), H,
-                                              router_weight_.data(), H, logits_.data(), E, false});
-          router_.route(logits_, batch_, options, groups);
-          return;
+      try {
+        if constexpr (std::is_same_v<logit, scalar>) {
+          if (fast_gating()) {
+            logits_.resize(tokens_, E);
+            run_one<expert::gemm_op::nt>(
+                exec, {tokens_, E, H, input_.data(), H, router_weight_.data(), H, logits_.data(), E,
+                       false});
+            router_.route(logits_, batch_, options, groups);
+            return;
+          }
         }
+        router_.route(input, router_weight_, batch_, options, groups);
+      } catch (...) {
+        routing_failure = std::current_exception();
       }
-      router_.route(input, router_weight_, batch_, options, groups);
     });
     auto const& routing = router_.output();
     int const W1 = fc1_width(local_ffn()), F = local_ffn();
     scalar* routed_rows = nullptr;
     stages.time(layer_stage::permute, [&] {
       dispatcher_.plan(pool, routing.routing_map,
-                       router_.config().pad_to_capacity ? routing.capacity : 0);
+                       router_.config().pad_to_capacity ? routing.capacity : 0, routing_failure);
       int const N = dispatcher_.expert_rows();
       routed_rows = buf(ctx, scratch_slot::routed_rows).reserve(std::size_t(N) * H);
       scalar* probs = buf(ctx, scratch_slot::row_probs).reserve(std::size_t(N));
