@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// megamoe/model/moe_layer.hpp — one MoE layer on one rank: route -> permute -> experts ->
-// unpermute, plus the optional shared expert, forward and backward, for a configuration type.
+// megamoe/model/moe_layer.hpp — one MoE layer: route -> dispatch -> experts -> combine, plus the
+// optional shared expert, forward and backward, for a configuration type; on one rank
+// (dispatch::local) or over a job's process groups (all-to-all or all-gather dispatcher, expert and
+// expert-tensor parallelism, sequence-parallel input).
 //
 //   megamoe::context ctx;
-//   megamoe::moe_layer<my_config> layer(/*layer_number=*/0);
+//   megamoe::moe_layer<my_config> layer(/*layer_number=*/0);   // or layer(groups, 0)
 //   layer.initialize(seed);
 //   auto out = layer.forward(ctx, x, S, B);       // x [S*B, H], token t = s*B + b
 //   auto dx = layer.backward(ctx, dy);            // adds every weight gradient
@@ -11,8 +13,8 @@
 //                               megamoe::parameter_kind kind) { ... });
 //
 // The interface is spelled out in docs/layer.md. Inside a step the layer runs no virtual call and,
-// after its first step, allocates nothing: its buffers and the context's scratch only grow.
-// What backward needs is kept or recomputed as the memory policy says (memory::keep_all,
+// on one rank after its first step, allocates nothing: its buffers and the context's scratch only
+// grow. What backward needs is kept or recomputed as the memory policy says (memory::keep_all,
 // memory::recompute<memory::moe_act>, memory::recompute<memory::moe_layer>, and
 // memory::shared_experts for the shared expert).
 #pragma once
