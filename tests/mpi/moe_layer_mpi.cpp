@@ -342,6 +342,10 @@ int main(int argc, char** argv) {
       return run<layer_config<mm::dispatch::all_to_all, P, dynamic_mapping, M>,
                  layer_config<local, P, one_rank>>(env, o);
     }
+    if (o.dispatcher == "local") {  // experts on every rank (EP = 1), tokens still sharded
+      using P = mm::precision::fp64;
+      return run<layer_config<local, P, dynamic_mapping>, layer_config<local, P, one_rank>>(env, o);
+    }
     if (o.precision == "fp64") {
       using P = mm::precision::fp64;
       if (o.dispatcher == "all_gather")

@@ -117,10 +117,10 @@ class moe_layer {
   explicit moe_layer(int layer_number = 0, startup_values const& given = {}) requires(!distributed)
       : moe_layer(nullptr, layer_number, given) {}
 
-  /// On the process groups of a job (collective only in forward and backward, not here): the
-  /// degrees come from the groups' layout. This rank holds experts [first_expert(),
-  /// first_expert() + local_experts()), each as its ETP shard: 1/ETP of the FFN width (fc1 rows,
-  /// fc2 columns). Its tokens are its own sequence-parallel shard.
+  /// On the process groups of a job, collective over the stage (TP x DP x CP): a broken rule is
+  /// the same agreed error on every rank. The degrees come from the groups' layout. This rank holds
+  /// experts [first_expert(), first_expert() + local_experts()), each as its ETP shard: 1/ETP of
+  /// the FFN width (fc1 rows, fc2 columns). Its tokens are its own sequence-parallel shard.
   moe_layer(parallel::process_groups const& groups, int layer_number = 0,
             startup_values const& given = {})
       : moe_layer(&groups, layer_number, given) {}
@@ -318,7 +318,7 @@ class moe_layer {
 
   moe_layer(parallel::process_groups const* groups, int layer_number, startup_values const& given)
       : groups_(groups),
-        values_(checked_values(groups, given)),
+        values_(agreed_values(groups, given)),
         layer_number_(layer_number),
         router_(router_settings(values_), values_.shape.experts,
                 Config::precision::value.padding_multiple),
@@ -342,6 +342,15 @@ class moe_layer {
     }
     router_weight_.setZero();
     name_parameters();
+  }
+
+  /// On a job every rank of the stage checks, and a broken rule is the same agreed error on all.
+  static config_values agreed_values(parallel::process_groups const* groups,
+                                     startup_values const& given) {
+    if (groups == nullptr) return checked_values(nullptr, given);
+    config_values v;
+    parallel::check_on_every_rank(groups->tp_dp_cp(), [&] { v = checked_values(groups, given); });
+    return v;
   }
 
   static config_values checked_values(parallel::process_groups const* groups,
