@@ -16,6 +16,8 @@
 //   mpiexec -n 8 megamoe_layer_mpi_tests --tp 2 --ep 8 --etp 1 --dispatcher all_to_all
 //       [--precision fp32] [--router aux|plain|capacity|pad|seq_aux] [--skew one_rank|few_experts]
 //       [--memory moe_layer] [--bad-input-on-rank R] [--nan-on-rank R]
+#include "support/sequence_shard.hpp"
+
 #include <megamoe/config/config.hpp>
 #include <megamoe/model/moe_layer.hpp>
 #include <megamoe/parallel/gradients.hpp>
@@ -127,26 +129,12 @@ double grad_value(int s, int b, int h) {
   return std::cos(1.1 * s - 0.6 * b + 0.23 * h);
 }
 
-struct shard {
-  int first_position, num_positions, first_sequence, num_sequences;
-  [[nodiscard]] int tokens() const { return num_positions * num_sequences; }
-};
+using shard = mm::testing::sequence_shard;
+using mm::testing::row_in;
 
 template <class T, class F>
 mm::row_matrix<T> table(shard const& sh, F&& value) {
-  mm::row_matrix<T> out(sh.tokens(), hidden);
-  for (int s = 0; s < sh.num_positions; ++s)
-    for (int b = 0; b < sh.num_sequences; ++b)
-      for (int h = 0; h < hidden; ++h)
-        out(s * sh.num_sequences + b, h) =
-            static_cast<T>(value(sh.first_position + s, sh.first_sequence + b, h));
-  return out;
-}
-
-int row_in(shard const& outer, shard const& inner, int t) {
-  int const s = inner.first_position + t / inner.num_sequences;
-  int const b = inner.first_sequence + t % inner.num_sequences;
-  return (s - outer.first_position) * outer.num_sequences + (b - outer.first_sequence);
+  return mm::testing::shard_table<T>(sh, hidden, value);
 }
 
 struct tally {

@@ -13,6 +13,8 @@
 // hang in a reduction.
 //
 //   mpiexec -n 4 megamoe_router_mpi_tests --tp 2 [--nan-on-rank R]
+#include "support/sequence_shard.hpp"
+
 #include <megamoe/parallel/collectives.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 #include <megamoe/router/router.hpp>
@@ -40,27 +42,13 @@ double objective_weight(int s, int b, int e) {
   return std::cos(0.9 * s - 1.7 * b + 0.4 * e);
 }
 
-struct shard {
-  int first_position, num_positions, first_sequence, num_sequences;
-  [[nodiscard]] int tokens() const { return num_positions * num_sequences; }
-};
+using shard = mm::testing::sequence_shard;
+using mm::testing::row_in;
 
 /// Logits (or weights) of a shard in the token order t = s*B + b of that shard.
 template <class F>
 matrix table(shard const& sh, F&& value) {
-  matrix out(sh.tokens(), experts);
-  for (int s = 0; s < sh.num_positions; ++s)
-    for (int b = 0; b < sh.num_sequences; ++b)
-      for (int e = 0; e < experts; ++e)
-        out(s * sh.num_sequences + b, e) = value(sh.first_position + s, sh.first_sequence + b, e);
-  return out;
-}
-
-/// Row of `outer` (a shard containing `inner`) for token t of `inner`.
-int row_in(shard const& outer, shard const& inner, int t) {
-  int const s = inner.first_position + t / inner.num_sequences;
-  int const b = inner.first_sequence + t % inner.num_sequences;
-  return (s - outer.first_position) * outer.num_sequences + (b - outer.first_sequence);
+  return mm::testing::shard_table<double>(sh, experts, value);
 }
 
 struct tally {
