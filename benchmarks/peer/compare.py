@@ -1,0 +1,114 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
+"""megamoe against PyTorch, side by side in one run: the MoE layer, forward + backward, fp32.
+
+    /usr/bin/python3 benchmarks/peer/compare.py [--build build] [--shapes A,B,C] [--threads 1,2]
+                                                [--runs 3] [--iters 5] [--json out.jsonl]
+
+Measures the FP32 FMA peak first (benchmarks/peak), then for each shape and thread count runs
+moe_layer_bench and moe_layer_torch.py alternately (the order flips every run), --runs times each,
+and prints medians (min-max over the runs) of tokens/s, megamoe's effective GFLOP/s as a fraction of
+the peak at that thread count, the ratio megamoe / PyTorch (median of the per-run ratios), B's
+GFLOP/s as a fraction of A's, and megamoe's stage shares (router + permute + unpermute).
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_json(command, env=None):
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        sys.exit(f"compare: {' '.join(command)} failed ({done.returncode}):\n{done.stderr}")
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    return [json.loads(line) for line in lines], done.stderr
+
+
+def spread(values, fmt="{:.0f}"):
+    return (fmt + " (" + fmt + "-" + fmt + ")").format(statistics.median(values), min(values),
+                                                       max(values))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--build", default="build")
+    parser.add_argument("--shapes", default="A,B,C")
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--json", default=None, help="also append every result line here")
+    args = parser.parse_args()
+    shapes = args.shapes.split(",")
+    threads = [int(t) for t in args.threads.split(",")]
+    bench = os.path.join(args.build, "benchmarks", "moe_layer_bench")
+    peak_program = os.path.join(args.build, "benchmarks", "peak")
+    torch_script = os.path.join(HERE, "moe_layer_torch.py")
+    record = open(args.json, "a") if args.json else None
+
+    peaks, _ = run_json([peak_program, "--threads", ",".join(map(str, threads))])
+    peak = {p["threads"]: p["gflops_median"] for p in peaks}
+    if record:
+        for p in peaks:
+            record.write(json.dumps(p) + "\n")
+
+    results = {}
+    for shape in shapes:
+        for n in threads:
+            mine, theirs, ratios, shares = [], [], [], []
+            for r in range(args.runs):
+                order = ("megamoe", "pytorch") if r % 2 == 0 else ("pytorch", "megamoe")
+                got = {}
+                for who in order:
+                    if who == "megamoe":
+                        out, err = run_json([bench, "--shape", shape, "--threads", str(n), "--iters",
+                                             str(args.iters)])
+                        match = re.search(r"router ([0-9.e+-]+)% permute ([0-9.e+-]+)% experts "
+                                          r"([0-9.e+-]+)% unpermute ([0-9.e+-]+)%", err)
+                        if match:
+                            shares.append(float(match.group(1)) + float(match.group(2)) +
+                                          float(match.group(4)))
+                    else:
+                        env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+                        out, _ = run_json([sys.executable, torch_script, "--shape", shape,
+                                           "--threads", str(n), "--iters", str(args.iters)], env)
+                    got[who] = out[0]
+                    if record:
+                        record.write(json.dumps(out[0]) + "\n")
+                        record.flush()
+                mine.append(got["megamoe"])
+                theirs.append(got["pytorch"])
+                ratios.append(got["megamoe"]["tokens_per_s"] / got["pytorch"]["tokens_per_s"])
+            results[(shape, n)] = (mine, theirs, ratios, shares)
+
+    print(f"peak FP32 FMA GFLOP/s (median): " +
+          ", ".join(f"{n} thread(s) {peak[n]:.0f}" for n in threads))
+    print("| shape | threads | megamoe tokens/s | megamoe GFLOP/s | % of peak | PyTorch tokens/s "
+          "| PyTorch GFLOP/s | megamoe / PyTorch | router+permute+unpermute % |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (shape, n), (mine, theirs, ratios, shares) in results.items():
+        gflops = statistics.median([m["gflops"] for m in mine])
+        print(f"| {shape} | {n} | {spread([m['tokens_per_s'] for m in mine])} | "
+              f"{gflops:.0f} | {100 * gflops / peak[n]:.0f} | "
+              f"{spread([t['tokens_per_s'] for t in theirs])} | "
+              f"{statistics.median([t['gflops'] for t in theirs]):.0f} | "
+              f"{spread(ratios, '{:.2f}')} | "
+              f"{statistics.median(shares) if shares else float('nan'):.1f} |")
+    for n in threads:
+        if ("A", n) in results and ("B", n) in results:
+            a = statistics.median([m["gflops"] for m in results[("A", n)][0]])
+            b = statistics.median([m["gflops"] for m in results[("B", n)][0]])
+            print(f"B / A effective GFLOP/s at {n} thread(s): megamoe {b / a:.2f}", end="")
+            a = statistics.median([t["gflops"] for t in results[("A", n)][1]])
+            b = statistics.median([t["gflops"] for t in results[("B", n)][1]])
+            print(f", PyTorch {b / a:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
