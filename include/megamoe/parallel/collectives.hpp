@@ -141,11 +141,6 @@ inline void require_size(std::size_t have, std::int64_t need, char const* what) 
                       " elements, the counts need " + std::to_string(need));
 }
 
-/// Runs `check` and agrees with the group on the outcome (see `agree_on_failure`).
-template <class Check>
-void agree(boost::mpi::communicator const& comm, Check&& check) {
-  check_on_every_rank(comm, std::forward<Check>(check));
-}
 }  // namespace detail
 
 // ---- variable-count all-to-all -----------------------------------------------------------------
@@ -192,7 +187,7 @@ void all_to_all_v_checked(boost::mpi::communicator const& comm, std::span<T cons
   std::vector<std::int64_t> announced(static_cast<std::size_t>(n), -1);
   if (shaped) offered.assign(send_rows.begin(), send_rows.end());
   MPI_Alltoall(offered.data(), 1, MPI_INT64_T, announced.data(), 1, MPI_INT64_T, detail::raw(comm));
-  detail::agree(comm, [&] {
+  check_on_every_rank(comm, [&] {
     if (!shaped)
       throw input_error("all_to_all_v: " + std::to_string(send_rows.size()) + " send and " +
                         std::to_string(recv_rows.size()) + " receive counts for " +
@@ -248,7 +243,7 @@ std::vector<std::int64_t> all_gather_v_checked(boost::mpi::communicator const& c
   std::vector<std::int64_t> rows(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i)
     rows[static_cast<std::size_t>(i)] = all[2 * static_cast<std::size_t>(i)];
-  detail::agree(comm, [&] {
+  check_on_every_rank(comm, [&] {
     for (int i = 0; i < n; ++i)
       if (all[2 * static_cast<std::size_t>(i) + 1] != width)
         throw input_error("all_gather_v: rank " + std::to_string(i) + " has rows of width " +
@@ -306,7 +301,7 @@ void reduce_scatter_v_checked(boost::mpi::communicator const& comm, std::span<T 
   range[2 * static_cast<std::size_t>(n) + 1] = -width;
   MPI_Allreduce(MPI_IN_PLACE, range.data(), static_cast<int>(range.size()), MPI_INT64_T, MPI_MIN,
                 detail::raw(comm));
-  detail::agree(comm, [&] {
+  check_on_every_rank(comm, [&] {
     if (!shaped)
       throw input_error("reduce_scatter_v: " + std::to_string(rows.size()) + " counts for " +
                         std::to_string(n) + " ranks, width " + std::to_string(width));
