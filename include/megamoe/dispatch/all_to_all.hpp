@@ -107,7 +107,7 @@ class all_to_all_dispatcher {
       target_start_[static_cast<std::size_t>(c)] = at;
       at += chunk_size_[static_cast<std::size_t>(c)];
     }
-    received_ = recv_splits_total();
+    received_ = etp_rows_[static_cast<std::size_t>(me_i)];  // what EP sends this ETP index
     build_datatypes();
   }
 
@@ -175,9 +175,8 @@ class all_to_all_dispatcher {
 
  private:
   /// One payload moving through the exchange: rows of `width` elements from `in` to `out`.
-  template <class In>
   struct lane_io {
-    In in = nullptr;
+    T const* in = nullptr;
     int width = 0;
     T* out = nullptr;
   };
@@ -185,12 +184,6 @@ class all_to_all_dispatcher {
   struct lane_buffers {
     buffer<T> received, gathered;
   };
-
-  [[nodiscard]] std::int64_t recv_splits_total() const {
-    std::int64_t total = 0;
-    for (auto n : recv_splits_) total += n;
-    return total;
-  }
 
   /// The count exchange: [error flag, ETP index, EP index, counts of E experts] from every rank of
   /// tp_ep. A flag anywhere makes every rank throw the same agreed error.
@@ -318,7 +311,7 @@ class all_to_all_dispatcher {
   }
 
   /// Token side -> expert rows, for `lanes` payloads at once.
-  void forward(std::array<lane_io<T const*>, 2> const& io, int lanes, thread_pool& pool) {
+  void forward(std::array<lane_io, 2> const& io, int lanes, thread_pool& pool) {
     int const ETP = groups_.etp_size();
     std::array<parallel::request, 2> pending;
     if (direct_) {
@@ -353,7 +346,7 @@ class all_to_all_dispatcher {
   }
 
   /// Expert rows -> token side (ETP partials summed), for `lanes` payloads at once.
-  void backward(std::array<lane_io<T const*>, 2> const& io, int lanes, thread_pool& pool) {
+  void backward(std::array<lane_io, 2> const& io, int lanes, thread_pool& pool) {
     int const ETP = groups_.etp_size();
     std::array<parallel::request, 2> pending;
     if (direct_) {
