@@ -29,16 +29,20 @@ function(megamoe_add_mpi_test name)
     ENVIRONMENT "${MEGAMOE_MPI_TEST_ENVIRONMENT};${ARG_ENVIRONMENT}")
 endfunction()
 
-# megamoe_add_mpi_failure_test(name RANKS n EXPECT regex COMMAND program args... [PRINTING_RANKS r...])
+# megamoe_add_mpi_failure_test(name RANKS n EXPECT regex COMMAND program args... [PRINTING_RANKS r...]
+#                              [WITHIN seconds])
 # Passes when the job exits non-zero and every rank (or each of PRINTING_RANKS) printed one error line
-# matching EXPECT.
+# matching EXPECT (and, with WITHIN, the job ended within that many seconds).
 function(megamoe_add_mpi_failure_test name)
-  cmake_parse_arguments(ARG "" "RANKS;EXPECT" "COMMAND;ENVIRONMENT;PRINTING_RANKS" ${ARGN})
+  cmake_parse_arguments(ARG "" "RANKS;EXPECT;WITHIN" "COMMAND;ENVIRONMENT;PRINTING_RANKS" ${ARGN})
   list(JOIN ARG_COMMAND "|" command)
   set(printing)
+  if(ARG_WITHIN)
+    list(APPEND printing "-DWITHIN=${ARG_WITHIN}")
+  endif()
   if(ARG_PRINTING_RANKS)
     list(JOIN ARG_PRINTING_RANKS "|" joined)
-    set(printing "-DPRINTING_RANKS=${joined}")
+    list(APPEND printing "-DPRINTING_RANKS=${joined}")
   endif()
   add_test(NAME mpi.${name}
     COMMAND ${CMAKE_COMMAND} -DMPIEXEC=${MPIEXEC_EXECUTABLE} -DRANKS=${ARG_RANKS}

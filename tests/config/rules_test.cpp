@@ -131,6 +131,19 @@ std::vector<breaking_case> const& breaking_cases() {
          v.router->num_groups = 4;
          v.router->group_top_k = 1;
        }},
+      {32, "hierarchical at etp 2",
+       [](auto& v) {
+         v.dispatch = mm::dispatch::dispatcher::hierarchical;
+         v.parallel.ep = 2;
+         v.parallel.etp = 2;
+       }},
+      {33, "overlap at etp 2",
+       [](auto& v) {
+         v.dispatch = mm::dispatch::dispatcher::all_to_all;
+         v.overlap_chunks = 2;
+         v.parallel.ep = 2;
+         v.parallel.etp = 2;
+       }},
       {27, "runtime router not given", [](auto& v) { v.router.reset(); }},
       {27, "dynamic hidden", [](auto& v) { v.shape.hidden = mm::dynamic; }},
       {27, "dynamic ep", [](auto& v) { v.parallel.ep = mm::dynamic; }},
@@ -210,13 +223,13 @@ TEST(ValueRules, DynamicValuesPassUntilResolved) {
 // values pass at start-up exactly when the type passes `check`.
 TEST(ValueRules, ValuesOfCheckedTypesPassAtStartUp) {
   using cfg1 = mm::make_config<mm::shape<mm::hidden<64>, mm::ffn<128>, mm::experts<8>>>;
-  using cfg2 =
-      mm::make_config<mm::shape<mm::hidden<64>, mm::ffn<128>, mm::experts<16>, mm::shared_ffn<64>>,
-                      mm::router::aux_loss_free<4, mm::router::group_limit<4, 2>,
-                                                mm::router::pad_for_quantization<>>,
-                      mm::expert::mlp<mm::expert::shared_expert_gate>, mm::precision::nvfp4,
-                      mm::parallel::mapping<mm::parallel::ep<4>, mm::parallel::tp<2>>,
-                      mm::dispatch::hierarchical<>>;
+  using cfg2 = mm::make_config<
+      mm::shape<mm::hidden<64>, mm::ffn<128>, mm::experts<16>, mm::shared_ffn<64>>,
+      mm::router::aux_loss_free<4, mm::router::group_limit<4, 2>,
+                                mm::router::pad_for_quantization<>>,
+      mm::expert::mlp<mm::expert::shared_expert_gate>, mm::precision::nvfp4,
+      mm::parallel::mapping<mm::parallel::ep<4>, mm::parallel::tp<2>, mm::parallel::etp<1>>,
+      mm::dispatch::hierarchical<>>;
   static_assert(mm::rules::check<cfg1>() && mm::rules::check<cfg2>());
   auto v1 = mm::values_of<cfg1>();
   auto v2 = mm::values_of<cfg2>();
@@ -224,6 +237,6 @@ TEST(ValueRules, ValuesOfCheckedTypesPassAtStartUp) {
   v2.world_size = 16;
   EXPECT_TRUE(mm::rules::broken(v1).empty());
   EXPECT_TRUE(mm::rules::broken(v2).empty());
-  v2.world_size = 12;  // 12 is a multiple of tp=2 but not of etp*ep = 8
+  v2.world_size = 10;  // 10 is a multiple of tp=2 but not of etp*ep = 4
   EXPECT_EQ(mm::rules::broken(v2), std::vector<int>{18});
 }

@@ -17,6 +17,7 @@
 //       [--precision fp32] [--router aux|plain|capacity|pad|seq_aux] [--skew one_rank|few_experts]
 //       [--memory moe_layer] [--bad-input-on-rank R] [--nan-on-rank R]
 #include "support/sequence_shard.hpp"
+#include "support/tally.hpp"
 
 #include <megamoe/config/config.hpp>
 #include <megamoe/model/moe_layer.hpp>
@@ -137,19 +138,7 @@ mm::row_matrix<T> table(shard const& sh, F&& value) {
   return mm::testing::shard_table<T>(sh, hidden, value);
 }
 
-struct tally {
-  int failures = 0, checks = 0;
-  double worst = 0.0;
-  void close(std::string const& what, double mine, double expected, double scale, double rtol) {
-    ++checks;
-    double const err = std::abs(mine - expected) / std::max(scale, 1e-30);
-    worst = std::max(worst, err);
-    if (!(err <= rtol)) {
-      if (++failures <= 10)
-        std::cerr << what << ": " << mine << " vs one rank " << expected << "\n";
-    }
-  }
-};
+using mm::testing::tally;
 
 /// Sets router column 0 (the constant feature) so that the skew's experts win every token.
 template <class Layer>
@@ -336,6 +325,9 @@ int main(int argc, char** argv) {
     }
     if (o.precision == "fp64") {
       using P = mm::precision::fp64;
+      if (o.dispatcher == "hierarchical")
+        return run<layer_config<mm::dispatch::hierarchical<>, P, dynamic_mapping>,
+                   layer_config<local, P, one_rank>>(env, o);
       if (o.dispatcher == "all_gather")
         return run<layer_config<mm::dispatch::all_gather, P, dynamic_mapping>,
                    layer_config<local, P, one_rank>>(env, o);

@@ -126,7 +126,7 @@ inline nlohmann::ordered_json router_json(std::string_view policy,
 }
 
 inline nlohmann::ordered_json dispatch_json(std::string_view policy, dispatch::dispatcher chosen,
-                                            parallel::degrees const& d) {
+                                            int overlap_chunks, parallel::degrees const& d) {
   nlohmann::ordered_json j;
   j["policy"] = policy;
   bool const degrees_known = d.ep != dynamic && d.etp != dynamic;
@@ -136,6 +136,7 @@ inline nlohmann::ordered_json dispatch_json(std::string_view policy, dispatch::d
     j["moe_token_dispatcher_type"] =
         reference_dispatcher_name(dispatch::resolve(chosen, d.ep, d.etp));
   }
+  if (overlap_chunks > 1) j["overlap_chunks"] = overlap_chunks;
   return j;
 }
 
@@ -231,7 +232,8 @@ inline config_description describe(config_values const& v) {
     nlohmann::ordered_json j;
     j["shape"] = detail::shape_json(c.shape);
     j["router"] = detail::router_json(c.names.router, c.router);
-    j["dispatch"] = detail::dispatch_json(c.names.dispatch, c.dispatch, c.parallel);
+    j["dispatch"] =
+        detail::dispatch_json(c.names.dispatch, c.dispatch, c.overlap_chunks, c.parallel);
     j["expert"] = detail::expert_json(c.names.expert, c.expert);
     j["precision"] = detail::precision_json(c.names.precision, c.precision);
     j["parallel"] = detail::parallel_json(c.names.parallel, c.parallel, c.world_size);

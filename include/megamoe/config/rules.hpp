@@ -125,6 +125,17 @@ constexpr bool hierarchical_needs_expert_parallelism(config_values const& v) {
   return v.parallel.ep > 1;
 }
 
+/// R032
+constexpr bool hierarchical_needs_etp_one(config_values const& v) {
+  return v.dispatch != dispatch::dispatcher::hierarchical || !detail::usable(v.parallel.etp) ||
+         v.parallel.etp == 1;
+}
+
+/// R033
+constexpr bool overlap_needs_etp_one(config_values const& v) {
+  return v.overlap_chunks <= 1 || !detail::usable(v.parallel.etp) || v.parallel.etp == 1;
+}
+
 /// R014
 constexpr bool expert_bias_linear_needs_etp_one(config_values const& v) {
   return !v.expert.bias || !detail::usable(v.parallel.etp) || v.parallel.etp == 1;
@@ -230,7 +241,7 @@ struct value_rule {
 };
 
 /// Every value rule, in id order; the start-up check runs all of them.
-inline constexpr std::array<value_rule, 24> value_rules{{
+inline constexpr std::array<value_rule, 26> value_rules{{
     {1, shape_sizes_valid},
     {2, top_k_within_experts},
     {3, ep_divides_experts},
@@ -255,6 +266,8 @@ inline constexpr std::array<value_rule, 24> value_rules{{
     {27, values_resolved},
     {30, quantized_storage_needs_quantized_recipe},
     {31, top_k_within_chosen_groups},
+    {32, hierarchical_needs_etp_one},
+    {33, overlap_needs_etp_one},
 }};
 
 /// The ids of every broken rule, in id order (empty when the values are valid).
@@ -325,6 +338,8 @@ consteval bool check() {
     static_assert(router_numbers_in_range(v), MEGAMOE_RULE_R026);
     static_assert(quantized_storage_needs_quantized_recipe(v), MEGAMOE_RULE_R030);
     static_assert(top_k_within_chosen_groups(v), MEGAMOE_RULE_R031);
+    static_assert(hierarchical_needs_etp_one(v), MEGAMOE_RULE_R032);
+    static_assert(overlap_needs_etp_one(v), MEGAMOE_RULE_R033);
   }
   return true;
 }

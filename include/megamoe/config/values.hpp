@@ -31,6 +31,7 @@ struct config_values {
   shape_sizes shape;
   std::optional<router::settings> router = router::settings{};
   dispatch::dispatcher dispatch = dispatch::dispatcher::auto_;
+  int overlap_chunks = 1;  // pieces of the exchange overlapped with compute (1: blocking)
   expert::settings expert;
   precision::settings precision;
   parallel::degrees parallel;
@@ -52,6 +53,7 @@ constexpr config_values values_of() {
     v.router.reset();
   }
   v.dispatch = C::dispatch::value;
+  v.overlap_chunks = dispatch::overlap_chunks_of<typename C::dispatch>();
   v.expert = C::expert::value;
   v.precision = C::precision::value;
   v.parallel = C::parallel::value;

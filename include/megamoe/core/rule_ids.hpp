@@ -85,6 +85,17 @@
   "megamoe[R031]: router top_k must be at most group_top_k * experts / num_groups (the experts " \
   "of the chosen groups)"
 #define MEGAMOE_RULE_R029 "megamoe[R029]: the MPI library must provide at least MPI_THREAD_FUNNELED"
+#define MEGAMOE_RULE_R032 \
+  "megamoe[R032]: dispatch::hierarchical needs parallel::etp == 1 (whole experts on each rank)"
+#define MEGAMOE_RULE_R033                                                                    \
+  "megamoe[R033]: dispatch::all_to_all_overlap needs parallel::etp == 1 (each chunk is one " \
+  "exchange)"
+#define MEGAMOE_RULE_R034                                                                      \
+  "megamoe[R034]: MEGAMOE_RANKS_PER_NODE must be a positive integer dividing the world size, " \
+  "and every node must hold the same number of ranks of each EP group"
+#define MEGAMOE_RULE_R035                                                                   \
+  "megamoe[R035]: MEGAMOE_WATCHDOG_SECONDS must be a number of seconds > 0 (or 0 / unset: " \
+  "off)"
 
 namespace megamoe {
 
@@ -97,7 +108,7 @@ struct rule_info {
 };
 
 /// Every rule megamoe checks, in id order. `rule_catalog[i].id == i + 1`.
-inline constexpr std::array<rule_info, 31> rule_catalog{{
+inline constexpr std::array<rule_info, 35> rule_catalog{{
     {1, "shape_sizes_valid", MEGAMOE_RULE_R001},
     {2, "top_k_within_experts", MEGAMOE_RULE_R002},
     {3, "ep_divides_experts", MEGAMOE_RULE_R003},
@@ -129,6 +140,10 @@ inline constexpr std::array<rule_info, 31> rule_catalog{{
     {29, "mpi_thread_level_funneled", MEGAMOE_RULE_R029},
     {30, "quantized_storage_needs_quantized_recipe", MEGAMOE_RULE_R030},
     {31, "top_k_within_chosen_groups", MEGAMOE_RULE_R031},
+    {32, "hierarchical_needs_etp_one", MEGAMOE_RULE_R032},
+    {33, "overlap_needs_etp_one", MEGAMOE_RULE_R033},
+    {34, "ranks_per_node_valid", MEGAMOE_RULE_R034},
+    {35, "watchdog_seconds_valid", MEGAMOE_RULE_R035},
 }};
 
 /// The catalogue entry of rule `id` (1-based).

@@ -3,19 +3,27 @@
 //
 // No OpenMP: megamoe owns one pool per process; Eigen products and Tensor expressions run on it
 // through its ThreadPoolDevice, or single-threaded inside its tasks. Only the main thread calls
-// MPI.
+// MPI: while it waits for the pool's tasks it can keep non-blocking exchanges moving (Open MPI has
+// no progress thread), by testing the requests registered in `progress()`.
 #pragma once
 
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/tensor.hpp>
 
+#include <mpi.h>
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace megamoe {
 
@@ -46,6 +54,34 @@ inline int num_threads_from_environment(int ranks_on_node = 1) {
   return std::max(1, available_cores() / std::max(1, ranks_on_node));
 }
 
+/// MPI requests in flight that the thread waiting in `thread_pool::run` tests every `interval`,
+/// so that they progress while the pool computes. The requests must stay where they are while
+/// registered; a completed one reads MPI_REQUEST_NULL afterwards, as after MPI_Wait.
+class exchange_progress {
+ public:
+  void watch(MPI_Request* request) { requests_.push_back(request); }
+  void clear() noexcept { requests_.clear(); }
+  [[nodiscard]] bool empty() const noexcept { return requests_.empty(); }
+  [[nodiscard]] std::chrono::microseconds interval() const noexcept { return interval_; }
+  void set_interval(std::chrono::microseconds every) noexcept { interval_ = every; }
+  /// Tests every pending request once (main thread only); counts the rounds.
+  void poll() {
+    ++polls_;
+    for (MPI_Request* r : requests_)
+      if (*r != MPI_REQUEST_NULL) {
+        int flag = 0;
+        MPI_Test(r, &flag, MPI_STATUS_IGNORE);
+      }
+  }
+  /// Rounds of tests so far (for tests and benchmarks).
+  [[nodiscard]] std::uint64_t polls() const noexcept { return polls_; }
+
+ private:
+  std::vector<MPI_Request*> requests_;
+  std::chrono::microseconds interval_{200};
+  std::uint64_t polls_ = 0;
+};
+
 /// A fixed set of worker threads with an Eigen device for Tensor expressions.
 class thread_pool {
  public:
@@ -66,6 +102,7 @@ class thread_pool {
   template <class Task>
   void run(int count, Task const& task) {
     if (count <= 0) return;
+    if (!progress_.empty()) return run_testing(count, task);
     Eigen::Barrier done(static_cast<unsigned>(count));
     struct job {
       Task const* task;
@@ -83,9 +120,38 @@ class thread_pool {
   /// The index in [0, size()) of the pool thread running the caller, or -1 outside the pool.
   [[nodiscard]] int current_thread() const noexcept { return pool_.CurrentThreadId(); }
 
+  /// Requests the waiting thread tests during `run` (none: it just sleeps until the tasks end).
+  [[nodiscard]] exchange_progress& progress() noexcept { return progress_; }
+
  private:
+  /// `run` while requests are registered: the caller wakes every interval to test them.
+  template <class Task>
+  void run_testing(int count, Task const& task) {
+    struct job {
+      Task const* task;
+      std::mutex lock;
+      std::condition_variable finished;
+      int remaining;
+    } shared{&task, {}, {}, count};
+    job* const j = &shared;
+    for (int i = 0; i < count; ++i)
+      pool_.Schedule([j, i] {
+        (*j->task)(i);
+        std::lock_guard const hold(j->lock);  // decrement and notify under the lock: the waiter
+        if (--j->remaining == 0) j->finished.notify_one();  // may return as soon as it sees 0
+      });
+    std::unique_lock hold(shared.lock);
+    while (!shared.finished.wait_for(hold, progress_.interval(),
+                                     [&] { return shared.remaining == 0; })) {
+      hold.unlock();
+      progress_.poll();
+      hold.lock();
+    }
+  }
+
   Eigen::ThreadPool pool_;
   Eigen::ThreadPoolDevice device_;
+  exchange_progress progress_;
 };
 
 /// Runs `body(begin, end)` over [0, count) cut into one contiguous range per pool thread (at most

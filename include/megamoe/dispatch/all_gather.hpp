@@ -48,7 +48,10 @@ class all_gather_dispatcher {
                                                     " experts, the layer " + std::to_string(E)));
     std::int64_t const mine[2] = {problem ? 1 : 0, map.rows()};
     header_.resize(2 * static_cast<std::size_t>(n));
-    MPI_Allgather(mine, 2, MPI_INT64_T, header_.data(), 2, MPI_INT64_T, MPI_Comm(comm));
+    {
+      parallel::watched_collective const watch(MPI_Comm(comm), "gather_headers", 2);
+      MPI_Allgather(mine, 2, MPI_INT64_T, header_.data(), 2, MPI_INT64_T, MPI_Comm(comm));
+    }
     bool failed = false;
     gathered_tokens_ = 0;
     for (int r = 0; r < n; ++r) {

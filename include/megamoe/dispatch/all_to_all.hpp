@@ -39,13 +39,18 @@ namespace megamoe::dispatch {
 template <class T, class P>
 class all_to_all_dispatcher {
  public:
-  all_to_all_dispatcher(expert_groups const& groups, int hidden)
+  /// `overlap_pieces` > 1: the exchanges of `dispatch_compute_combine` and
+  /// `dispatch_compute_combine_grad` run in that many pieces of local experts (at most one per
+  /// expert), each overlapping the expert compute of another.
+  all_to_all_dispatcher(expert_groups const& groups, int hidden, int overlap_pieces = 1)
       : groups_(groups),
         hidden_(hidden),
         send_splits_(static_cast<std::size_t>(groups.ep_size())),
         recv_splits_(static_cast<std::size_t>(groups.ep_size())),
         etp_rows_(static_cast<std::size_t>(groups.etp_size())),
-        local_counts_(static_cast<std::size_t>(groups.local_experts())) {}
+        local_counts_(static_cast<std::size_t>(groups.local_experts())) {
+    overlap_ = overlap_pieces;
+  }
 
   void plan(thread_pool&, mask_matrix const& map, int capacity,
             std::exception_ptr earlier = nullptr) {
@@ -168,6 +173,81 @@ class all_to_all_dispatcher {
     send_rows_.scatter_probs(back_probs, 0, grad_probs);
   }
 
+  /// Pieces the overlapped exchanges of the last plan run in (1: not overlapped: ETP > 1, one
+  /// local expert, or buffers beyond what one MPI call addresses).
+  [[nodiscard]] int overlap_pieces() const noexcept {
+    return direct_ ? static_cast<int>(pieces_.size()) : 1;
+  }
+
+  /// dispatch, the experts and combine, pipelined by pieces of local experts: while
+  /// `compute(first, last)` runs local experts [first, last) on their rows (writing their outputs
+  /// into `expert_out` [N,H]), the next piece's rows arrive and the previous piece's outputs leave,
+  /// moved along by the waiting main thread (thread_pool::progress). out [T,H] gets the combined
+  /// tokens. Every expert computes all its rows in one call, so the results equal dispatch +
+  /// compute of all experts + combine.
+  template <class Compute>
+  void dispatch_compute_combine(thread_pool& pool, T const* tokens, T* rows,
+                                row_matrix<P> const& probs, T* row_probs, T const* expert_out,
+                                T* out, Compute&& compute) {
+    if (!direct_) {
+      dispatch(pool, tokens, rows, probs, row_probs);
+      compute(0, groups_.local_experts());
+      combine(pool, expert_out, out);
+      return;
+    }
+    T* send_probs = send_probs_.reserve(std::size_t(send_rows_.rows()));
+    send_rows_.gather_probs(probs, 0, send_probs);
+    T* back = send_.reserve(std::size_t(send_rows_.rows()) * hidden_);
+    pipeline(
+        pool,
+        [&](piece const& p, parallel::request* r) {
+          r[0] = parallel::all_to_all_w_start(groups_.ep(), tokens, p.forward_send[0], rows,
+                                              p.forward_recv[0]);
+          r[1] = parallel::all_to_all_w_start(groups_.ep(), send_probs, p.forward_send[1],
+                                              row_probs, p.forward_recv[1]);
+        },
+        compute,
+        [&](piece const& p, parallel::request* r) {
+          r[0] = parallel::all_to_all_w_start(groups_.ep(), expert_out, p.backward_send[0], back,
+                                              p.backward_recv[0]);
+        });
+    send_rows_.combine(pool, back, hidden_, out, false);
+  }
+
+  /// The backward twin: dy [T,H] to the experts' rows `grad_rows` by pieces; `compute(first, last)`
+  /// turns
+  /// a piece's rows into input-gradient rows (in `grad_rows`) and prob gradients (in
+  /// `grad_row_probs`), which travel back while the next piece computes; dx [T,H] is added to,
+  /// grad_probs' entries set. Equal to dispatch(dy) + compute of all experts + combine_grad.
+  template <class Compute>
+  void dispatch_compute_combine_grad(thread_pool& pool, T const* dy, T* grad_rows,
+                                     T* grad_row_probs, T* dx, row_matrix<P>& grad_probs,
+                                     Compute&& compute) {
+    if (!direct_) {
+      dispatch(pool, dy, grad_rows);
+      compute(0, groups_.local_experts());
+      combine_grad(pool, grad_rows, grad_row_probs, dx, grad_probs);
+      return;
+    }
+    T* back = send_.reserve(std::size_t(send_rows_.rows()) * hidden_);
+    T* back_probs = send_probs_.reserve(std::size_t(send_rows_.rows()));
+    pipeline(
+        pool,
+        [&](piece const& p, parallel::request* r) {
+          r[0] = parallel::all_to_all_w_start(groups_.ep(), dy, p.forward_send[0], grad_rows,
+                                              p.forward_recv[0]);
+        },
+        compute,
+        [&](piece const& p, parallel::request* r) {
+          r[0] = parallel::all_to_all_w_start(groups_.ep(), grad_rows, p.backward_send[0], back,
+                                              p.backward_recv[0]);
+          r[1] = parallel::all_to_all_w_start(groups_.ep(), grad_row_probs, p.backward_send[1],
+                                              back_probs, p.backward_recv[1]);
+        });
+    send_rows_.combine(pool, back, hidden_, dx, true);
+    send_rows_.scatter_probs(back_probs, 0, grad_probs);
+  }
+
   [[nodiscard]] std::size_t saved_bytes() const noexcept {
     return send_rows_.bytes() +
            (counts_.size() + chunk_size_.size() * 3 + local_counts_.size()) * sizeof(std::int64_t);
@@ -184,6 +264,13 @@ class all_to_all_dispatcher {
   struct lane_buffers {
     buffer<T> received, gathered;
   };
+  /// The in-place exchange of local experts [first, last): datatypes and both directions' sides.
+  struct piece {
+    int first = 0, last = 0;
+    std::vector<parallel::datatype> row_types;
+    std::array<std::vector<parallel::datatype>, 2> chunk_types;
+    std::array<parallel::typed_side, 2> forward_send, forward_recv, backward_send, backward_recv;
+  };
 
   /// The count exchange: [error flag, ETP index, EP index, counts of E experts] from every rank of
   /// tp_ep. A flag anywhere makes every rank throw the same agreed error.
@@ -199,8 +286,12 @@ class all_to_all_dispatcher {
       std::copy(send_rows_.permutation().tokens_per_expert.begin(),
                 send_rows_.permutation().tokens_per_expert.end(), header_.begin() + 3);
     table_.resize(width * static_cast<std::size_t>(comm.size()));
-    MPI_Allgather(header_.data(), static_cast<int>(width), MPI_INT64_T, table_.data(),
-                  static_cast<int>(width), MPI_INT64_T, MPI_Comm(comm));
+    {
+      parallel::watched_collective const watch(MPI_Comm(comm), "exchange_counts",
+                                               static_cast<std::int64_t>(width));
+      MPI_Allgather(header_.data(), static_cast<int>(width), MPI_INT64_T, table_.data(),
+                    static_cast<int>(width), MPI_INT64_T, MPI_Comm(comm));
+    }
     bool failed = false;
     for (int r = 0; r < comm.size(); ++r) failed = failed || table_[width * r] != 0;
     if (failed) parallel::agree_on_failure(comm, problem);
@@ -218,7 +309,10 @@ class all_to_all_dispatcher {
     std::int64_t const rows_each =
         problem ? 0 : std::min<std::int64_t>(capacity, send_rows_.permutation().num_tokens);
     std::int64_t range[3] = {problem ? -1 : 0, rows_each, -rows_each};
-    MPI_Allreduce(MPI_IN_PLACE, range, 3, MPI_INT64_T, MPI_MIN, MPI_Comm(comm));
+    {
+      parallel::watched_collective const watch(MPI_Comm(comm), "agree_on_capacity", 3);
+      MPI_Allreduce(MPI_IN_PLACE, range, 3, MPI_INT64_T, MPI_MIN, MPI_Comm(comm));
+    }
     if (range[0] != 0) parallel::agree_on_failure(comm, problem);
     if (range[1] != -range[2])
       parallel::agree_on_failure(
@@ -242,60 +336,104 @@ class all_to_all_dispatcher {
   /// With ETP = 1, datatypes that let one all-to-all-w do permutation 1, the exchange and
   /// permutation 2 (and the reverse) without staging copies: per destination EP rank, its token
   /// rows where they lie in the token buffer; per source EP rank, its chunks where they belong in
-  /// the expert-major rows (for tokens and for probs). Lane 0 carries tokens, lane 1 probs.
+  /// the expert-major rows (for tokens and for probs). Lane 0 carries tokens, lane 1 probs. One set
+  /// per piece of local experts (one piece unless the exchange overlaps with compute).
   void build_datatypes() {
     int const EP = groups_.ep_size(), L = groups_.local_experts();
     auto const peers = static_cast<std::size_t>(EP);
     std::int64_t const sent = send_rows_.rows();
     direct_ = groups_.etp_size() == 1 &&
               std::max(sent, rows_) * hidden_ * static_cast<std::int64_t>(sizeof(T)) <= INT_MAX;
-    row_types_.resize(peers);
-    for (auto& t : chunk_types_) t.resize(peers);
     if (!direct_) return;
-    std::int64_t begin = 0;
-    for (auto* side :
-         {&forward_send_[0], &forward_send_[1], &forward_recv_[0], &forward_recv_[1],
-          &backward_send_[0], &backward_send_[1], &backward_recv_[0], &backward_recv_[1]})
-      side->resize(peers);
-    for (int j = 0; j < EP; ++j) {
-      auto const J = static_cast<std::size_t>(j);
-      std::int64_t const n = send_splits_[J];
-      offsets_.resize(static_cast<std::size_t>(n));
-      for (std::int64_t r = 0; r < n; ++r)
-        offsets_[static_cast<std::size_t>(r)] =
-            static_cast<MPI_Aint>(send_rows_.source_token(static_cast<int>(begin + r))) * hidden_ *
-            static_cast<MPI_Aint>(sizeof(T));
-      row_types_[J] = parallel::equal_blocks_type<T>(hidden_, offsets_);
-      for (int k = 0; k < 2; ++k) {
-        int const width = k == 0 ? hidden_ : 1;
-        lengths_.resize(static_cast<std::size_t>(L));
-        offsets_.resize(static_cast<std::size_t>(L));
-        for (int l = 0; l < L; ++l) {
-          std::size_t const c = static_cast<std::size_t>(j) * L + l;
-          lengths_[static_cast<std::size_t>(l)] = static_cast<int>(chunk_size_[c] * width);
-          offsets_[static_cast<std::size_t>(l)] =
-              static_cast<MPI_Aint>(target_start_[c] * width * std::int64_t{sizeof(T)});
+    // Where each global expert's rows start in permutation-1 order.
+    auto const& mine = send_rows_.permutation().tokens_per_expert;
+    expert_start_.resize(mine.size() + 1);
+    expert_start_[0] = 0;
+    for (std::size_t e = 0; e < mine.size(); ++e) expert_start_[e + 1] = expert_start_[e] + mine[e];
+    int const count = std::clamp(overlap_, 1, std::max(1, L));
+    pieces_.resize(static_cast<std::size_t>(count));
+    for (int g = 0; g < count; ++g) {
+      auto& piece = pieces_[static_cast<std::size_t>(g)];
+      piece.first = g * L / count;
+      piece.last = (g + 1) * L / count;
+      piece.row_types.resize(peers);
+      for (auto& t : piece.chunk_types) t.resize(peers);
+      for (auto* side : {&piece.forward_send[0], &piece.forward_send[1], &piece.forward_recv[0],
+                         &piece.forward_recv[1], &piece.backward_send[0], &piece.backward_send[1],
+                         &piece.backward_recv[0], &piece.backward_recv[1]})
+        side->resize(peers);
+      for (int j = 0; j < EP; ++j) {
+        auto const J = static_cast<std::size_t>(j);
+        std::int64_t const begin = expert_start_[J * L + piece.first];
+        std::int64_t const n = expert_start_[J * L + piece.last] - begin;
+        offsets_.resize(static_cast<std::size_t>(n));
+        for (std::int64_t r = 0; r < n; ++r)
+          offsets_[static_cast<std::size_t>(r)] =
+              static_cast<MPI_Aint>(send_rows_.source_token(static_cast<int>(begin + r))) *
+              hidden_ * static_cast<MPI_Aint>(sizeof(T));
+        piece.row_types[J] = parallel::equal_blocks_type<T>(hidden_, offsets_);
+        std::int64_t arriving = 0;
+        for (int l = piece.first; l < piece.last; ++l) arriving += chunk_size_[J * L + l];
+        for (int k = 0; k < 2; ++k) {
+          int const width = k == 0 ? hidden_ : 1;
+          lengths_.resize(static_cast<std::size_t>(piece.last - piece.first));
+          offsets_.resize(lengths_.size());
+          for (int l = piece.first; l < piece.last; ++l) {
+            std::size_t const c = J * L + l;
+            auto const at = static_cast<std::size_t>(l - piece.first);
+            lengths_[at] = static_cast<int>(chunk_size_[c] * width);
+            offsets_[at] =
+                static_cast<MPI_Aint>(target_start_[c] * width * std::int64_t{sizeof(T)});
+          }
+          piece.chunk_types[k][J] = parallel::blocks_type<T>(lengths_, offsets_);
+          // Expert side: one chunk type per peer, when it has rows.
+          for (auto* side : {&piece.forward_recv[k], &piece.backward_send[k]}) {
+            side->counts[J] = arriving > 0 ? 1 : 0;
+            side->types[J] = piece.chunk_types[k][J].get();
+          }
+          // Token side, contiguous in permutation-1 order (probs both ways, token rows coming
+          // back).
+          for (auto* side : {&piece.forward_send[k], &piece.backward_recv[k]}) {
+            side->counts[J] = static_cast<int>(n * width);
+            side->byte_offsets[J] = static_cast<int>(begin * width * std::int64_t{sizeof(T)});
+            side->types[J] = parallel::mpi_type<T>();
+          }
         }
-        chunk_types_[k][J] = parallel::blocks_type<T>(lengths_, offsets_);
-        // Expert side: one chunk type per peer, when it has rows.
-        int const has_rows = recv_splits_[J] > 0 ? 1 : 0;
-        for (auto* side : {&forward_recv_[k], &backward_send_[k]}) {
-          side->counts[J] = has_rows;
-          side->types[J] = chunk_types_[k][J].get();
-        }
-        // Token side, contiguous in permutation-1 order (probs both ways, token rows coming back).
-        for (auto* side : {&forward_send_[k], &backward_recv_[k]}) {
-          side->counts[J] = static_cast<int>(n * width);
-          side->byte_offsets[J] = static_cast<int>(begin * width * std::int64_t{sizeof(T)});
-          side->types[J] = parallel::mpi_type<T>();
-        }
+        // Token rows leave straight from the token buffer.
+        piece.forward_send[0].counts[J] = n > 0 ? 1 : 0;
+        piece.forward_send[0].byte_offsets[J] = 0;
+        piece.forward_send[0].types[J] = piece.row_types[J].get();
       }
-      // Token rows leave straight from the token buffer.
-      forward_send_[0].counts[J] = n > 0 ? 1 : 0;
-      forward_send_[0].byte_offsets[J] = 0;
-      forward_send_[0].types[J] = row_types_[J].get();
-      begin += n;
     }
+  }
+
+  /// The overlapped schedule over the pieces, the same on every rank (non-blocking collectives
+  /// on one communicator must start in the same order everywhere): start piece 0's arrival; then
+  /// for each piece g: start g+1's arrival, wait for g's, compute g with every exchange in flight
+  /// registered for testing, start g's departure. Then wait for every departure.
+  template <class Arrive, class Compute, class Depart>
+  void pipeline(thread_pool& pool, Arrive const& arrive, Compute& compute, Depart const& depart) {
+    auto const count = pieces_.size();
+    in_flight_.resize(4 * count);  // per piece: two arriving, two departing
+    auto arriving = [&](std::size_t g) { return in_flight_.data() + 4 * g; };
+    auto departing = [&](std::size_t g) { return in_flight_.data() + 4 * g + 2; };
+    arrive(pieces_[0], arriving(0));
+    for (std::size_t g = 0; g < count; ++g) {
+      if (g + 1 < count) arrive(pieces_[g + 1], arriving(g + 1));
+      arriving(g)[0].wait();
+      arriving(g)[1].wait();
+      for (auto& r : in_flight_)
+        if (r.handle_ != MPI_REQUEST_NULL) pool.progress().watch(&r.handle_);
+      try {
+        compute(pieces_[g].first, pieces_[g].last);
+      } catch (...) {
+        pool.progress().clear();
+        throw;
+      }
+      pool.progress().clear();
+      depart(pieces_[g], departing(g));
+    }
+    for (auto& r : in_flight_) r.wait();
   }
 
   /// Copies chunk c from `from` (at start_from[c]) to `to` (at start_to[c]), split over chunks.
@@ -315,10 +453,12 @@ class all_to_all_dispatcher {
     int const ETP = groups_.etp_size();
     std::array<parallel::request, 2> pending;
     if (direct_) {
-      for (int k = 0; k < lanes; ++k)
-        pending[k] = parallel::all_to_all_w_start(groups_.ep(), io[k].in, forward_send_[k],
-                                                  io[k].out, forward_recv_[k]);
-      for (int k = 0; k < lanes; ++k) pending[k].wait();
+      for (auto const& piece : pieces_) {
+        for (int k = 0; k < lanes; ++k)
+          pending[k] = parallel::all_to_all_w_start(groups_.ep(), io[k].in, piece.forward_send[k],
+                                                    io[k].out, piece.forward_recv[k]);
+        for (int k = 0; k < lanes; ++k) pending[k].wait();
+      }
       return;
     }
     std::array<T*, 2> received{};
@@ -350,10 +490,12 @@ class all_to_all_dispatcher {
     int const ETP = groups_.etp_size();
     std::array<parallel::request, 2> pending;
     if (direct_) {
-      for (int k = 0; k < lanes; ++k)
-        pending[k] = parallel::all_to_all_w_start(groups_.ep(), io[k].in, backward_send_[k],
-                                                  io[k].out, backward_recv_[k]);
-      for (int k = 0; k < lanes; ++k) pending[k].wait();
+      for (auto const& piece : pieces_) {
+        for (int k = 0; k < lanes; ++k)
+          pending[k] = parallel::all_to_all_w_start(groups_.ep(), io[k].in, piece.backward_send[k],
+                                                    io[k].out, piece.backward_recv[k]);
+        for (int k = 0; k < lanes; ++k) pending[k].wait();
+      }
       return;
     }
     std::array<T*, 2> unsorted{}, received{};
@@ -389,9 +531,10 @@ class all_to_all_dispatcher {
   std::vector<std::int64_t> chunk_size_, source_start_, target_start_;
   std::vector<int> chunk_order_;
   bool direct_ = false;
-  std::vector<parallel::datatype> row_types_;
-  std::array<std::vector<parallel::datatype>, 2> chunk_types_;
-  std::array<parallel::typed_side, 2> forward_send_, forward_recv_, backward_send_, backward_recv_;
+  int overlap_ = 1;  // pieces of local experts the exchanges are cut into
+  std::vector<std::int64_t> expert_start_;
+  std::vector<piece> pieces_;
+  std::vector<parallel::request> in_flight_;
   std::vector<MPI_Aint> offsets_;
   std::vector<int> lengths_;
   std::int64_t rows_ = 0, received_ = 0;

@@ -6,6 +6,7 @@
 #include <megamoe/dispatch/all_gather.hpp>
 #include <megamoe/dispatch/all_to_all.hpp>
 #include <megamoe/dispatch/groups.hpp>
+#include <megamoe/dispatch/hierarchical.hpp>
 #include <megamoe/dispatch/local.hpp>
 #include <megamoe/dispatch/tags.hpp>
 
@@ -14,9 +15,6 @@ namespace megamoe::dispatch {
 namespace detail {
 template <dispatcher D, class T, class P>
 struct dispatcher_class {
-  static_assert(D != dispatcher::hierarchical,
-                "megamoe: dispatch::hierarchical is not implemented yet (it arrives with the "
-                "hierarchical-dispatch work); use dispatch::all_to_all");
   static_assert(D != dispatcher::auto_, "megamoe: resolve dispatch::auto_ first");
   using type = local_dispatcher<T, P>;
 };
@@ -27,6 +25,10 @@ struct dispatcher_class<dispatcher::all_gather, T, P> {
 template <class T, class P>
 struct dispatcher_class<dispatcher::all_to_all, T, P> {
   using type = all_to_all_dispatcher<T, P>;
+};
+template <class T, class P>
+struct dispatcher_class<dispatcher::hierarchical, T, P> {
+  using type = hierarchical_dispatcher<T, P>;
 };
 }  // namespace detail
 

@@ -34,9 +34,10 @@ struct permutation {
 /// Row order for `map` [T,E]. With `capacity` > 0 (drop-and-pad), each expert gets exactly
 /// min(capacity, T) rows. Only the experts [first_expert, first_expert + count) take part (all of
 /// them by default), numbered from 0 in `row_expert` and `tokens_per_expert`. `out` is reused: no
-/// allocation once it has grown.
-inline void make_permutation(mask_matrix const& map, permutation& out, int capacity = 0,
-                             int first_expert = 0, int count = -1) {
+/// allocation once it has grown. `map` is a mask_matrix or a map of one.
+template <class Map>
+void make_permutation(Map const& map, permutation& out, int capacity = 0, int first_expert = 0,
+                      int count = -1) {
   int const tokens = static_cast<int>(map.rows());
   int const experts = count < 0 ? static_cast<int>(map.cols()) - first_expert : count;
   if (first_expert < 0 || first_expert + experts > map.cols())

@@ -4,6 +4,8 @@
 //   dispatch::local                          EP = ETP = 1: permutation only
 //   dispatch::all_gather                     gather over ETPxEP, keep local experts, reduce-scatter
 //   back dispatch::all_to_all                     count exchange, then variable all-to-all over EP
+//   dispatch::all_to_all_overlap<Chunks>     all_to_all in chunks of local experts, each exchange
+//                                            overlapped with the previous chunk's expert compute
 //   dispatch::hierarchical<>                 node-aware: each token crosses a node boundary once
 //   dispatch::auto_                          local when EP*ETP = 1, otherwise all_to_all (the
 //   default)
@@ -42,8 +44,31 @@ struct all_to_all {
   static constexpr dispatcher value = dispatcher::all_to_all;
 };
 
+/// The all-to-all cut into `Chunks` pieces by destination local expert: the exchange of piece i+1
+/// is in flight (progressed by the waiting main thread) while the experts of piece i compute, and
+/// piece i's outputs travel back while piece i+1 computes; backward likewise. Every expert still
+/// sees all its rows in one product, so results are identical to all_to_all. Needs ETP = 1 (R033);
+/// at most one piece per local expert.
+template <int Chunks>
+  requires(Chunks >= 2)
+struct all_to_all_overlap {
+  using policy_kind = kind;
+  static constexpr std::string_view name = "all_to_all_overlap";
+  static constexpr dispatcher value = dispatcher::all_to_all;
+  static constexpr int overlap_chunks = Chunks;
+};
+
+/// Pieces of the exchange a dispatch policy overlaps with compute (1: none).
+template <class D>
+constexpr int overlap_chunks_of() {
+  if constexpr (requires { D::overlap_chunks; })
+    return D::overlap_chunks;
+  else
+    return 1;
+}
+
 /// Two-level exchange: between nodes (ranks with the same local index), then inside the node, with
-/// IntraNode doing the inside-node part. Needs EP > 1 (R013).
+/// IntraNode doing the inside-node part. Needs EP > 1 (R013) and ETP = 1 (R032).
 template <class IntraNode = all_to_all>
   requires std::same_as<IntraNode, all_to_all>
 struct hierarchical {

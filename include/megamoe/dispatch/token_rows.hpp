@@ -22,7 +22,8 @@ namespace megamoe::dispatch {
 class token_rows {
  public:
   /// Builds the permutation of `map`'s experts [first_expert, first_expert + count) and its index.
-  void assign(mask_matrix const& map, int capacity, int first_expert = 0, int count = -1) {
+  template <class Map>
+  void assign(Map const& map, int capacity, int first_expert = 0, int count = -1) {
     make_permutation(map, perm_, capacity, first_expert, count);
     index();
   }

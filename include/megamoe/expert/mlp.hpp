@@ -130,6 +130,13 @@ struct grouped_rows {
   T const* probs = nullptr;                       // [N] routing prob of each row
 };
 
+/// Experts [first, last) of a grouped call (last < 0: through the last expert). An overlapped
+/// dispatcher computes one such piece while the next piece's rows are in flight; each expert's
+/// products are the same whichever piece runs it.
+struct expert_range {
+  int first = 0, last = -1;
+};
+
 /// The FFN of E experts with activation A on backend B. Holds only its per-expert lists.
 template <activation_function A, class Backend, class T>
 class grouped_mlp {
@@ -145,8 +152,8 @@ class grouped_mlp {
 
   /// fc1_out [N,W1] (kept for backward), act_out [N,F] (= act(h) * p), out [N,H].
   void forward(executor<T>& exec, expert_parameters<T> const& params, grouped_rows<T> const& rows,
-               T const* in, T* fc1_out, T* act_out, T* out) {
-    set_offsets(rows);
+               T const* in, T* fc1_out, T* act_out, T* out, expert_range range = {}) {
+    set_offsets(rows, range);
     int const H = sizes_.hidden, W1 = sizes_.fc1_rows(), F = sizes_.ffn;
     run<gemm_op::nt>(exec, [&](int e, int n, std::ptrdiff_t off) {
       return gemm_problem<T>{
@@ -158,7 +165,7 @@ class grouped_mlp {
                              H, false};
     });
     if (sizes_.bias)
-      for_rows(exec, rows.count, [&](int j, int e) {
+      for_rows(exec, [&](int j, int e) {
         row_matrix_map<T>(out + std::ptrdiff_t{j} * H, 1, H) +=
             rows.probs[j] * const_row_matrix_map<T>(params.fc2_bias_data(e), 1, H);
       });
@@ -167,7 +174,7 @@ class grouped_mlp {
   /// act_out = act(fc1_out) * p again, from a kept fc1 output (activation recomputation).
   void recompute_activation(executor<T>& exec, expert_parameters<T> const& params,
                             grouped_rows<T> const& rows, T* fc1_out, T* act_out) {
-    set_offsets(rows);
+    set_offsets(rows, {});
     activate(exec, params, rows, fc1_out, act_out, false);
   }
 
@@ -175,8 +182,8 @@ class grouped_mlp {
   /// grad_probs [N]; adds the weight (and bias) gradients into `params`.
   void backward(executor<T>& exec, expert_parameters<T>& params, grouped_rows<T> const& rows,
                 T const* in, T const* fc1_out, T const* act_out, T const* grad_out, T* grad_act,
-                T* grad_fc1, T* grad_in, T* grad_probs) {
-    set_offsets(rows);
+                T* grad_fc1, T* grad_in, T* grad_probs, expert_range range = {}) {
+    set_offsets(rows, range);
     int const H = sizes_.hidden, W1 = sizes_.fc1_rows(), F = sizes_.ffn;
     // fc2: d(ap) = dy W2, dW2 += dy^T ap.
     run<gemm_op::nn>(exec, [&](int e, int n, std::ptrdiff_t off) {
@@ -188,7 +195,7 @@ class grouped_mlp {
           H, F, n, grad_out + off * H, H, act_out + off * F, F, params.grad_fc2_data(e), F, true};
     });
     // Activation: dp per row, dh = act'(h) * d(ap) * p.
-    for_rows(exec, rows.count, [&](int j, int e) {
+    for_rows(exec, [&](int j, int e) {
       std::ptrdiff_t const r = j;
       T grad_p = activation_type::backward(fc1_out + r * W1, grad_act + r * F, rows.probs[j],
                                            grad_fc1 + r * W1, F);
@@ -211,7 +218,7 @@ class grouped_mlp {
   }
 
  private:
-  void set_offsets(grouped_rows<T> const& rows) {
+  void set_offsets(grouped_rows<T> const& rows, expert_range range) {
     if (rows.rows_per_expert.size() != static_cast<std::size_t>(sizes_.experts))
       throw input_error("grouped_mlp: " + std::to_string(rows.rows_per_expert.size()) +
                         " row counts for " + std::to_string(sizes_.experts) + " experts");
@@ -220,6 +227,11 @@ class grouped_mlp {
     if (offsets_.back() != rows.count)
       throw input_error("grouped_mlp: the row counts add up to " + std::to_string(offsets_.back()) +
                         ", not " + std::to_string(rows.count));
+    first_ = range.first;
+    last_ = range.last < 0 ? sizes_.experts : range.last;
+    if (first_ < 0 || first_ > last_ || last_ > sizes_.experts)
+      throw input_error("grouped_mlp: experts [" + std::to_string(range.first) + ", " +
+                        std::to_string(range.last) + ") of " + std::to_string(sizes_.experts));
   }
 
   /// Builds one problem per expert (`make(e, rows, first_row)`) and runs them. Experts without
@@ -227,7 +239,7 @@ class grouped_mlp {
   template <gemm_op Op, class Make>
   void run(executor<T>& exec, Make const& make) {
     std::size_t used = 0;
-    for (int e = 0; e < sizes_.experts; ++e) {
+    for (int e = first_; e < last_; ++e) {
       auto const n = static_cast<int>(offsets_[static_cast<std::size_t>(e) + 1] -
                                       offsets_[static_cast<std::size_t>(e)]);
       if (n == 0) continue;
@@ -237,10 +249,14 @@ class grouped_mlp {
     Backend::template run<Op>(exec, std::span<gemm_problem<T> const>(problems_.data(), used));
   }
 
-  /// Calls body(row, expert) for every row, split over the pool.
+  /// Calls body(row, expert) for every row of the chosen experts, split over the pool.
   template <class Body>
-  void for_rows(executor<T>& exec, int count, Body const& body) {
+  void for_rows(executor<T>& exec, Body const& body) {
+    auto const from = static_cast<int>(offsets_[static_cast<std::size_t>(first_)]);
+    auto const count = static_cast<int>(offsets_[static_cast<std::size_t>(last_)]) - from;
     exec.parallel_rows(count, [&](int begin, int end) {
+      begin += from;
+      end += from;
       auto e = static_cast<int>(std::upper_bound(offsets_.begin(), offsets_.end(), begin) -
                                 offsets_.begin()) -
                1;
@@ -254,7 +270,7 @@ class grouped_mlp {
   void activate(executor<T>& exec, expert_parameters<T> const& params, grouped_rows<T> const& rows,
                 T* fc1_out, T* act_out, bool add_bias) {
     int const W1 = sizes_.fc1_rows(), F = sizes_.ffn;
-    for_rows(exec, rows.count, [&](int j, int e) {
+    for_rows(exec, [&](int j, int e) {
       T* h = fc1_out + std::ptrdiff_t{j} * W1;
       if (add_bias)
         row_matrix_map<T>(h, 1, W1) += const_row_matrix_map<T>(params.fc1_bias_data(e), 1, W1);
@@ -266,7 +282,8 @@ class grouped_mlp {
   void bias_gradients(executor<T>& exec, expert_parameters<T>& params, grouped_rows<T> const& rows,
                       T const* grad_out, T const* grad_fc1) {
     int const H = sizes_.hidden, W1 = sizes_.fc1_rows();
-    exec.pool().run(sizes_.experts, [&](int e) {
+    exec.pool().run(last_ - first_, [&](int i) {
+      int const e = first_ + i;
       row_matrix_map<T> db2(params.grad_fc2_bias_data(e), 1, H);
       row_matrix_map<T> db1(params.grad_fc1_bias_data(e), 1, W1);
       for (auto j = offsets_[static_cast<std::size_t>(e)];
@@ -280,6 +297,7 @@ class grouped_mlp {
   mlp_sizes sizes_;
   std::vector<gemm_problem<T>> problems_;
   std::vector<std::int64_t> offsets_;
+  int first_ = 0, last_ = 0;  // the experts of the current call
 };
 
 }  // namespace megamoe::expert

@@ -104,6 +104,10 @@ class moe_layer {
   static constexpr dispatch::dispatcher dispatcher_kind = detail::layer_dispatcher<Config>();
   static constexpr bool distributed = dispatch::communicates(dispatcher_kind);
   using dispatcher_type = dispatch::dispatcher_t<dispatcher_kind, scalar, logit>;
+  /// Pieces the exchanges overlap with expert compute in (dispatch::all_to_all_overlap); 1: none.
+  static constexpr int overlap_pieces = dispatch::overlap_chunks_of<typename Config::dispatch>();
+  static constexpr bool overlapped =
+      overlap_pieces > 1 && dispatcher_kind == dispatch::dispatcher::all_to_all;
   static_assert(Config::precision::value.recipe == precision::recipe_id::fp32 ||
                     Config::precision::value.recipe == precision::recipe_id::fp64,
                 "megamoe: moe_layer computes in fp32 or fp64 for now; the bf16, FP8 and FP4 "
@@ -246,25 +250,41 @@ class moe_layer {
     int const W1 = fc1_width(local_ffn()), F = local_ffn();
     // Combine backward is a dispatch: each row takes its token's gradient.
     scalar* grad_rows = ctx.scratch<scalar>(scratch_slot::grad_rows).reserve(std::size_t(N) * H);
-    stages.time(layer_stage::unpermute, [&] { dispatcher_.dispatch(pool, dy.data(), grad_rows); });
     scalar* grad_probs_rows =
         ctx.scratch<scalar>(scratch_slot::grad_row_probs).reserve(std::size_t(N));
-    stages.time(layer_stage::experts, [&] {
+    scalar* grad_act = ctx.scratch<scalar>(scratch_slot::grad_act).reserve(std::size_t(N) * F);
+    scalar* grad_fc1 = ctx.scratch<scalar>(scratch_slot::grad_fc1).reserve(std::size_t(N) * W1);
+    // The experts' backward from their output gradients (in grad_rows) to their input gradients
+    // (in place) and prob gradients, for local experts [first, last).
+    auto experts_backward = [&](int first, int last) {
       routed_mlp_.backward(exec, experts_, rows(ctx), buf(ctx, scratch_slot::routed_rows).data(),
                            buf(ctx, scratch_slot::routed_fc1).data(),
-                           buf(ctx, scratch_slot::routed_act).data(), grad_rows,
-                           ctx.scratch<scalar>(scratch_slot::grad_act).reserve(std::size_t(N) * F),
-                           ctx.scratch<scalar>(scratch_slot::grad_fc1).reserve(std::size_t(N) * W1),
-                           grad_rows, grad_probs_rows);
-    });
-    // Dispatch backward is a combine: each token adds its rows' gradients, in row order, and the
-    // probs' gradients go back to their tokens.
+                           buf(ctx, scratch_slot::routed_act).data(), grad_rows, grad_act, grad_fc1,
+                           grad_rows, grad_probs_rows, {first, last});
+    };
     auto grad_input = grad_input_.matrix(tokens_, H);
-    stages.time(layer_stage::permute, [&] {
-      grad_input.setZero();
-      grad_probs_.setZero(tokens_, E);
-      dispatcher_.combine_grad(pool, grad_rows, grad_probs_rows, grad_input.data(), grad_probs_);
-    });
+    if constexpr (overlapped) {
+      // Combine backward (a dispatch of dy), the experts and dispatch backward (a combine),
+      // pipelined by pieces of local experts.
+      stages.time(layer_stage::experts, [&] {
+        grad_input.setZero();
+        grad_probs_.setZero(tokens_, E);
+        dispatcher_.dispatch_compute_combine_grad(pool, dy.data(), grad_rows, grad_probs_rows,
+                                                  grad_input.data(), grad_probs_, experts_backward);
+      });
+    } else {
+      // Combine backward is a dispatch: each row takes its token's gradient.
+      stages.time(layer_stage::unpermute,
+                  [&] { dispatcher_.dispatch(pool, dy.data(), grad_rows); });
+      stages.time(layer_stage::experts, [&] { experts_backward(0, local_experts()); });
+      // Dispatch backward is a combine: each token adds its rows' gradients, in row order, and the
+      // probs' gradients go back to their tokens.
+      stages.time(layer_stage::permute, [&] {
+        grad_input.setZero();
+        grad_probs_.setZero(tokens_, E);
+        dispatcher_.combine_grad(pool, grad_rows, grad_probs_rows, grad_input.data(), grad_probs_);
+      });
+    }
     // Then through the router (attached losses included) and its gating.
     stages.time(layer_stage::router, [&] { router_backward(ctx, grad_input); });
     if (has_shared_expert())
@@ -381,7 +401,10 @@ class moe_layer {
 
   static dispatcher_type make_dispatcher(parallel::process_groups const* groups,
                                          config_values const& v) {
-    if constexpr (distributed) {
+    if constexpr (overlapped) {
+      return dispatcher_type(dispatch::expert_groups(*groups, v.shape.experts), v.shape.hidden,
+                             overlap_pieces);
+    } else if constexpr (distributed) {
       return dispatcher_type(dispatch::expert_groups(*groups, v.shape.experts), v.shape.hidden);
     } else {
       return dispatcher_type(v.shape.hidden);
@@ -577,22 +600,38 @@ class moe_layer {
                        router_.config().pad_to_capacity ? routing.capacity : 0, routing_failure);
       int const N = dispatcher_.expert_rows();
       routed_rows = buf(ctx, scratch_slot::routed_rows).reserve(std::size_t(N) * H);
-      scalar* probs = buf(ctx, scratch_slot::row_probs).reserve(std::size_t(N));
-      dispatcher_.dispatch(pool, input_.data(), routed_rows, routing.probs, probs);
+      buf(ctx, scratch_slot::row_probs).reserve(std::size_t(N));
     });
     int const N = dispatcher_.expert_rows();
     scalar* routed_out = ctx.scratch<scalar>(scratch_slot::routed_out).reserve(std::size_t(N) * H);
-    stages.time(layer_stage::experts, [&] {
-      routed_mlp_.forward(exec, experts_, rows(ctx), routed_rows,
-                          buf(ctx, scratch_slot::routed_fc1).reserve(std::size_t(N) * W1),
-                          buf(ctx, scratch_slot::routed_act).reserve(std::size_t(N) * F),
-                          routed_out);
-    });
+    scalar* fc1 = buf(ctx, scratch_slot::routed_fc1).reserve(std::size_t(N) * W1);
+    scalar* act = buf(ctx, scratch_slot::routed_act).reserve(std::size_t(N) * F);
+    auto experts_forward = [&](int first, int last) {
+      routed_mlp_.forward(exec, experts_, rows(ctx), routed_rows, fc1, act, routed_out,
+                          {first, last});
+    };
+    auto output = output_.matrix(tokens_, H);
+    if constexpr (overlapped) {
+      if (combine) {  // dispatch, experts and combine pipelined by pieces of local experts
+        stages.time(layer_stage::experts, [&] {
+          dispatcher_.dispatch_compute_combine(pool, input_.data(), routed_rows, routing.probs,
+                                               buf(ctx, scratch_slot::row_probs).data(), routed_out,
+                                               output.data(), experts_forward);
+        });
+      }
+    }
+    if (!overlapped || !combine) {
+      stages.time(layer_stage::permute, [&] {
+        dispatcher_.dispatch(pool, input_.data(), routed_rows, routing.probs,
+                             buf(ctx, scratch_slot::row_probs).data());
+      });
+      stages.time(layer_stage::experts, [&] { experts_forward(0, local_experts()); });
+    }
     if (has_shared_expert()) stages.time(layer_stage::shared_expert, [&] { shared_forward(ctx); });
     if (!combine) return;
-    auto output = output_.matrix(tokens_, H);
-    stages.time(layer_stage::unpermute,
-                [&] { dispatcher_.combine(pool, routed_out, output.data()); });
+    if (!overlapped)
+      stages.time(layer_stage::unpermute,
+                  [&] { dispatcher_.combine(pool, routed_out, output.data()); });
     if (has_shared_expert()) {
       scalar const* shared = buf(ctx, scratch_slot::shared_out).data();
       exec.parallel_rows(tokens_, [&](int begin, int end) {

@@ -17,6 +17,7 @@
 
 #include <megamoe/core/error.hpp>
 #include <megamoe/parallel/environment.hpp>
+#include <megamoe/parallel/watchdog.hpp>
 
 #include <mpi.h>
 #include <boost/mpi/communicator.hpp>
@@ -44,6 +45,7 @@ class communicator_sum {
 
   void sum(std::span<double> values) const {
     if (values.empty() || size() == 1) return;
+    watched_collective const watch(MPI_Comm(*comm_), "sum", std::ssize(values));
     MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE, MPI_SUM,
                   MPI_Comm(*comm_));
   }
@@ -107,6 +109,7 @@ class request {
     if (this != &other) {
       wait();
       handle_ = std::exchange(other.handle_, MPI_REQUEST_NULL);
+      watched_ = std::exchange(other.watched_, 0);
       send_ = std::move(other.send_);
       recv_ = std::move(other.recv_);
     }
@@ -118,15 +121,22 @@ class request {
 
   void wait() {
     if (handle_ != MPI_REQUEST_NULL) MPI_Wait(&handle_, MPI_STATUS_IGNORE);
+    watchdog::instance().end(std::exchange(watched_, 0));
   }
   [[nodiscard]] bool done() {
-    if (handle_ == MPI_REQUEST_NULL) return true;
-    int flag = 0;
-    MPI_Test(&handle_, &flag, MPI_STATUS_IGNORE);
-    return flag != 0;
+    if (handle_ != MPI_REQUEST_NULL) {
+      int flag = 0;
+      MPI_Test(&handle_, &flag, MPI_STATUS_IGNORE);
+      if (flag == 0) return false;
+    }
+    watchdog::instance().end(std::exchange(watched_, 0));
+    return true;
   }
+  /// Hands the watchdog's record of the collective to this request (ended when it completes).
+  void watch(watched_collective&& record) noexcept { watched_ = record.release(); }
 
   MPI_Request handle_ = MPI_REQUEST_NULL;
+  std::uint64_t watched_ = 0;
   element_layout send_, recv_;
 };
 
@@ -155,9 +165,11 @@ request all_to_all_v_start(boost::mpi::communicator const& comm, T const* send,
   request r;
   r.send_.assign(send_rows, width);
   r.recv_.assign(recv_rows, width);
+  watched_collective record(detail::raw(comm), "all_to_all_v", r.send_.total());
   MPI_Ialltoallv(send, r.send_.counts.data(), r.send_.displs.data(), mpi_type<T>(), recv,
                  r.recv_.counts.data(), r.recv_.displs.data(), mpi_type<T>(), detail::raw(comm),
                  &r.handle_);
+  r.watch(std::move(record));
   return r;
 }
 
@@ -168,6 +180,7 @@ void all_to_all_v(boost::mpi::communicator const& comm, T const* send,
   element_layout s, q;
   s.assign(send_rows, width);
   q.assign(recv_rows, width);
+  watched_collective const watch(detail::raw(comm), "all_to_all_v", s.total());
   MPI_Alltoallv(send, s.counts.data(), s.displs.data(), mpi_type<T>(), recv, q.counts.data(),
                 q.displs.data(), mpi_type<T>(), detail::raw(comm));
 }
@@ -186,7 +199,11 @@ void all_to_all_v_checked(boost::mpi::communicator const& comm, std::span<T cons
   std::vector<std::int64_t> offered(static_cast<std::size_t>(n), -1);
   std::vector<std::int64_t> announced(static_cast<std::size_t>(n), -1);
   if (shaped) offered.assign(send_rows.begin(), send_rows.end());
-  MPI_Alltoall(offered.data(), 1, MPI_INT64_T, announced.data(), 1, MPI_INT64_T, detail::raw(comm));
+  {
+    watched_collective const watch(detail::raw(comm), "all_to_all_counts", n);
+    MPI_Alltoall(offered.data(), 1, MPI_INT64_T, announced.data(), 1, MPI_INT64_T,
+                 detail::raw(comm));
+  }
   check_on_every_rank(comm, [&] {
     if (!shaped)
       throw input_error("all_to_all_v: " + std::to_string(send_rows.size()) + " send and " +
@@ -215,9 +232,12 @@ request all_gather_v_start(boost::mpi::communicator const& comm, T const* send, 
                            std::span<std::int64_t const> rows, int width) {
   request r;
   r.recv_.assign(rows, width);
+  watched_collective record(detail::raw(comm), "all_gather_v",
+                            r.recv_.counts[static_cast<std::size_t>(comm.rank())]);
   MPI_Iallgatherv(send, r.recv_.counts[static_cast<std::size_t>(comm.rank())], mpi_type<T>(), recv,
                   r.recv_.counts.data(), r.recv_.displs.data(), mpi_type<T>(), detail::raw(comm),
                   &r.handle_);
+  r.watch(std::move(record));
   return r;
 }
 
@@ -226,6 +246,8 @@ void all_gather_v(boost::mpi::communicator const& comm, T const* send, T* recv,
                   std::span<std::int64_t const> rows, int width) {
   element_layout q;
   q.assign(rows, width);
+  watched_collective const watch(detail::raw(comm), "all_gather_v",
+                                 q.counts[static_cast<std::size_t>(comm.rank())]);
   MPI_Allgatherv(send, q.counts[static_cast<std::size_t>(comm.rank())], mpi_type<T>(), recv,
                  q.counts.data(), q.displs.data(), mpi_type<T>(), detail::raw(comm));
 }
@@ -239,7 +261,10 @@ std::vector<std::int64_t> all_gather_v_checked(boost::mpi::communicator const& c
   int const n = comm.size();
   std::int64_t const mine[2] = {send_rows, width};
   std::vector<std::int64_t> all(2 * static_cast<std::size_t>(n));
-  MPI_Allgather(mine, 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, detail::raw(comm));
+  {
+    watched_collective const watch(detail::raw(comm), "all_gather_counts", 2);
+    MPI_Allgather(mine, 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, detail::raw(comm));
+  }
   std::vector<std::int64_t> rows(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i)
     rows[static_cast<std::size_t>(i)] = all[2 * static_cast<std::size_t>(i)];
@@ -267,8 +292,10 @@ request reduce_scatter_v_start(boost::mpi::communicator const& comm, T const* se
                                std::span<std::int64_t const> rows, int width) {
   request r;
   r.recv_.assign(rows, width);
+  watched_collective record(detail::raw(comm), "reduce_scatter_v", r.recv_.total());
   MPI_Ireduce_scatter(send, recv, r.recv_.counts.data(), mpi_type<T>(), MPI_SUM, detail::raw(comm),
                       &r.handle_);
+  r.watch(std::move(record));
   return r;
 }
 
@@ -277,6 +304,7 @@ void reduce_scatter_v(boost::mpi::communicator const& comm, T const* send, T* re
                       std::span<std::int64_t const> rows, int width) {
   element_layout q;
   q.assign(rows, width);
+  watched_collective const watch(detail::raw(comm), "reduce_scatter_v", q.total());
   MPI_Reduce_scatter(send, recv, q.counts.data(), mpi_type<T>(), MPI_SUM, detail::raw(comm));
 }
 
@@ -299,8 +327,11 @@ void reduce_scatter_v_checked(boost::mpi::communicator const& comm, std::span<T 
   }
   range[2 * static_cast<std::size_t>(n)] = width;
   range[2 * static_cast<std::size_t>(n) + 1] = -width;
-  MPI_Allreduce(MPI_IN_PLACE, range.data(), static_cast<int>(range.size()), MPI_INT64_T, MPI_MIN,
-                detail::raw(comm));
+  {
+    watched_collective const watch(detail::raw(comm), "reduce_scatter_counts", std::ssize(range));
+    MPI_Allreduce(MPI_IN_PLACE, range.data(), static_cast<int>(range.size()), MPI_INT64_T, MPI_MIN,
+                  detail::raw(comm));
+  }
   check_on_every_rank(comm, [&] {
     if (!shaped)
       throw input_error("reduce_scatter_v: " + std::to_string(rows.size()) + " counts for " +
@@ -386,10 +417,14 @@ inline request all_to_all_w_start(boost::mpi::communicator const& comm, void con
                                   typed_side const& send_side, void* recv,
                                   typed_side const& recv_side) {
   request r;
+  std::int64_t elements = 0;
+  for (int c : send_side.counts) elements += c;
+  watched_collective record(detail::raw(comm), "all_to_all_w", elements);
   MPI_Ialltoallw(send, send_side.counts.data(), send_side.byte_offsets.data(),
                  send_side.types.data(), recv, recv_side.counts.data(),
                  recv_side.byte_offsets.data(), recv_side.types.data(), detail::raw(comm),
                  &r.handle_);
+  r.watch(std::move(record));
   return r;
 }
 
@@ -399,6 +434,7 @@ inline request all_to_all_w_start(boost::mpi::communicator const& comm, void con
 template <class T>
 void all_reduce_sum(boost::mpi::communicator const& comm, std::span<T> values) {
   if (values.empty() || comm.size() == 1) return;
+  watched_collective const watch(detail::raw(comm), "all_reduce_sum", std::ssize(values));
   MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), mpi_type<T>(),
                 MPI_SUM, detail::raw(comm));
 }
@@ -406,8 +442,10 @@ void all_reduce_sum(boost::mpi::communicator const& comm, std::span<T> values) {
 template <class T>
 request all_reduce_sum_start(boost::mpi::communicator const& comm, std::span<T> values) {
   request r;
+  watched_collective record(detail::raw(comm), "all_reduce_sum", std::ssize(values));
   MPI_Iallreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), mpi_type<T>(),
                  MPI_SUM, detail::raw(comm), &r.handle_);
+  r.watch(std::move(record));
   return r;
 }
 

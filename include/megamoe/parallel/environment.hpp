@@ -10,6 +10,7 @@
 
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/thread_pool.hpp>
+#include <megamoe/parallel/watchdog.hpp>
 
 #include <mpi.h>
 #include <boost/mpi/collectives/all_reduce.hpp>
@@ -66,9 +67,14 @@ inline std::pair<int, std::string> describe_failure(std::exception_ptr failure) 
 /// rank must call this at the same point, and the checks before it must not communicate.
 inline void agree_on_failure(boost::mpi::communicator const& comm, std::exception_ptr local) {
   int const me = comm.rank();
-  int const first_failing =
-      boost::mpi::all_reduce(comm, local ? me : comm.size(), boost::mpi::minimum<int>());
+  int first_failing = comm.size();
+  {
+    watched_collective const watch(MPI_Comm(comm), "agree_on_failure", 1);
+    first_failing =
+        boost::mpi::all_reduce(comm, local ? me : comm.size(), boost::mpi::minimum<int>());
+  }
   if (first_failing == comm.size()) return;
+  watched_collective const watch(MPI_Comm(comm), "broadcast_failure", 2);
 
   auto [rule_id, text] = local ? detail::describe_failure(local) : std::pair<int, std::string>{};
   int sent_rule = rule_id;
@@ -112,12 +118,14 @@ void check_on_every_rank(boost::mpi::communicator const& comm, Check&& check) {
   agree_on_failure(comm, failure);
 }
 
-/// The MPI environment of one process: FUNNELED MPI, the world, the ranks on this machine and the
-/// threads this rank may use (MEGAMOE_NUM_THREADS, or cores / ranks on the machine).
+/// The MPI environment of one process: FUNNELED MPI, the world, the ranks on this machine, the
+/// threads this rank may use (MEGAMOE_NUM_THREADS, or cores / ranks on the machine) and the
+/// collective watchdog (MEGAMOE_WATCHDOG_SECONDS; parallel/watchdog.hpp).
 class environment {
  public:
-  /// Collective. When a start-up check fails (R028, R029) every rank prints the error and throws
-  /// the same `agreed_config_error`; MPI is then finalized cleanly, since every rank stops there.
+  /// Collective. When a start-up check fails (R028, R029, R035) every rank prints the error and
+  /// throws the same `agreed_config_error`; MPI is then finalized cleanly, since every rank stops
+  /// there.
   environment(int& argc, char**& argv)
       : env_(argc, argv, boost::mpi::threading::funneled, /*abort_on_exception=*/false),
         uncaught_at_start_(std::uncaught_exceptions()) {
@@ -127,11 +135,16 @@ class environment {
     MPI_Comm_size(node, &ranks_on_node_);
     MPI_Comm_free(&node);
     try {
+      double watchdog_seconds = 0.0;
       check_on_every_rank(world_, [&] {
         if (env_.thread_level() < boost::mpi::threading::funneled)
           throw config_error(29, "the MPI library granted a lower thread level");
         num_threads_ = num_threads_from_environment(ranks_on_node_);
+        if (char const* text = std::getenv("MEGAMOE_WATCHDOG_SECONDS"))
+          watchdog_seconds = parse_watchdog_seconds(text);
       });
+      if (watchdog_seconds > 0.0)
+        watchdog::instance().start(watchdog_seconds, world_.rank(), world_.size());
     } catch (std::exception const& e) {
       // Printed here, while MPI is still up: once MPI is finalized a rank may exit, and mpiexec
       // then stops the others, possibly before they could print.
@@ -144,6 +157,7 @@ class environment {
   /// Leaving by an exception may leave other ranks waiting inside a collective, so that aborts the
   /// whole job instead of finalizing (`run_main` catches agreed failures first and ends cleanly).
   ~environment() {
+    watchdog::instance().stop();
     if (std::uncaught_exceptions() > uncaught_at_start_) world_.abort(1);
   }
 
@@ -178,6 +192,7 @@ int run_main(int argc, char** argv, Body&& body) {
     } catch (std::exception const& e) {
       print_error_line(rank_prefix(world) + e.what());
       if (dynamic_cast<agreed_failure const*>(&e) == nullptr) world.abort(1);
+      watched_collective const watch(MPI_Comm(world), "barrier", 0);
       world.barrier();  // every rank has printed before any exits
       return 1;
     }

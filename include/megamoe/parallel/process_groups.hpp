@@ -8,6 +8,7 @@
 
 #include <megamoe/parallel/environment.hpp>
 #include <megamoe/parallel/layout.hpp>
+#include <megamoe/parallel/watchdog.hpp>
 
 #include <boost/mpi/communicator.hpp>
 
@@ -26,16 +27,28 @@ enum class expert_group { tp, ep, tp_ep, dp, tp_ep_pp, pp };
 
 class process_groups {
  public:
+  /// The communicators' MPI names (what the watchdog prints): the accessors' names.
+  static constexpr std::array<char const*, 9> decoder_names{
+      "tp", "cp", "dp", "dp_cp", "tp_cp", "tp_dp", "tp_dp_cp", "pp", "tp_pp"};
+  static constexpr std::array<char const*, 6> expert_names{"expert_tp", "ep",       "tp_ep",
+                                                           "expert_dp", "tp_ep_pp", "expert_pp"};
+
   /// Collective over `world`. Checks the layout on every rank (R016, R017, R018, R027; the same
   /// error on every rank) and then splits `world` once per group type, in a fixed order.
   process_groups(boost::mpi::communicator const& world, degrees const& d) {
     check_on_every_rank(world, [&] { layout_ = parallel::layout::resolve(world.size(), d); });
     rank_generator const decoder = layout_.decoder_grid();
     rank_generator const expert = layout_.expert_grid();
-    for (std::size_t i = 0; i < decoder_group_types.size(); ++i)
+    watched_collective const watch(MPI_Comm(world), "create_process_groups",
+                                   std::ssize(decoder_names) + std::ssize(expert_names));
+    for (std::size_t i = 0; i < decoder_group_types.size(); ++i) {
       decoder_[i] = split(world, decoder.groups(decoder_group_types[i]));
-    for (std::size_t i = 0; i < expert_group_types.size(); ++i)
+      MPI_Comm_set_name(MPI_Comm(decoder_[i]), decoder_names[i]);
+    }
+    for (std::size_t i = 0; i < expert_group_types.size(); ++i) {
       expert_[i] = split(world, expert.groups(expert_group_types[i]));
+      MPI_Comm_set_name(MPI_Comm(expert_[i]), expert_names[i]);
+    }
   }
 
   [[nodiscard]] parallel::layout const& layout() const noexcept { return layout_; }

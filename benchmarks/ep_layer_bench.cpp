@@ -1,0 +1,236 @@
+// SPDX-License-Identifier: Apache-2.0
+// ep_layer_bench — forward + backward of one MoE layer over EP ranks (run under mpiexec; EP = the
+// number of ranks, ETP = 1), two dispatchers alternating in one run.
+//
+//   mpiexec -n 2 build/benchmarks/ep_layer_bench --compare overlap --shape A [--rounds 11]
+//   MEGAMOE_RANKS_PER_NODE=2 mpiexec -n 8 build/benchmarks/ep_layer_bench --compare hierarchical
+//       --shape B
+//
+// --compare overlap: all_to_all (blocking) against all_to_all_overlap<4> (exchanges in pieces of
+// local experts, overlapped with expert compute). --compare hierarchical: all_to_all against the
+// node-aware dispatcher (nodes from MEGAMOE_RANKS_PER_NODE or shared memory). Each rank holds
+// tokens/EP of the shape's tokens (random, seeded per rank); both layers start from the same
+// weights. A round times `--iters` steps of each variant, alternating which goes first; a step's
+// time is the slowest rank's. Reported: per variant the median, min and max over rounds, and the
+// median and range of the per-round ratio (second / first). Bytes: what one dispatch sends from
+// each rank to other ranks (token rows and probs), summed over ranks, in total and across nodes.
+// Before timing, the first step's outputs are compared: equal bit for bit (overlap) or within
+// 1e-4 relative (hierarchical), else exit 1. rank 0 prints one JSON line.
+#include <megamoe/config/config.hpp>
+#include <megamoe/core/random.hpp>
+#include <megamoe/model/moe_layer.hpp>
+#include <megamoe/parallel/process_groups.hpp>
+
+#include <mpi.h>
+#include <CLI/CLI.hpp>
+#include <boost/mpi/collectives/all_gather.hpp>
+#include <boost/mpi/collectives/all_reduce.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace mm = megamoe;
+
+namespace {
+
+struct bench_shape {
+  int tokens, hidden, ffn, experts, top_k;
+};
+
+std::map<std::string, bench_shape> const shapes{{"A", {4096, 1024, 2816, 8, 2}},
+                                                {"B", {4096, 1024, 704, 32, 8}},
+                                                {"C", {1024, 256, 512, 16, 4}}};
+
+template <class Dispatch>
+using bench_config = mm::make_config<
+    mm::shape<mm::hidden<mm::dynamic>, mm::ffn<mm::dynamic>, mm::experts<mm::dynamic>>,
+    mm::router::runtime, Dispatch, mm::expert::mlp<mm::expert::swiglu>, mm::precision::fp32,
+    mm::parallel::mapping<mm::parallel::etp<1>, mm::parallel::ep<mm::dynamic>>>;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  std::size_t const n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct variant_bytes {
+  double total = 0.0, inter_node = 0.0;
+};
+
+/// Bytes one dispatch sends from this rank to others, in total and to other nodes.
+template <class Layer>
+variant_bytes bytes_of(Layer const& layer, std::vector<int> const& node_of_ep, int me, int H) {
+  variant_bytes b;
+  auto const& d = layer.dispatcher();
+  if constexpr (requires { d.traffic(); }) {
+    auto const& t = d.traffic();
+    b.inter_node = static_cast<double>(t.inter_node_bytes());
+    b.total = b.inter_node + static_cast<double>(t.intra_node_bytes());
+  } else {
+    auto const splits = d.send_splits();
+    for (std::size_t j = 0; j < splits.size(); ++j) {
+      if (static_cast<int>(j) == me) continue;
+      double const bytes = static_cast<double>(splits[j]) * (H + 1) * sizeof(float);
+      b.total += bytes;
+      if (node_of_ep[j] != node_of_ep[static_cast<std::size_t>(me)]) b.inter_node += bytes;
+    }
+  }
+  return b;
+}
+
+template <class First, class Second>
+int compare(mm::parallel::environment& env, std::string const& what, std::string const& shape_name,
+            int rounds, int iters) {
+  auto const& world = env.world();
+  bench_shape const s = shapes.at(shape_name);
+  int const EP = world.size(), T = s.tokens / EP, H = s.hidden;
+  mm::parallel::degrees d;
+  d.ep = EP;
+  mm::parallel::process_groups const groups(world, d);
+  mm::startup_values given;
+  given.hidden = H;
+  given.ffn = s.ffn;
+  given.experts = s.experts;
+  mm::router::settings r;
+  r.top_k = s.top_k;
+  r.aux_loss_coeff = 1e-2;
+  given.router = r;
+  mm::context ctx(env.num_threads());
+  mm::moe_layer<bench_config<First>> first(groups, 0, given);
+  mm::moe_layer<bench_config<Second>> second(groups, 0, given);
+  first.initialize(7);
+  second.initialize(7);
+  mm::row_matrix<float> x(T, H), dy(T, H);
+  auto const seed = static_cast<std::uint64_t>(world.rank());
+  for (Eigen::Index i = 0; i < x.size(); ++i) {
+    x.data()[i] =
+        static_cast<float>(mm::standard_normal(100 + seed, static_cast<std::uint64_t>(i)));
+    dy.data()[i] =
+        static_cast<float>(mm::standard_normal(200 + seed, static_cast<std::uint64_t>(i)));
+  }
+  auto step = [&](auto& layer) {
+    auto const y = layer.forward(ctx, x, T, 1).y;
+    (void)y;
+    layer.backward(ctx, dy);
+  };
+  auto timed = [&](auto& layer) {
+    world.barrier();
+    auto const start = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) step(layer);
+    double mine =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
+    double slowest = 0.0;
+    MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_Comm(world));
+    return slowest;
+  };
+
+  // Check: the first step's outputs.
+  mm::row_matrix<float> const y1 = first.forward(ctx, x, T, 1).y;
+  first.backward(ctx, dy);
+  mm::row_matrix<float> const y2 = second.forward(ctx, x, T, 1).y;
+  second.backward(ctx, dy);
+  double const scale = std::max(1e-30, double(y1.cwiseAbs().maxCoeff()));
+  double const err = (y1 - y2).cwiseAbs().maxCoeff() / scale;
+  double const worst = boost::mpi::all_reduce(world, err, boost::mpi::maximum<double>());
+  bool const exact = what == "overlap";
+  bool const ok = exact ? worst == 0.0 : worst <= 1e-4;
+
+  std::vector<int> world_of_ep;
+  boost::mpi::all_gather(groups.ep(), world.rank(), world_of_ep);
+  std::vector<int> node_of_ep(world_of_ep.size());
+  int per_node = 0;
+  if (char const* text = std::getenv("MEGAMOE_RANKS_PER_NODE")) per_node = std::atoi(text);
+  for (std::size_t j = 0; j < world_of_ep.size(); ++j)
+    node_of_ep[j] = per_node > 0 ? world_of_ep[j] / per_node : 0;
+  auto sum = [&](double v) { return boost::mpi::all_reduce(world, v, std::plus<double>()); };
+  variant_bytes const b1 = bytes_of(first, node_of_ep, groups.ep().rank(), H);
+  variant_bytes const b2 = bytes_of(second, node_of_ep, groups.ep().rank(), H);
+
+  std::vector<double> t1, t2, ratio;
+  step(first);  // warm-up (buffers grown, pages touched)
+  step(second);
+  for (int round = 0; round < rounds; ++round) {
+    double a = 0.0, b = 0.0;
+    if (round % 2 == 0) {
+      a = timed(first);
+      b = timed(second);
+    } else {
+      b = timed(second);
+      a = timed(first);
+    }
+    t1.push_back(a);
+    t2.push_back(b);
+    ratio.push_back(b / a);
+  }
+  if (world.rank() == 0) {
+    auto summary = [](std::vector<double> const& v) {
+      nlohmann::ordered_json j;
+      j["median_ms"] = 1e3 * median(v);
+      j["min_ms"] = 1e3 * *std::min_element(v.begin(), v.end());
+      j["max_ms"] = 1e3 * *std::max_element(v.begin(), v.end());
+      return j;
+    };
+    nlohmann::ordered_json j;
+    j["compare"] = what;
+    j["shape"] = shape_name;
+    j["ep"] = EP;
+    j["tokens_per_rank"] = T;
+    j["threads_per_rank"] = env.num_threads();
+    j["ranks_per_node"] = per_node;
+    j["rounds"] = rounds;
+    j["iters_per_round"] = iters;
+    j["first"] = First::name;
+    j["second"] = Second::name;
+    j["first_step"] = summary(t1);
+    j["second_step"] = summary(t2);
+    j["ratio_median"] = median(ratio);
+    j["ratio_min"] = *std::min_element(ratio.begin(), ratio.end());
+    j["ratio_max"] = *std::max_element(ratio.begin(), ratio.end());
+    j["tokens_per_s_first"] = s.tokens / median(t1);
+    j["tokens_per_s_second"] = s.tokens / median(t2);
+    j["output_max_rel_diff"] = worst;
+    j["output_check"] = ok ? "ok" : "FAILED";
+    std::cout << j.dump() << std::endl;
+  }
+  // Collective: every rank sums the bytes.
+  double const total1 = sum(b1.total), inter1 = sum(b1.inter_node);
+  double const total2 = sum(b2.total), inter2 = sum(b2.inter_node);
+  if (world.rank() == 0) {
+    nlohmann::ordered_json j;
+    j["bytes_per_dispatch"] = {{First::name, {{"total", total1}, {"inter_node", inter1}}},
+                               {Second::name, {{"total", total2}, {"inter_node", inter2}}}};
+    std::cout << j.dump() << std::endl;
+  }
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return mm::parallel::run_main(argc, argv, [&](mm::parallel::environment& env) {
+    CLI::App app{"forward + backward of one MoE layer over EP ranks, two dispatchers alternating"};
+    std::string what = "overlap", shape = "A";
+    int rounds = 11, iters = 1;
+    app.add_option("--compare", what, "overlap | hierarchical")
+        ->check(CLI::IsMember({"overlap", "hierarchical"}));
+    app.add_option("--shape", shape, "A | B | C")->check(CLI::IsMember({"A", "B", "C"}));
+    app.add_option("--rounds", rounds, "alternating rounds")->check(CLI::PositiveNumber);
+    app.add_option("--iters", iters, "steps per variant and round")->check(CLI::PositiveNumber);
+    try {
+      app.parse(argc, argv);
+    } catch (CLI::ParseError const& e) {
+      return env.world().rank() == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
+    }
+    if (what == "overlap")
+      return compare<mm::dispatch::all_to_all, mm::dispatch::all_to_all_overlap<4>>(
+          env, what, shape, rounds, iters);
+    return compare<mm::dispatch::all_to_all, mm::dispatch::hierarchical<>>(env, what, shape, rounds,
+                                                                           iters);
+  });
+}

@@ -1,0 +1,324 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/dispatch/hierarchical.hpp — the node-aware dispatcher: a token crosses each node boundary
+// at most once. Interface: dispatch/local.hpp. Needs ETP = 1 (R032).
+//
+// The EP ranks form M nodes of R ranks each (dispatch/nodes.hpp); rank (node m, index q) holds the
+// L experts of its EP rank. Dispatch runs in two exchanges:
+//   A, between nodes: a token goes once to every node that holds one of its experts, to the rank
+//      with the sender's own index there (over `peers()`), with its routing-map entries and probs
+//      for that node's R*L experts;
+//   B, inside the node: each row goes once to every rank of the node that holds one of its
+//      experts (over `node()`), with the entries for that rank's L experts.
+// Each rank then groups what it received by local expert (rows by arrival order). Combine is the
+// reverse, summing as early as possible: a rank first adds the rows of each received row, the
+// node's ranks send those partial sums back, the receiving rank adds them per token copy, and only
+// those sums cross the node boundary back to the token's rank, which adds one per node.
+// Drop-and-pad (capacity > 0) sends the same rows as routing: each rank's C rows per expert
+// (routed tokens first, then padding) become its routing map.
+#pragma once
+
+#include <megamoe/core/buffer.hpp>
+#include <megamoe/core/error.hpp>
+#include <megamoe/core/tensor.hpp>
+#include <megamoe/core/thread_pool.hpp>
+#include <megamoe/dispatch/groups.hpp>
+#include <megamoe/dispatch/nodes.hpp>
+#include <megamoe/dispatch/token_rows.hpp>
+#include <megamoe/parallel/collectives.hpp>
+#include <megamoe/parallel/environment.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <exception>
+#include <numeric>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace megamoe::dispatch {
+
+/// What one dispatch (or one combine: the same rows travel back) sends from this rank.
+struct node_traffic {
+  std::int64_t inter_node_rows = 0;  // token rows to other nodes
+  std::int64_t intra_node_rows = 0;  // token rows to other ranks of this node
+  std::int64_t row_bytes = 0;        // bytes of one token row
+  std::int64_t inter_node_meta_bytes = 0, intra_node_meta_bytes = 0;  // probs riding along
+  [[nodiscard]] std::int64_t inter_node_bytes() const {
+    return inter_node_rows * row_bytes + inter_node_meta_bytes;
+  }
+  [[nodiscard]] std::int64_t intra_node_bytes() const {
+    return intra_node_rows * row_bytes + intra_node_meta_bytes;
+  }
+};
+
+/// T: the layer's scalar; P: the router's probs type.
+template <class T, class P>
+class hierarchical_dispatcher {
+ public:
+  hierarchical_dispatcher(expert_groups const& groups, int hidden)
+      : groups_(groups), nodes_(whole_experts(groups)), hidden_(hidden) {
+    int const M = nodes_.nodes(), R = nodes_.ranks_per_node(), L = groups.local_experts();
+    width_ = R * L;
+    node_experts_.resize(static_cast<std::size_t>(M) * width_);
+    for (int m = 0; m < M; ++m)
+      for (int q = 0; q < R; ++q)
+        for (int l = 0; l < L; ++l)
+          node_experts_[static_cast<std::size_t>(m * width_ + q * L + l)] =
+              nodes_.rank_at(m, q) * L + l;
+    for (auto* counts : {&send_a_, &recv_a_}) counts->resize(static_cast<std::size_t>(M));
+    for (auto* counts : {&send_b_, &recv_b_}) counts->resize(static_cast<std::size_t>(R));
+  }
+
+  void plan(thread_pool&, mask_matrix const& map, int capacity,
+            std::exception_ptr earlier = nullptr) {
+    int const E = groups_.num_experts(), M = nodes_.nodes(), R = nodes_.ranks_per_node();
+    int const L = groups_.local_experts(), W = width_;
+    std::exception_ptr problem = earlier;
+    if (!problem) try {
+        if (map.cols() != E)
+          throw input_error("hierarchical dispatcher: the routing map has " +
+                            std::to_string(map.cols()) + " experts, the layer " +
+                            std::to_string(E));
+        source_.assign(map, capacity);
+      } catch (...) {
+        problem = std::current_exception();
+      }
+    parallel::agree_on_failure(groups_.ep(), problem);
+    // The rows to send, as a map (drop-and-pad's padding rows included).
+    int const tokens = source_.tokens();
+    sent_map_.assign(static_cast<std::size_t>(tokens) * E, 0);
+    for (int j = 0; j < source_.rows(); ++j)
+      sent_map_[static_cast<std::size_t>(source_.source_token(j)) * E + source_.row_expert(j)] = 1;
+    // A: each token once to each node that holds one of its experts.
+    need_.assign(static_cast<std::size_t>(tokens) * M, 0);
+    for (int t = 0; t < tokens; ++t)
+      for (int m = 0; m < M; ++m)
+        for (int c = 0; c < W && need_[static_cast<std::size_t>(t) * M + m] == 0; ++c)
+          need_[static_cast<std::size_t>(t) * M + m] = sent(t, expert_at(m, c));
+    stage_a_.assign(mask_map(need_.data(), tokens, M), 0);
+    exchange_counts(nodes_.peers(), stage_a_, send_a_, recv_a_);
+    auto* mask_out = masks_[0].reserve(std::size_t(stage_a_.rows()) * W);
+    for (int r = 0; r < stage_a_.rows(); ++r)
+      for (int c = 0; c < W; ++c)
+        mask_out[std::ptrdiff_t{r} * W + c] =
+            sent(stage_a_.source_token(r), expert_at(stage_a_.row_expert(r), c));
+    rows_a_ = total(recv_a_);
+    mask_a_.resize(static_cast<std::size_t>(rows_a_) * W);
+    parallel::all_to_all_v(nodes_.peers(), mask_out, send_a_, mask_a_.data(), recv_a_, W);
+    // B: each received row once to each rank of the node that holds one of its experts.
+    need_.assign(static_cast<std::size_t>(rows_a_) * R, 0);
+    for (std::int64_t a = 0; a < rows_a_; ++a)
+      for (int q = 0; q < R; ++q)
+        for (int l = 0; l < L; ++l)
+          need_[static_cast<std::size_t>(a * R + q)] |=
+              mask_a_[static_cast<std::size_t>(a * W + q * L + l)];
+    stage_b_.assign(mask_map(need_.data(), static_cast<int>(rows_a_), R), 0);
+    exchange_counts(nodes_.node(), stage_b_, send_b_, recv_b_);
+    mask_out = masks_[1].reserve(std::size_t(stage_b_.rows()) * L);
+    for (int r = 0; r < stage_b_.rows(); ++r)
+      std::copy_n(mask_a_.data() + std::ptrdiff_t{stage_b_.source_token(r)} * W +
+                      stage_b_.row_expert(r) * L,
+                  L, mask_out + std::ptrdiff_t{r} * L);
+    rows_b_ = total(recv_b_);
+    mask_b_.resize(static_cast<std::size_t>(rows_b_) * L);
+    parallel::all_to_all_v(nodes_.node(), mask_out, send_b_, mask_b_.data(), recv_b_, L);
+    // The local experts' rows, by expert, in arrival order.
+    expert_rows_.assign(mask_map(mask_b_.data(), static_cast<int>(rows_b_), L), 0);
+    count_traffic();
+  }
+
+  [[nodiscard]] int expert_rows() const noexcept { return expert_rows_.rows(); }
+  [[nodiscard]] std::span<std::int64_t const> tokens_per_local_expert() const noexcept {
+    return expert_rows_.permutation().tokens_per_expert;
+  }
+
+  // Bookkeeping, for tests, benchmarks and logs.
+  [[nodiscard]] node_layout const& nodes() const noexcept { return nodes_; }
+  /// Rows and bytes this rank sends in one dispatch of the last plan (combine sends as many back).
+  [[nodiscard]] node_traffic const& traffic() const noexcept { return traffic_; }
+  /// Rows this rank sends to each node (exchange A) and to each rank of its node (exchange B).
+  [[nodiscard]] std::span<std::int64_t const> rows_to_nodes() const noexcept { return send_a_; }
+  [[nodiscard]] std::span<std::int64_t const> rows_in_node() const noexcept { return send_b_; }
+
+  void dispatch(thread_pool& pool, T const* tokens, T* rows, row_matrix<P> const& probs,
+                T* row_probs) {
+    int const W = width_, L = groups_.local_experts();
+    T* probs_out = probs_[0].reserve(std::size_t(stage_a_.rows()) * W);
+    for (int r = 0; r < stage_a_.rows(); ++r)
+      for (int c = 0; c < W; ++c)
+        probs_out[std::ptrdiff_t{r} * W + c] =
+            static_cast<T>(probs(stage_a_.source_token(r), expert_at(stage_a_.row_expert(r), c)));
+    T const* received = forward(pool, tokens, rows, probs_out);
+    for (int j = 0; j < expert_rows_.rows(); ++j)
+      row_probs[j] =
+          received[std::ptrdiff_t{expert_rows_.source_token(j)} * L + expert_rows_.row_expert(j)];
+  }
+  void dispatch(thread_pool& pool, T const* tokens, T* rows) {
+    forward(pool, tokens, rows, nullptr);
+  }
+  void combine(thread_pool& pool, T const* rows, T* out) {
+    backward(pool, rows, out, false, nullptr);
+  }
+  void combine_grad(thread_pool& pool, T const* grad_rows, T const* grad_row_probs, T* dx,
+                    row_matrix<P>& grad_probs) {
+    int const W = width_, L = groups_.local_experts();
+    T* at_b = probs_[2].reserve(std::size_t(rows_b_) * L);
+    std::fill_n(at_b, rows_b_ * L, T(0));
+    for (int j = 0; j < expert_rows_.rows(); ++j)
+      at_b[std::ptrdiff_t{expert_rows_.source_token(j)} * L + expert_rows_.row_expert(j)] =
+          grad_row_probs[j];
+    T const* at_a = backward(pool, grad_rows, dx, true, at_b);
+    for (int r = 0; r < stage_a_.rows(); ++r) {
+      int const t = stage_a_.source_token(r);
+      for (int c = 0; c < W; ++c) {
+        int const e = expert_at(stage_a_.row_expert(r), c);
+        if (sent(t, e)) grad_probs(t, e) = static_cast<P>(at_a[std::ptrdiff_t{r} * W + c]);
+      }
+    }
+  }
+
+  [[nodiscard]] std::size_t saved_bytes() const noexcept {
+    return source_.bytes() + stage_a_.bytes() + stage_b_.bytes() + expert_rows_.bytes() +
+           sent_map_.size() + mask_a_.size() + mask_b_.size() +
+           (send_a_.size() + recv_a_.size() + send_b_.size() + recv_b_.size()) *
+               sizeof(std::int64_t);
+  }
+
+ private:
+  using mask_view = Eigen::Map<mask_matrix const>;
+  static mask_view mask_map(std::uint8_t const* data, int rows, int cols) {
+    return {data, rows, cols};
+  }
+  static std::int64_t total(std::vector<std::int64_t> const& counts) {
+    return std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
+  }
+  static boost::mpi::communicator const& whole_experts(expert_groups const& groups) {
+    if (groups.etp_size() != 1)
+      throw parallel::agreed_config_error(
+          32, config_error(32, "ETP is " + std::to_string(groups.etp_size())).what());
+    return groups.ep();
+  }
+
+  [[nodiscard]] int expert_at(int node, int column) const {
+    return node_experts_[static_cast<std::size_t>(node * width_ + column)];
+  }
+  [[nodiscard]] std::uint8_t sent(int token, int expert) const {
+    return sent_map_[static_cast<std::size_t>(token) * groups_.num_experts() + expert];
+  }
+
+  /// Rows per destination from `rows`' permutation; rows per source by an all-to-all of counts.
+  static void exchange_counts(boost::mpi::communicator const& comm, token_rows const& rows,
+                              std::vector<std::int64_t>& send, std::vector<std::int64_t>& recv) {
+    auto const& per = rows.permutation().tokens_per_expert;
+    std::copy(per.begin(), per.end(), send.begin());
+    parallel::watched_collective const watch(MPI_Comm(comm), "exchange_counts", 1);
+    MPI_Alltoall(send.data(), 1, MPI_INT64_T, recv.data(), 1, MPI_INT64_T, MPI_Comm(comm));
+  }
+
+  void count_traffic() {
+    int const me_node = nodes_.node_of(groups_.ep_rank());
+    int const me_index = nodes_.index_of(groups_.ep_rank());
+    traffic_ = {};
+    traffic_.row_bytes = std::int64_t{hidden_} * std::int64_t{sizeof(T)};
+    for (std::size_t m = 0; m < send_a_.size(); ++m)
+      if (static_cast<int>(m) != me_node) traffic_.inter_node_rows += send_a_[m];
+    for (std::size_t q = 0; q < send_b_.size(); ++q)
+      if (static_cast<int>(q) != me_index) traffic_.intra_node_rows += send_b_[q];
+    traffic_.inter_node_meta_bytes = traffic_.inter_node_rows * width_ * std::int64_t{sizeof(T)};
+    traffic_.intra_node_meta_bytes =
+        traffic_.intra_node_rows * groups_.local_experts() * std::int64_t{sizeof(T)};
+  }
+
+  /// Token rows (and, when `probs_a` is given, their probs [rows of A, R*L]) through both
+  /// exchanges into the expert rows; returns the probs received by B [rows of B, L].
+  T const* forward(thread_pool& pool, T const* tokens, T* rows, T const* probs_a) {
+    int const H = hidden_, W = width_, L = groups_.local_experts();
+    T* out_a = rows_[0].reserve(std::size_t(stage_a_.rows()) * H);
+    stage_a_.gather(pool, tokens, H, out_a);
+    T* in_a = rows_[1].reserve(std::size_t(rows_a_) * H);
+    T* probs_in_a = probs_[1].reserve(std::size_t(rows_a_) * W);
+    {
+      std::array<parallel::request, 2> pending;
+      pending[0] = parallel::all_to_all_v_start(nodes_.peers(), out_a, send_a_, in_a, recv_a_, H);
+      if (probs_a)
+        pending[1] =
+            parallel::all_to_all_v_start(nodes_.peers(), probs_a, send_a_, probs_in_a, recv_a_, W);
+    }
+    T* out_b = rows_[2].reserve(std::size_t(stage_b_.rows()) * H);
+    stage_b_.gather(pool, in_a, H, out_b);
+    T* probs_b = probs_[2].reserve(std::size_t(stage_b_.rows()) * L);
+    if (probs_a)
+      for (int r = 0; r < stage_b_.rows(); ++r)
+        std::copy_n(
+            probs_in_a + std::ptrdiff_t{stage_b_.source_token(r)} * W + stage_b_.row_expert(r) * L,
+            L, probs_b + std::ptrdiff_t{r} * L);
+    T* in_b = rows_[3].reserve(std::size_t(rows_b_) * H);
+    T* probs_in_b = probs_[3].reserve(std::size_t(rows_b_) * L);
+    {
+      std::array<parallel::request, 2> pending;
+      pending[0] = parallel::all_to_all_v_start(nodes_.node(), out_b, send_b_, in_b, recv_b_, H);
+      if (probs_a)
+        pending[1] =
+            parallel::all_to_all_v_start(nodes_.node(), probs_b, send_b_, probs_in_b, recv_b_, L);
+    }
+    expert_rows_.gather(pool, in_b, H, rows);
+    return probs_in_b;
+  }
+
+  /// Expert rows back to the tokens, each hop adding what it can (out: set, or added to with
+  /// `add`); when `probs_b` [rows of B, L] is given, it travels back too, and the probs arriving at
+  /// exchange A's send side [rows of A, R*L] are returned.
+  T const* backward(thread_pool& pool, T const* rows, T* out, bool add, T const* probs_b) {
+    int const H = hidden_, W = width_, L = groups_.local_experts();
+    T* sums_b = rows_[3].reserve(std::size_t(rows_b_) * H);
+    expert_rows_.combine(pool, rows, H, sums_b, false);
+    T* back_b = rows_[2].reserve(std::size_t(stage_b_.rows()) * H);
+    T* probs_back_b = probs_[1].reserve(std::size_t(stage_b_.rows()) * L);
+    {
+      std::array<parallel::request, 2> pending;
+      pending[0] = parallel::all_to_all_v_start(nodes_.node(), sums_b, recv_b_, back_b, send_b_, H);
+      if (probs_b)
+        pending[1] =
+            parallel::all_to_all_v_start(nodes_.node(), probs_b, recv_b_, probs_back_b, send_b_, L);
+    }
+    T* sums_a = rows_[1].reserve(std::size_t(rows_a_) * H);
+    stage_b_.combine(pool, back_b, H, sums_a, false);
+    T* probs_a = probs_[3].reserve(std::size_t(rows_a_) * W);
+    if (probs_b) {
+      std::fill_n(probs_a, rows_a_ * W, T(0));
+      for (int r = 0; r < stage_b_.rows(); ++r)
+        std::copy_n(
+            probs_back_b + std::ptrdiff_t{r} * L, L,
+            probs_a + std::ptrdiff_t{stage_b_.source_token(r)} * W + stage_b_.row_expert(r) * L);
+    }
+    T* back_a = rows_[0].reserve(std::size_t(stage_a_.rows()) * H);
+    T* probs_back_a = probs_[0].reserve(std::size_t(stage_a_.rows()) * W);
+    {
+      std::array<parallel::request, 2> pending;
+      pending[0] =
+          parallel::all_to_all_v_start(nodes_.peers(), sums_a, recv_a_, back_a, send_a_, H);
+      if (probs_b)
+        pending[1] = parallel::all_to_all_v_start(nodes_.peers(), probs_a, recv_a_, probs_back_a,
+                                                  send_a_, W);
+    }
+    stage_a_.combine(pool, back_a, H, out, add);
+    return probs_back_a;
+  }
+
+  expert_groups groups_;
+  node_layout nodes_;
+  int hidden_;
+  int width_ = 1;                  // R*L: the experts of one node
+  std::vector<int> node_experts_;  // [M][R*L]: global expert of each column of a node
+  token_rows source_;              // this rank's rows by global expert (padding included)
+  std::vector<std::uint8_t> sent_map_, need_, mask_a_, mask_b_;
+  token_rows stage_a_, stage_b_, expert_rows_;
+  std::vector<std::int64_t> send_a_, recv_a_, send_b_, recv_b_;
+  std::int64_t rows_a_ = 0, rows_b_ = 0;
+  std::array<buffer<std::uint8_t>, 2> masks_;
+  std::array<buffer<T>, 4> rows_, probs_;
+  node_traffic traffic_;
+};
+
+}  // namespace megamoe::dispatch

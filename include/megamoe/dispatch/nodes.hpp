@@ -1,0 +1,129 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/dispatch/nodes.hpp — where the ranks of an EP group sit on machines (nodes), for the
+// node-aware dispatcher.
+//
+// A node is the set of ranks that share memory (MPI_Comm_split_type), or, with
+// MEGAMOE_RANKS_PER_NODE = r, r consecutive world ranks (to emulate several nodes on one machine;
+// r must divide the world size). Nodes are numbered by their lowest EP rank; inside a node, ranks
+// by EP rank. Every node must hold the same number of the group's ranks, so that each rank has one
+// peer with the same index on every other node (R034).
+#pragma once
+
+#include <megamoe/core/error.hpp>
+#include <megamoe/parallel/environment.hpp>
+#include <megamoe/parallel/watchdog.hpp>
+
+#include <mpi.h>
+#include <boost/mpi/communicator.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace megamoe::dispatch {
+
+/// Parses a MEGAMOE_RANKS_PER_NODE value for a world of `world_size` ranks: a positive integer
+/// that divides it, or R034.
+inline int parse_ranks_per_node(std::string const& text, int world_size) {
+  bool const digits =
+      !text.empty() && text.size() < 9 && text.find_first_not_of("0123456789") == std::string::npos;
+  int const r = digits ? std::stoi(text) : 0;
+  if (r < 1 || world_size % r != 0)
+    throw config_error(34, "MEGAMOE_RANKS_PER_NODE='" + text + "' for a world of " +
+                               std::to_string(world_size) + " ranks");
+  return r;
+}
+
+/// The nodes of one communicator (the EP group): this rank's node and index in it, the node of
+/// every member, and two communicators: `node()` (the members on this node) and `peers()` (the
+/// members with this rank's index, one per node, ordered by node).
+class node_layout {
+ public:
+  /// Collective over `group`. Reads MEGAMOE_RANKS_PER_NODE; a bad value or unequal nodes are the
+  /// same `agreed_config_error` (R034) on every rank.
+  explicit node_layout(boost::mpi::communicator const& group) {
+    int const n = group.size();
+    boost::mpi::communicator const world;
+    long key = 0;
+    std::optional<boost::mpi::communicator> shared;
+    parallel::check_on_every_rank(group, [&] {
+      if (char const* text = std::getenv("MEGAMOE_RANKS_PER_NODE")) {
+        key = world.rank() / parse_ranks_per_node(text, world.size());
+      } else {
+        MPI_Comm raw = MPI_COMM_NULL;
+        parallel::watched_collective const watch(MPI_Comm(group), "split_by_node", 1);
+        MPI_Comm_split_type(MPI_Comm(group), MPI_COMM_TYPE_SHARED, group.rank(), MPI_INFO_NULL,
+                            &raw);
+        shared.emplace(raw, boost::mpi::comm_take_ownership);
+      }
+    });
+    if (shared) {  // the node's name: its lowest world rank
+      int lowest = world.rank();
+      parallel::watched_collective const watch(MPI_Comm(*shared), "name_node", 1);
+      MPI_Allreduce(MPI_IN_PLACE, &lowest, 1, MPI_INT, MPI_MIN, MPI_Comm(*shared));
+      key = lowest;
+    }
+    std::vector<long> keys(static_cast<std::size_t>(n));
+    {
+      parallel::watched_collective const watch(MPI_Comm(group), "gather_nodes", 1);
+      MPI_Allgather(&key, 1, MPI_LONG, keys.data(), 1, MPI_LONG, MPI_Comm(group));
+    }
+    // Nodes numbered by first appearance in rank order; indices in rank order.
+    std::vector<long> seen;
+    node_of_.resize(static_cast<std::size_t>(n));
+    index_of_.resize(static_cast<std::size_t>(n));
+    std::vector<int> filled;
+    for (int j = 0; j < n; ++j) {
+      auto const it = std::find(seen.begin(), seen.end(), keys[static_cast<std::size_t>(j)]);
+      int const node = static_cast<int>(it - seen.begin());
+      if (it == seen.end()) {
+        seen.push_back(keys[static_cast<std::size_t>(j)]);
+        filled.push_back(0);
+      }
+      node_of_[static_cast<std::size_t>(j)] = node;
+      index_of_[static_cast<std::size_t>(j)] = filled[static_cast<std::size_t>(node)]++;
+    }
+    nodes_ = static_cast<int>(seen.size());
+    per_node_ = n / nodes_;
+    // Every rank sees the same table, so every rank throws (or not) alike.
+    if (std::any_of(filled.begin(), filled.end(), [&](int c) { return c != per_node_; })) {
+      std::string counts;
+      for (int c : filled) counts += (counts.empty() ? "" : ", ") + std::to_string(c);
+      throw parallel::agreed_config_error(
+          34, config_error(34, "the " + std::to_string(n) + " ranks of the EP group lie on " +
+                                   std::to_string(nodes_) + " nodes holding " + counts +
+                                   " of them; every node must hold the same number")
+                  .what());
+    }
+    rank_at_.resize(static_cast<std::size_t>(n));
+    for (int j = 0; j < n; ++j)
+      rank_at_[static_cast<std::size_t>(node_of(j) * per_node_ + index_of(j))] = j;
+    int const me = group.rank();
+    parallel::watched_collective const watch(MPI_Comm(group), "split_nodes", 2);
+    node_comm_ = group.split(node_of(me), me);
+    peer_comm_ = group.split(index_of(me), node_of(me));
+    MPI_Comm_set_name(MPI_Comm(node_comm_), "ep_node");
+    MPI_Comm_set_name(MPI_Comm(peer_comm_), "ep_node_peers");
+  }
+
+  [[nodiscard]] int nodes() const noexcept { return nodes_; }
+  /// Members of the group on each node.
+  [[nodiscard]] int ranks_per_node() const noexcept { return per_node_; }
+  [[nodiscard]] int node_of(int rank) const { return node_of_[static_cast<std::size_t>(rank)]; }
+  [[nodiscard]] int index_of(int rank) const { return index_of_[static_cast<std::size_t>(rank)]; }
+  /// The group rank with index `index` on node `node`.
+  [[nodiscard]] int rank_at(int node, int index) const {
+    return rank_at_[static_cast<std::size_t>(node * per_node_ + index)];
+  }
+  [[nodiscard]] boost::mpi::communicator const& node() const noexcept { return node_comm_; }
+  [[nodiscard]] boost::mpi::communicator const& peers() const noexcept { return peer_comm_; }
+
+ private:
+  int nodes_ = 1, per_node_ = 1;
+  std::vector<int> node_of_, index_of_, rank_at_;
+  boost::mpi::communicator node_comm_, peer_comm_;
+};
+
+}  // namespace megamoe::dispatch

@@ -1,0 +1,19 @@
+// SPDX-License-Identifier: Apache-2.0
+// R032: hierarchical dispatch needs ETP 1 (whole experts on each rank).
+// Built with MEGAMOE_COMPILE_FAIL the configuration breaks the rule and the compiler must print
+// megamoe[R032]; built without, the twin differs only in that choice and compiles.
+#include <megamoe/config/config.hpp>
+#include <megamoe/config/rules.hpp>
+
+namespace mm = megamoe;
+
+#ifdef MEGAMOE_COMPILE_FAIL
+#define MEGAMOE_TEST_CHOICE mm::parallel::etp<2>
+#else
+#define MEGAMOE_TEST_CHOICE mm::parallel::etp<1>
+#endif
+
+using cfg = mm::make_config<mm::shape<mm::hidden<64>, mm::ffn<128>, mm::experts<8>>,
+                            mm::dispatch::hierarchical<>,
+                            mm::parallel::mapping<mm::parallel::ep<2>, MEGAMOE_TEST_CHOICE>>;
+static_assert(mm::rules::check<cfg>());
