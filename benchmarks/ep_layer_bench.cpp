@@ -86,7 +86,7 @@ variant_bytes bytes_of(Layer const& layer, std::vector<int> const& node_of_ep, i
 
 template <class First, class Second>
 int compare(mm::parallel::environment& env, std::string const& what, std::string const& shape_name,
-            int rounds, int iters) {
+            int rounds, int iters, int progress_us) {
   auto const& world = env.world();
   bench_shape const s = shapes.at(shape_name);
   int const EP = world.size(), T = s.tokens / EP, H = s.hidden;
@@ -102,6 +102,7 @@ int compare(mm::parallel::environment& env, std::string const& what, std::string
   r.aux_loss_coeff = 1e-2;
   given.router = r;
   mm::context ctx(env.num_threads());
+  ctx.pool().progress().set_interval(std::chrono::microseconds(progress_us));
   mm::moe_layer<bench_config<First>> first(groups, 0, given);
   mm::moe_layer<bench_config<Second>> second(groups, 0, given);
   first.initialize(7);
@@ -185,6 +186,7 @@ int compare(mm::parallel::environment& env, std::string const& what, std::string
     j["ranks_per_node"] = per_node;
     j["rounds"] = rounds;
     j["iters_per_round"] = iters;
+    j["progress_us"] = progress_us;
     j["first"] = First::name;
     j["second"] = Second::name;
     j["first_step"] = summary(t1);
@@ -216,12 +218,15 @@ int main(int argc, char** argv) {
   return mm::parallel::run_main(argc, argv, [&](mm::parallel::environment& env) {
     CLI::App app{"forward + backward of one MoE layer over EP ranks, two dispatchers alternating"};
     std::string what = "overlap", shape = "A";
-    int rounds = 11, iters = 1;
+    int rounds = 11, iters = 1, progress_us = 200;
     app.add_option("--compare", what, "overlap | hierarchical")
         ->check(CLI::IsMember({"overlap", "hierarchical"}));
     app.add_option("--shape", shape, "A | B | C")->check(CLI::IsMember({"A", "B", "C"}));
     app.add_option("--rounds", rounds, "alternating rounds")->check(CLI::PositiveNumber);
     app.add_option("--iters", iters, "steps per variant and round")->check(CLI::PositiveNumber);
+    app.add_option("--progress-us", progress_us,
+                   "how often the waiting main thread tests the exchanges in flight")
+        ->check(CLI::PositiveNumber);
     try {
       app.parse(argc, argv);
     } catch (CLI::ParseError const& e) {
@@ -229,8 +234,8 @@ int main(int argc, char** argv) {
     }
     if (what == "overlap")
       return compare<mm::dispatch::all_to_all, mm::dispatch::all_to_all_overlap<4>>(
-          env, what, shape, rounds, iters);
+          env, what, shape, rounds, iters, progress_us);
     return compare<mm::dispatch::all_to_all, mm::dispatch::hierarchical<>>(env, what, shape, rounds,
-                                                                           iters);
+                                                                           iters, progress_us);
   });
 }

@@ -9,11 +9,15 @@
 #include <megamoe/parallel/collectives.hpp>
 #include <megamoe/parallel/environment.hpp>
 
+#include <megamoe/core/thread_pool.hpp>
+
 #include <boost/mpi/collectives/all_reduce.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace mp = megamoe::parallel;
@@ -154,6 +158,25 @@ void malformed(boost::mpi::communicator const& comm, int bad_rank) {
   });
 }
 
+/// While the pool computes, the waiting main thread tests the registered requests: an all-reduce
+/// started before a 100 ms pool task is complete when the task ends (no wait called), the rounds
+/// of tests were counted, and once it completed the waiter stopped testing.
+void progress_during_compute(boost::mpi::communicator const& comm) {
+  megamoe::thread_pool pool(1);
+  pool.progress().set_interval(std::chrono::microseconds(500));
+  std::vector<double> values(1000, 1.0);
+  auto pending = mp::all_reduce_sum_start(comm, std::span<double>(values));
+  pool.progress().watch(&pending.handle_);
+  std::uint64_t const before = pool.progress().polls();
+  pool.run(1, [](int) { std::this_thread::sleep_for(std::chrono::milliseconds(100)); });
+  std::uint64_t const rounds = pool.progress().polls() - before;
+  pool.progress().clear();
+  expect(pending.handle_ == MPI_REQUEST_NULL, "the exchange completed during the pool's work");
+  expect(rounds >= 1 && rounds < 150, "tested in " + std::to_string(rounds) + " rounds");
+  pending.wait();
+  expect(values[0] == comm.size() && values[999] == comm.size(), "the sum arrived");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -170,6 +193,7 @@ int main(int argc, char** argv) {
     for (int bad = 0; bad < world.size(); ++bad) malformed(world, bad);
     // Still in step after the agreed errors: one more exchange must work.
     all_to_all<float>(world, true);
+    progress_during_compute(world);
     int const failed = boost::mpi::all_reduce(world, failures, std::plus<int>());
     if (world.rank() == 0)
       std::cout << "collectives on " << world.size() << " ranks: " << checks << " checks per rank, "

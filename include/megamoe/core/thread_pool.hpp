@@ -64,14 +64,18 @@ class exchange_progress {
   [[nodiscard]] bool empty() const noexcept { return requests_.empty(); }
   [[nodiscard]] std::chrono::microseconds interval() const noexcept { return interval_; }
   void set_interval(std::chrono::microseconds every) noexcept { interval_ = every; }
-  /// Tests every pending request once (main thread only); counts the rounds.
-  void poll() {
+  /// Tests every pending request once (main thread only); counts the rounds. Returns whether any
+  /// is still pending.
+  bool poll() {
     ++polls_;
+    bool pending = false;
     for (MPI_Request* r : requests_)
       if (*r != MPI_REQUEST_NULL) {
         int flag = 0;
         MPI_Test(r, &flag, MPI_STATUS_IGNORE);
+        pending = pending || flag == 0;
       }
+    return pending;
   }
   /// Rounds of tests so far (for tests and benchmarks).
   [[nodiscard]] std::uint64_t polls() const noexcept { return polls_; }
@@ -141,12 +145,14 @@ class thread_pool {
         if (--j->remaining == 0) j->finished.notify_one();  // may return as soon as it sees 0
       });
     std::unique_lock hold(shared.lock);
-    while (!shared.finished.wait_for(hold, progress_.interval(),
-                                     [&] { return shared.remaining == 0; })) {
+    auto const done = [&] { return shared.remaining == 0; };
+    bool pending = true;
+    while (pending && !shared.finished.wait_for(hold, progress_.interval(), done)) {
       hold.unlock();
-      progress_.poll();
+      pending = progress_.poll();
       hold.lock();
     }
+    shared.finished.wait(hold, done);  // every exchange complete: no more wake-ups
   }
 
   Eigen::ThreadPool pool_;
