@@ -41,24 +41,36 @@ inline int parse_ranks_per_node(std::string const& text, int world_size) {
 /// members with this rank's index, one per node, ordered by node).
 class node_layout {
  public:
-  /// Collective over `group`. Reads MEGAMOE_RANKS_PER_NODE; a bad value or unequal nodes are the
-  /// same `agreed_config_error` (R034) on every rank.
+  /// Collective over the world (every rank builds the layout of its own group at the same point).
+  /// Reads MEGAMOE_RANKS_PER_NODE; a bad value or unequal nodes in any group are an
+  /// `agreed_config_error` (R034) on every rank.
   explicit node_layout(boost::mpi::communicator const& group) {
     int const n = group.size();
     boost::mpi::communicator const world;
     long key = 0;
-    std::optional<boost::mpi::communicator> shared;
-    parallel::check_on_every_rank(group, [&] {
-      if (char const* text = std::getenv("MEGAMOE_RANKS_PER_NODE")) {
-        key = world.rank() / parse_ranks_per_node(text, world.size());
-      } else {
-        MPI_Comm raw = MPI_COMM_NULL;
-        parallel::watched_collective const watch(MPI_Comm(group), "split_by_node", 1);
-        MPI_Comm_split_type(MPI_Comm(group), MPI_COMM_TYPE_SHARED, group.rank(), MPI_INFO_NULL,
-                            &raw);
-        shared.emplace(raw, boost::mpi::comm_take_ownership);
-      }
+    // Emulated node size (0: shared memory), the same on every rank.
+    int per_node = 0;
+    parallel::check_on_every_rank(world, [&] {
+      if (char const* text = std::getenv("MEGAMOE_RANKS_PER_NODE"))
+        per_node = parse_ranks_per_node(text, world.size());
     });
+    int range[2] = {per_node, -per_node};
+    {
+      parallel::watched_collective const watch(MPI_Comm(world), "agree_ranks_per_node", 2);
+      MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_INT, MPI_MIN, MPI_Comm(world));
+    }
+    if (range[0] != -range[1])
+      throw parallel::agreed_config_error(
+          34, config_error(34, "MEGAMOE_RANKS_PER_NODE differs between ranks").what());
+    std::optional<boost::mpi::communicator> shared;
+    if (per_node > 0) {
+      key = world.rank() / per_node;
+    } else {
+      MPI_Comm raw = MPI_COMM_NULL;
+      parallel::watched_collective const watch(MPI_Comm(group), "split_by_node", 1);
+      MPI_Comm_split_type(MPI_Comm(group), MPI_COMM_TYPE_SHARED, group.rank(), MPI_INFO_NULL, &raw);
+      shared.emplace(raw, boost::mpi::comm_take_ownership);
+    }
     if (shared) {  // the node's name: its lowest world rank
       int lowest = world.rank();
       parallel::watched_collective const watch(MPI_Comm(*shared), "name_node", 1);
@@ -87,16 +99,15 @@ class node_layout {
     }
     nodes_ = static_cast<int>(seen.size());
     per_node_ = n / nodes_;
-    // Every rank sees the same table, so every rank throws (or not) alike.
-    if (std::any_of(filled.begin(), filled.end(), [&](int c) { return c != per_node_; })) {
-      std::string counts;
-      for (int c : filled) counts += (counts.empty() ? "" : ", ") + std::to_string(c);
-      throw parallel::agreed_config_error(
-          34, config_error(34, "the " + std::to_string(n) + " ranks of the EP group lie on " +
+    parallel::check_on_every_rank(world, [&] {
+      if (std::any_of(filled.begin(), filled.end(), [&](int c) { return c != per_node_; })) {
+        std::string counts;
+        for (int c : filled) counts += (counts.empty() ? "" : ", ") + std::to_string(c);
+        throw config_error(34, "the " + std::to_string(n) + " ranks of an EP group lie on " +
                                    std::to_string(nodes_) + " nodes holding " + counts +
-                                   " of them; every node must hold the same number")
-                  .what());
-    }
+                                   " of them; every node must hold the same number");
+      }
+    });
     rank_at_.resize(static_cast<std::size_t>(n));
     for (int j = 0; j < n; ++j)
       rank_at_[static_cast<std::size_t>(node_of(j) * per_node_ + index_of(j))] = j;
