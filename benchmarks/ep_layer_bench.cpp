@@ -196,6 +196,8 @@ int compare(mm::parallel::environment& env, std::string const& what, std::string
     j["ratio_max"] = *std::max_element(ratio.begin(), ratio.end());
     j["tokens_per_s_first"] = s.tokens / median(t1);
     j["tokens_per_s_second"] = s.tokens / median(t2);
+    if constexpr (requires { second.dispatcher().overlap_pieces(); })
+      j["overlap_pieces"] = second.dispatcher().overlap_pieces();
     j["output_max_rel_diff"] = worst;
     j["output_check"] = ok ? "ok" : "FAILED";
     std::cout << j.dump() << std::endl;

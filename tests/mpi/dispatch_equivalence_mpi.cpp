@@ -10,8 +10,9 @@
 //     rank's routing map, counted here from the map and the rank table; all_to_all's equal the
 //     (token, expert on another node) pairs; summed over ranks, hierarchical never sends more, and
 //     with --fewer-at M strictly fewer at M nodes.
-// --variant overlap: all_to_all_overlap<pieces> (2 or 4): bit for bit the same results, in
-//   min(pieces, local experts) pieces.
+// --variant overlap: all_to_all_overlap<pieces, 0> (2 or 4, no minimum piece size): bit for bit
+//   the same results, in min(pieces, local experts) pieces; --pieces 0: all_to_all_overlap<2> with
+//   its default minimum piece (1 MiB per rank), which these small exchanges stay below: one piece.
 //
 //   mpiexec -n 8 megamoe_dispatch_equivalence_mpi_tests --ep 8 --nodes 1,2,4 --experts 64
 //       --top-k 8 [--tp 2] [--precision fp32] [--router pad] [--fewer-at 4]
@@ -187,7 +188,7 @@ int compare_at(mm::parallel::environment& env, options const& o, int nodes, tall
   int const my_node = world.rank() / per_node;
   if constexpr (exact) {
     int const pieces = hier.dispatcher().overlap_pieces();
-    result.close("overlap pieces", pieces, std::min(o.pieces, local), 1.0, 0.0);
+    result.close("overlap pieces", pieces, o.pieces == 0 ? 1 : std::min(o.pieces, local), 1.0, 0.0);
   } else {
     auto const& map = hier.router().output().routing_map;
     std::int64_t pairs = 0, expert_pairs = 0;
@@ -272,12 +273,14 @@ int main(int argc, char** argv) {
     if (o.variant == "overlap") {
       if (o.precision == "fp32") {
         if (o.pieces == 4)
-          return run<mm::dispatch::all_to_all_overlap<4>, mm::precision::fp32>(env, o);
-        return run<mm::dispatch::all_to_all_overlap<2>, mm::precision::fp32>(env, o);
+          return run<mm::dispatch::all_to_all_overlap<4, 0>, mm::precision::fp32>(env, o);
+        return run<mm::dispatch::all_to_all_overlap<2, 0>, mm::precision::fp32>(env, o);
       }
       if (o.pieces == 4)
-        return run<mm::dispatch::all_to_all_overlap<4>, mm::precision::fp64>(env, o);
-      return run<mm::dispatch::all_to_all_overlap<2>, mm::precision::fp64>(env, o);
+        return run<mm::dispatch::all_to_all_overlap<4, 0>, mm::precision::fp64>(env, o);
+      if (o.pieces == 0)
+        return run<mm::dispatch::all_to_all_overlap<2>, mm::precision::fp64>(env, o);
+      return run<mm::dispatch::all_to_all_overlap<2, 0>, mm::precision::fp64>(env, o);
     }
     if (o.precision == "fp32")
       return run<mm::dispatch::hierarchical<>, mm::precision::fp32>(env, o);

@@ -27,8 +27,10 @@
 #include <algorithm>
 #include <array>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <exception>
+#include <numeric>
 #include <span>
 #include <string>
 #include <vector>
@@ -41,8 +43,10 @@ class all_to_all_dispatcher {
  public:
   /// `overlap_pieces` > 1: the exchanges of `dispatch_compute_combine` and
   /// `dispatch_compute_combine_grad` run in that many pieces of local experts (at most one per
-  /// expert), each overlapping the expert compute of another.
-  all_to_all_dispatcher(expert_groups const& groups, int hidden, int overlap_pieces = 1)
+  /// expert, and fewer when a piece would carry less than `min_piece_bytes` of token rows per
+  /// rank), each overlapping the expert compute of another.
+  all_to_all_dispatcher(expert_groups const& groups, int hidden, int overlap_pieces = 1,
+                        std::size_t min_piece_bytes = 0)
       : groups_(groups),
         hidden_(hidden),
         send_splits_(static_cast<std::size_t>(groups.ep_size())),
@@ -50,6 +54,7 @@ class all_to_all_dispatcher {
         etp_rows_(static_cast<std::size_t>(groups.etp_size())),
         local_counts_(static_cast<std::size_t>(groups.local_experts())) {
     overlap_ = overlap_pieces;
+    min_piece_bytes_ = min_piece_bytes;
   }
 
   void plan(thread_pool&, mask_matrix const& map, int capacity,
@@ -350,7 +355,17 @@ class all_to_all_dispatcher {
     expert_start_.resize(mine.size() + 1);
     expert_start_[0] = 0;
     for (std::size_t e = 0; e < mine.size(); ++e) expert_start_[e + 1] = expert_start_[e] + mine[e];
-    int const count = std::clamp(overlap_, 1, std::max(1, L));
+    // Pieces: as asked, at most one per local expert, and none below the minimum size. Every rank
+    // reads the same count table, so every rank cuts the same pieces.
+    double const rows_per_rank =
+        static_cast<double>(std::accumulate(counts_.begin(), counts_.end(), std::int64_t{0})) / EP;
+    double const bytes_per_rank = rows_per_rank * hidden_ * static_cast<double>(sizeof(T));
+    int const by_size =
+        min_piece_bytes_ == 0
+            ? overlap_
+            : static_cast<int>(std::min<double>(
+                  overlap_, std::floor(bytes_per_rank / static_cast<double>(min_piece_bytes_))));
+    int const count = std::clamp(std::min(overlap_, by_size), 1, std::max(1, L));
     pieces_.resize(static_cast<std::size_t>(count));
     for (int g = 0; g < count; ++g) {
       auto& piece = pieces_[static_cast<std::size_t>(g)];
@@ -531,7 +546,8 @@ class all_to_all_dispatcher {
   std::vector<std::int64_t> chunk_size_, source_start_, target_start_;
   std::vector<int> chunk_order_;
   bool direct_ = false;
-  int overlap_ = 1;  // pieces of local experts the exchanges are cut into
+  int overlap_ = 1;  // pieces of local experts the exchanges are cut into (at most)
+  std::size_t min_piece_bytes_ = 0;
   std::vector<std::int64_t> expert_start_;
   std::vector<piece> pieces_;
   std::vector<parallel::request> in_flight_;

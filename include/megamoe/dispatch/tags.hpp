@@ -48,14 +48,17 @@ struct all_to_all {
 /// is in flight (progressed by the waiting main thread) while the experts of piece i compute, and
 /// piece i's outputs travel back while piece i+1 computes; backward likewise. Every expert still
 /// sees all its rows in one product, so results are identical to all_to_all. Needs ETP = 1 (R033);
-/// at most one piece per local expert.
-template <int Chunks>
-  requires(Chunks >= 2)
+/// at most one piece per local expert, and fewer when a piece would carry less than
+/// `MinPieceKiB` of token rows per rank (averaged over the EP group, so every rank agrees): each
+/// piece costs an exchange's latency, which small exchanges cannot hide.
+template <int Chunks, int MinPieceKiB = 1024>
+  requires(Chunks >= 2 && MinPieceKiB >= 0)
 struct all_to_all_overlap {
   using policy_kind = kind;
   static constexpr std::string_view name = "all_to_all_overlap";
   static constexpr dispatcher value = dispatcher::all_to_all;
   static constexpr int overlap_chunks = Chunks;
+  static constexpr int overlap_min_piece_kib = MinPieceKiB;
 };
 
 /// Pieces of the exchange a dispatch policy overlaps with compute (1: none).
@@ -65,6 +68,15 @@ constexpr int overlap_chunks_of() {
     return D::overlap_chunks;
   else
     return 1;
+}
+
+/// The smallest piece (KiB of token rows per rank) a dispatch policy cuts its exchange into.
+template <class D>
+constexpr int overlap_min_piece_kib_of() {
+  if constexpr (requires { D::overlap_min_piece_kib; })
+    return D::overlap_min_piece_kib;
+  else
+    return 0;
 }
 
 /// Two-level exchange: between nodes (ranks with the same local index), then inside the node, with

@@ -402,8 +402,9 @@ class moe_layer {
   static dispatcher_type make_dispatcher(parallel::process_groups const* groups,
                                          config_values const& v) {
     if constexpr (overlapped) {
-      return dispatcher_type(dispatch::expert_groups(*groups, v.shape.experts), v.shape.hidden,
-                             overlap_pieces);
+      return dispatcher_type(
+          dispatch::expert_groups(*groups, v.shape.experts), v.shape.hidden, overlap_pieces,
+          std::size_t{1024} * dispatch::overlap_min_piece_kib_of<typename Config::dispatch>());
     } else if constexpr (distributed) {
       return dispatcher_type(dispatch::expert_groups(*groups, v.shape.experts), v.shape.hidden);
     } else {
