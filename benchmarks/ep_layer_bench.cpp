@@ -16,6 +16,8 @@
 // each rank to other ranks (token rows and probs), summed over ranks, in total and across nodes.
 // Before timing, the first step's outputs are compared: equal bit for bit (overlap) or within
 // 1e-4 relative (hierarchical), else exit 1. rank 0 prints one JSON line.
+#include "standard_shapes.hpp"
+
 #include <megamoe/config/config.hpp>
 #include <megamoe/core/random.hpp>
 #include <megamoe/model/moe_layer.hpp>
@@ -39,25 +41,15 @@ namespace mm = megamoe;
 
 namespace {
 
-struct bench_shape {
-  int tokens, hidden, ffn, experts, top_k;
-};
-
-std::map<std::string, bench_shape> const shapes{{"A", {4096, 1024, 2816, 8, 2}},
-                                                {"B", {4096, 1024, 704, 32, 8}},
-                                                {"C", {1024, 256, 512, 16, 4}}};
+using mm::bench::bench_shape;
+using mm::bench::median;
+using mm::bench::shapes;
 
 template <class Dispatch>
 using bench_config = mm::make_config<
     mm::shape<mm::hidden<mm::dynamic>, mm::ffn<mm::dynamic>, mm::experts<mm::dynamic>>,
     mm::router::runtime, Dispatch, mm::expert::mlp<mm::expert::swiglu>, mm::precision::fp32,
     mm::parallel::mapping<mm::parallel::etp<1>, mm::parallel::ep<mm::dynamic>>>;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  std::size_t const n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 struct variant_bytes {
   double total = 0.0, inter_node = 0.0;

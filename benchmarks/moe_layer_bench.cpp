@@ -13,6 +13,8 @@
 #include "reference/moe_reference.hpp"
 #include "support/allocation_counter.hpp"
 
+#include "standard_shapes.hpp"
+
 #include <megamoe/config/config.hpp>
 #include <megamoe/core/random.hpp>
 #include <megamoe/model/moe_layer.hpp>
@@ -36,13 +38,9 @@ namespace ref = megamoe::reference;
 
 namespace {
 
-struct bench_shape {
-  int tokens, hidden, ffn, experts, top_k;
-};
-
-std::map<std::string, bench_shape> const shapes{{"A", {4096, 1024, 2816, 8, 2}},
-                                                {"B", {4096, 1024, 704, 32, 8}},
-                                                {"C", {1024, 256, 512, 16, 4}}};
+using mm::bench::bench_shape;
+using mm::bench::median;
+using mm::bench::shapes;
 
 struct options {
   std::string shape = "A";
@@ -65,12 +63,6 @@ mm::row_matrix<float> random_tokens(int rows, int cols, std::uint64_t seed) {
   for (Eigen::Index i = 0; i < m.size(); ++i)
     m.data()[i] = static_cast<float>(mm::standard_normal(seed, static_cast<std::uint64_t>(i)));
   return m;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  std::size_t const n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 template <class M>

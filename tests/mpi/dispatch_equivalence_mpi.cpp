@@ -252,16 +252,10 @@ int run(mm::parallel::environment& env, options const& o) {
                   << world.size() / nodes << " ranks: inter-node token rows " << rows[0] << " vs "
                   << rows[1] << "\n";
     }
-  int const failures = boost::mpi::all_reduce(world, result.failures, std::plus<int>());
-  double const worst = boost::mpi::all_reduce(world, result.worst, boost::mpi::maximum<double>());
-  if (world.rank() == 0)
-    std::cout << Dispatch::name << " " << o.precision << " router " << o.router << " on "
-              << world.size() << " ranks: " << result.checks
-              << " checks on rank 0, worst rel. error " << worst << ", "
-              << (failures == 0 ? "all equal all_to_all's"
-                                : std::to_string(failures) + " mismatches")
-              << "\n";
-  return failures == 0 ? 0 : 1;
+  return result.finish(world,
+                       std::string(Dispatch::name) + " " + o.precision + " router " + o.router +
+                           " on " + std::to_string(world.size()) + " ranks",
+                       "all equal all_to_all's");
 }
 
 }  // namespace

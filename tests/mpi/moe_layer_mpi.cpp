@@ -30,6 +30,7 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -291,18 +292,12 @@ int run(mm::parallel::environment& env, options const& o) {
   int const local_parameters = 1 + 2 * (experts / l.ep) + 3;
   result.close("parameters visited", static_cast<double>(visited), local_parameters, 1.0, 0.0);
 
-  int const failures = boost::mpi::all_reduce(world, result.failures, std::plus<int>());
-  double const worst = boost::mpi::all_reduce(world, result.worst, boost::mpi::maximum<double>());
-  if (world.rank() == 0)
-    std::cout << "moe_layer " << o.dispatcher << " " << o.precision << " router " << o.router
-              << " skew " << o.skew << " memory " << o.memory << " on " << world.size()
-              << " ranks (tp " << l.tp << " cp " << l.cp << " dp " << l.dp << " | etp " << l.etp
-              << " ep " << l.ep << " edp " << l.edp << "): " << result.checks
-              << " checks on rank 0, worst rel. error " << worst << ", "
-              << (failures == 0 ? "all equal the one-rank results"
-                                : std::to_string(failures) + " mismatches")
-              << "\n";
-  return failures == 0 ? 0 : 1;
+  std::ostringstream headline;
+  headline << "moe_layer " << o.dispatcher << " " << o.precision << " router " << o.router
+           << " skew " << o.skew << " memory " << o.memory << " on " << world.size()
+           << " ranks (tp " << l.tp << " cp " << l.cp << " dp " << l.dp << " | etp " << l.etp
+           << " ep " << l.ep << " edp " << l.edp << ")";
+  return result.finish(world, headline.str(), "all equal the one-rank results");
 }
 
 }  // namespace

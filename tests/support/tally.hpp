@@ -2,8 +2,12 @@
 // Counts comparisons and mismatches for MPI tests that check many numbers on every rank.
 #pragma once
 
+#include <boost/mpi/collectives/all_reduce.hpp>
+#include <boost/mpi/communicator.hpp>
+
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <iostream>
 #include <string>
 
@@ -22,6 +26,20 @@ struct tally {
       if (++failures <= 10)
         std::cerr << what << ": " << mine << " vs " << against << " " << expected << "\n";
     }
+  }
+
+  /// Collective over `world`: rank 0 prints `headline`, the checks and the verdict (`success`
+  /// when no rank had a mismatch). Returns the exit status.
+  [[nodiscard]] int finish(boost::mpi::communicator const& world, std::string const& headline,
+                           char const* success) const {
+    int const all_failures = boost::mpi::all_reduce(world, failures, std::plus<int>());
+    double const all_worst = boost::mpi::all_reduce(world, worst, boost::mpi::maximum<double>());
+    if (world.rank() == 0)
+      std::cout << headline << ": " << checks << " checks on rank 0, worst rel. error " << all_worst
+                << ", "
+                << (all_failures == 0 ? success : std::to_string(all_failures) + " mismatches")
+                << "\n";
+    return all_failures == 0 ? 0 : 1;
   }
 };
 

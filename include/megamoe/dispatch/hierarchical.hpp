@@ -230,6 +230,16 @@ class hierarchical_dispatcher {
         traffic_.intra_node_rows * groups_.local_experts() * std::int64_t{sizeof(T)};
   }
 
+  /// Rows (width H) over `comm` and, when `probs` is given, their probs (width `width`) in flight
+  /// with them.
+  void exchange(boost::mpi::communicator const& comm, T const* rows,
+                std::span<std::int64_t const> send, T* rows_out, std::span<std::int64_t const> recv,
+                T const* probs, T* probs_out, int width) {
+    std::array<parallel::request, 2> pending;
+    pending[0] = parallel::all_to_all_v_start(comm, rows, send, rows_out, recv, hidden_);
+    if (probs) pending[1] = parallel::all_to_all_v_start(comm, probs, send, probs_out, recv, width);
+  }
+
   /// Token rows (and, when `probs_a` is given, their probs [rows of A, R*L]) through both
   /// exchanges into the expert rows; returns the probs received by B [rows of B, L].
   T const* forward(thread_pool& pool, T const* tokens, T* rows, T const* probs_a) {
@@ -238,13 +248,7 @@ class hierarchical_dispatcher {
     stage_a_.gather(pool, tokens, H, out_a);
     T* in_a = rows_[1].reserve(std::size_t(rows_a_) * H);
     T* probs_in_a = probs_[1].reserve(std::size_t(rows_a_) * W);
-    {
-      std::array<parallel::request, 2> pending;
-      pending[0] = parallel::all_to_all_v_start(nodes_.peers(), out_a, send_a_, in_a, recv_a_, H);
-      if (probs_a)
-        pending[1] =
-            parallel::all_to_all_v_start(nodes_.peers(), probs_a, send_a_, probs_in_a, recv_a_, W);
-    }
+    exchange(nodes_.peers(), out_a, send_a_, in_a, recv_a_, probs_a, probs_in_a, W);
     T* out_b = rows_[2].reserve(std::size_t(stage_b_.rows()) * H);
     stage_b_.gather(pool, in_a, H, out_b);
     T* probs_b = probs_[2].reserve(std::size_t(stage_b_.rows()) * L);
@@ -255,13 +259,8 @@ class hierarchical_dispatcher {
             L, probs_b + std::ptrdiff_t{r} * L);
     T* in_b = rows_[3].reserve(std::size_t(rows_b_) * H);
     T* probs_in_b = probs_[3].reserve(std::size_t(rows_b_) * L);
-    {
-      std::array<parallel::request, 2> pending;
-      pending[0] = parallel::all_to_all_v_start(nodes_.node(), out_b, send_b_, in_b, recv_b_, H);
-      if (probs_a)
-        pending[1] =
-            parallel::all_to_all_v_start(nodes_.node(), probs_b, send_b_, probs_in_b, recv_b_, L);
-    }
+    exchange(nodes_.node(), out_b, send_b_, in_b, recv_b_, probs_a ? probs_b : nullptr, probs_in_b,
+             L);
     expert_rows_.gather(pool, in_b, H, rows);
     return probs_in_b;
   }
@@ -275,13 +274,7 @@ class hierarchical_dispatcher {
     expert_rows_.combine(pool, rows, H, sums_b, false);
     T* back_b = rows_[2].reserve(std::size_t(stage_b_.rows()) * H);
     T* probs_back_b = probs_[1].reserve(std::size_t(stage_b_.rows()) * L);
-    {
-      std::array<parallel::request, 2> pending;
-      pending[0] = parallel::all_to_all_v_start(nodes_.node(), sums_b, recv_b_, back_b, send_b_, H);
-      if (probs_b)
-        pending[1] =
-            parallel::all_to_all_v_start(nodes_.node(), probs_b, recv_b_, probs_back_b, send_b_, L);
-    }
+    exchange(nodes_.node(), sums_b, recv_b_, back_b, send_b_, probs_b, probs_back_b, L);
     T* sums_a = rows_[1].reserve(std::size_t(rows_a_) * H);
     stage_b_.combine(pool, back_b, H, sums_a, false);
     T* probs_a = probs_[3].reserve(std::size_t(rows_a_) * W);
@@ -294,14 +287,8 @@ class hierarchical_dispatcher {
     }
     T* back_a = rows_[0].reserve(std::size_t(stage_a_.rows()) * H);
     T* probs_back_a = probs_[0].reserve(std::size_t(stage_a_.rows()) * W);
-    {
-      std::array<parallel::request, 2> pending;
-      pending[0] =
-          parallel::all_to_all_v_start(nodes_.peers(), sums_a, recv_a_, back_a, send_a_, H);
-      if (probs_b)
-        pending[1] = parallel::all_to_all_v_start(nodes_.peers(), probs_a, recv_a_, probs_back_a,
-                                                  send_a_, W);
-    }
+    exchange(nodes_.peers(), sums_a, recv_a_, back_a, send_a_, probs_b ? probs_a : nullptr,
+             probs_back_a, W);
     stage_a_.combine(pool, back_a, H, out, add);
     return probs_back_a;
   }
