@@ -1,0 +1,72 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/model/dense_mlp.hpp — the dense FFN of the transformer's non-MoE layers: one expert of
+// the grouped FFN on every token (prob 1), so it shares the experts' kernels, activations and
+// weight layout (linear_fc1.weight [W1, H] with SwiGLU's gate rows first, linear_fc2.weight [H,
+// F]).
+#pragma once
+
+#include <megamoe/core/tensor.hpp>
+#include <megamoe/expert/backends.hpp>
+#include <megamoe/expert/mlp.hpp>
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace megamoe {
+
+template <class T, expert::activation_function A = expert::activation_function::swiglu,
+          class Backend = expert::grouped_gemm>
+class dense_mlp {
+ public:
+  dense_mlp(int hidden, int ffn)
+      : params_(expert::mlp_sizes{1, hidden, ffn, A, false}),
+        mlp_(expert::mlp_sizes{1, hidden, ffn, A, false}) {}
+
+  [[nodiscard]] int hidden() const noexcept { return params_.sizes().hidden; }
+  [[nodiscard]] int ffn() const noexcept { return params_.sizes().ffn; }
+
+  /// y [N,H] from x [N,H]; keeps x and the activations for backward.
+  void forward(expert::executor<T>& exec, const_row_matrix_map<T> x, row_matrix_map<T> y) {
+    int const N = static_cast<int>(x.rows());
+    x_ = x;
+    ones_.assign(static_cast<std::size_t>(N), T(1));
+    count_[0] = N;
+    fc1_.resize(N, params_.sizes().fc1_rows());
+    act_.resize(N, ffn());
+    mlp_.forward(exec, params_, rows(), x_.data(), fc1_.data(), act_.data(), y.data());
+  }
+
+  /// dx [N,H] from dy [N,H] of the last forward; adds the weight gradients.
+  void backward(expert::executor<T>& exec, const_row_matrix_map<T> dy, row_matrix_map<T> dx) {
+    int const N = static_cast<int>(x_.rows());
+    grad_act_.resize(N, ffn());
+    grad_fc1_.resize(N, params_.sizes().fc1_rows());
+    grad_probs_.resize(static_cast<std::size_t>(N));
+    mlp_.backward(exec, params_, rows(), x_.data(), fc1_.data(), act_.data(), dy.data(),
+                  grad_act_.data(), grad_fc1_.data(), dx.data(), grad_probs_.data());
+  }
+
+  void zero_grad() { params_.zero_grad(); }
+
+  /// f(name, value, grad) for `prefix.linear_fc1.weight` and `prefix.linear_fc2.weight`.
+  template <class F>
+  void for_each_parameter(std::string const& prefix, F&& f) {
+    f(prefix + ".linear_fc1.weight", params_.fc1(0), params_.grad_fc1(0));
+    f(prefix + ".linear_fc2.weight", params_.fc2(0), params_.grad_fc2(0));
+  }
+
+ private:
+  expert::grouped_rows<T> rows() const {
+    return {static_cast<int>(x_.rows()), count_, ones_.data()};
+  }
+
+  expert::expert_parameters<T> params_;
+  expert::grouped_mlp<A, Backend, T> mlp_;
+  row_matrix<T> x_, fc1_, act_, grad_act_, grad_fc1_;
+  std::vector<T> ones_, grad_probs_;
+  std::array<std::int64_t, 1> count_{};
+};
+
+}  // namespace megamoe

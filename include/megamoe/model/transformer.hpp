@@ -1,0 +1,288 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/model/transformer.hpp — a decoder-only MoE language model with explicit forward and
+// backward: token embedding, L pre-norm blocks (RMSNorm, causal attention with RoPE, RMSNorm, then
+// the MoE layer of `Config` or a dense SwiGLU FFN, each with a residual), a final RMSNorm and the
+// output layer with cross-entropy.
+//
+// Layer i is an MoE layer when i % moe_layer_freq == 0 (the reference's integer form). Attention
+// runs with TP = CP = PP = 1; the MoE layers may use EP and EDP (the process-groups constructor).
+// Tokens of a micro-batch are S positions x B sequences, flattened t = s*B + b.
+#pragma once
+
+#include <megamoe/config/resolve.hpp>
+#include <megamoe/core/error.hpp>
+#include <megamoe/core/parameter.hpp>
+#include <megamoe/core/random.hpp>
+#include <megamoe/core/tensor.hpp>
+#include <megamoe/model/attention.hpp>
+#include <megamoe/model/context.hpp>
+#include <megamoe/model/dense_mlp.hpp>
+#include <megamoe/model/embedding.hpp>
+#include <megamoe/model/lm_head.hpp>
+#include <megamoe/model/moe_layer.hpp>
+#include <megamoe/model/norm.hpp>
+#include <megamoe/parallel/process_groups.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace megamoe {
+
+/// The sizes of a transformer beyond its MoE layers' configuration.
+struct transformer_sizes {
+  int vocabulary = 256;  // byte-level by default
+  int layers = 2;
+  int heads = 4;
+  int dense_ffn = 0;       // FFN width of the dense layers (needed when any layer is dense)
+  int moe_layer_freq = 1;  // layer i is MoE when i % moe_layer_freq == 0
+  double rope_base = 10000.0;
+  double norm_eps = 1e-5;
+};
+
+/// What one forward of a micro-batch gives: the mean cross-entropy (nats per token) and the sum
+/// of the MoE layers' attached router losses (their values, before any backward scale).
+struct transformer_output {
+  double cross_entropy = 0.0;
+  double router_losses = 0.0;
+};
+
+template <class Config>
+class transformer {
+ public:
+  using moe_type = moe_layer<Config>;
+  using scalar = typename moe_type::scalar;
+
+  /// One rank (the MoE layers' dispatcher must be local).
+  transformer(transformer_sizes const& sizes,
+              startup_values const& given = {}) requires(!moe_type::distributed)
+      : sizes_(sizes) {
+    build(nullptr, given);
+  }
+
+  /// On a job: the MoE layers over `groups` (attention needs TP = CP = PP = 1).
+  transformer(parallel::process_groups const& groups, transformer_sizes const& sizes,
+              startup_values const& given = {})
+      : sizes_(sizes) {
+    parallel::check_on_every_rank(groups.tp_dp_cp(), [&] {
+      auto const& l = groups.layout();
+      if (l.tp != 1 || l.cp != 1 || l.pp != 1)
+        throw input_error("transformer: attention runs with TP = CP = PP = 1 for now, got TP " +
+                          std::to_string(l.tp) + ", CP " + std::to_string(l.cp) + ", PP " +
+                          std::to_string(l.pp));
+    });
+    build(&groups, given);
+  }
+
+  [[nodiscard]] transformer_sizes const& sizes() const noexcept { return sizes_; }
+  [[nodiscard]] int hidden_size() const noexcept { return hidden_; }
+  [[nodiscard]] bool is_moe(int layer) const { return layer % sizes_.moe_layer_freq == 0; }
+  [[nodiscard]] std::vector<std::unique_ptr<moe_type>> const& moe_layers() const noexcept {
+    return moe_;
+  }
+
+  /// Forward of one micro-batch: tokens and targets [S*B] (t = s*B + b). Training mode (the
+  /// context's step) keeps what backward needs.
+  transformer_output forward(context& ctx, std::span<std::int32_t const> tokens,
+                             std::span<std::int32_t const> targets, int seq, int batch) {
+    if (seq < 1 || batch < 1 || std::ssize(tokens) != std::int64_t{seq} * batch)
+      throw input_error("transformer: " + std::to_string(tokens.size()) + " tokens for S = " +
+                        std::to_string(seq) + ", B = " + std::to_string(batch));
+    int const N = seq * batch, H = hidden_;
+    auto& pool = ctx.pool();
+    seq_ = seq;
+    batch_ = batch;
+    residual_.resize(N, H);
+    normed_.resize(N, H);
+    branch_.resize(N, H);
+    embedding_.forward(pool, tokens, map(residual_));
+    transformer_output out;
+    for (int i = 0; i < sizes_.layers; ++i) {
+      auto& b = blocks_[static_cast<std::size_t>(i)];
+      b.input_norm.forward(pool, cmap(residual_), map(normed_));
+      b.attention.forward(pool, cmap(normed_), seq, batch, map(branch_));
+      residual_ += branch_;
+      b.pre_mlp_norm.forward(pool, cmap(residual_), map(normed_));
+      if (b.moe >= 0) {
+        auto const result =
+            moe_[static_cast<std::size_t>(b.moe)]->forward(ctx, normed_, seq, batch);
+        residual_ += result.y;
+        for (auto const& l : {result.losses.aux_loss, result.losses.seq_aux_loss,
+                              result.losses.global_aux_loss, result.losses.z_loss})
+          if (l) out.router_losses += static_cast<double>(l->value);
+      } else {
+        dense_[static_cast<std::size_t>(b.dense)].forward(ctx.executor<scalar>(), cmap(normed_),
+                                                          map(branch_));
+        residual_ += branch_;
+      }
+    }
+    final_norm_.forward(pool, cmap(residual_), map(normed_));
+    if (!targets.empty()) out.cross_entropy = head_.forward(pool, cmap(normed_), targets);
+    return out;
+  }
+
+  /// Logits [S*B, V] of the last forward's final hidden states (for sampling).
+  row_matrix<scalar> const& logits() { return head_.logits(cmap(normed_)); }
+
+  /// Backward of the last forward: the cross-entropy's gradient times `scale`; the MoE layers add
+  /// their router losses' gradients times ctx.step.loss_backward_scale. Adds to every gradient.
+  void backward(context& ctx, scalar scale) {
+    auto& pool = ctx.pool();
+    int const N = seq_ * batch_, H = hidden_;
+    grad_.resize(N, H);
+    grad_branch_.resize(N, H);
+    grad_normed_.resize(N, H);
+    head_.backward(pool, scale, map(grad_normed_));
+    final_norm_.backward(pool, cmap(grad_normed_), map(grad_));
+    for (int i = sizes_.layers - 1; i >= 0; --i) {
+      auto& b = blocks_[static_cast<std::size_t>(i)];
+      if (b.moe >= 0) {
+        auto const dx = moe_[static_cast<std::size_t>(b.moe)]->backward(ctx, grad_);
+        grad_normed_ = dx;
+      } else {
+        dense_[static_cast<std::size_t>(b.dense)].backward(ctx.executor<scalar>(), cmap(grad_),
+                                                           map(grad_normed_));
+      }
+      b.pre_mlp_norm.backward(pool, cmap(grad_normed_), map(grad_branch_));
+      grad_ += grad_branch_;
+      b.attention.backward(pool, cmap(grad_), map(grad_normed_));
+      b.input_norm.backward(pool, cmap(grad_normed_), map(grad_branch_));
+      grad_ += grad_branch_;
+    }
+    embedding_.backward(cmap(grad_));
+  }
+
+  /// Once per global batch: the MoE layers' expert-bias updates (collective on a job).
+  void finish_global_batch() {
+    for (auto& m : moe_) m->finish_global_batch();
+  }
+
+  void zero_grad() {
+    embedding_.zero_grad();
+    for (auto& b : blocks_) {
+      b.input_norm.zero_grad();
+      b.attention.zero_grad();
+      b.pre_mlp_norm.zero_grad();
+    }
+    for (auto& d : dense_) d.zero_grad();
+    for (auto& m : moe_) m->zero_grad();
+    final_norm_.zero_grad();
+    head_.zero_grad();
+  }
+
+  /// f(name, value, grad, kind) for every parameter this rank holds, named as the reference
+  /// names them (`embedding.word_embeddings.weight`, `decoder.layers.{i}....`,
+  /// `decoder.final_layernorm.weight`, `output_layer.weight`).
+  template <class F>
+  void for_each_parameter(F&& f) {
+    auto dense = [&](std::string const& name, row_matrix_map<scalar> value,
+                     row_matrix_map<scalar> grad) {
+      f(std::string_view(name), value, grad, parameter_kind::dense);
+    };
+    embedding_.for_each_parameter("embedding.word_embeddings", dense);
+    for (int i = 0; i < sizes_.layers; ++i) {
+      auto& b = blocks_[static_cast<std::size_t>(i)];
+      std::string const prefix = "decoder.layers." + std::to_string(i);
+      b.input_norm.for_each_parameter(prefix + ".input_layernorm", dense);
+      b.attention.for_each_parameter(prefix + ".self_attention", dense);
+      b.pre_mlp_norm.for_each_parameter(prefix + ".pre_mlp_layernorm", dense);
+      if (b.moe >= 0)
+        moe_[static_cast<std::size_t>(b.moe)]->for_each_parameter(f);
+      else
+        dense_[static_cast<std::size_t>(b.dense)].for_each_parameter(prefix + ".mlp", dense);
+    }
+    final_norm_.for_each_parameter("decoder.final_layernorm", dense);
+    head_.for_each_parameter("output_layer", dense);
+  }
+
+  /// Weights from N(0, std^2) as a function of (seed, parameter name, element), norms at 1, so
+  /// every mapping starts from the same model (the MoE layers number their own parameters).
+  void initialize(std::uint64_t seed, double std = 0.02) {
+    std::uint64_t index = 0;
+    embedding_.for_each_parameter(
+        "e", [&](auto const&, auto value, auto) { fill(value, seed, ++index, std); });
+    for (int i = 0; i < sizes_.layers; ++i) {
+      auto& b = blocks_[static_cast<std::size_t>(i)];
+      std::uint64_t const layer_seed = seed + 1000003ULL * static_cast<std::uint64_t>(i + 1);
+      b.attention.for_each_parameter(
+          "a", [&](auto const&, auto value, auto) { fill(value, layer_seed, ++index, std); });
+      if (b.moe >= 0)
+        moe_[static_cast<std::size_t>(b.moe)]->initialize(layer_seed + 7, std);
+      else
+        dense_[static_cast<std::size_t>(b.dense)].for_each_parameter(
+            "d", [&](auto const&, auto value, auto) { fill(value, layer_seed, ++index, std); });
+    }
+    head_.for_each_parameter(
+        "h", [&](auto const&, auto value, auto) { fill(value, seed, ++index, std); });
+  }
+
+ private:
+  struct block {
+    rms_norm<scalar> input_norm;
+    causal_attention<scalar> attention;
+    rms_norm<scalar> pre_mlp_norm;
+    int moe = -1, dense = -1;  // index into moe_ or dense_
+  };
+
+  static row_matrix_map<scalar> map(row_matrix<scalar>& m) {
+    return {m.data(), m.rows(), m.cols()};
+  }
+  static const_row_matrix_map<scalar> cmap(row_matrix<scalar> const& m) {
+    return {m.data(), m.rows(), m.cols()};
+  }
+  static void fill(row_matrix_map<scalar> value, std::uint64_t seed, std::uint64_t index,
+                   double std) {
+    for (Eigen::Index e = 0; e < value.size(); ++e)
+      value.data()[e] =
+          static_cast<scalar>(std * standard_normal(seed + index, static_cast<std::uint64_t>(e)));
+  }
+
+  void build(parallel::process_groups const* groups, startup_values const& given) {
+    if (sizes_.layers < 1 || sizes_.heads < 1 || sizes_.vocabulary < 1 || sizes_.moe_layer_freq < 1)
+      throw input_error("transformer: layers, heads, vocabulary and moe_layer_freq must be >= 1");
+    for (int i = 0; i < sizes_.layers; ++i) {
+      if (!is_moe(i)) continue;
+      if (groups != nullptr) {
+        moe_.push_back(std::make_unique<moe_type>(*groups, i, given));
+      } else {
+        if constexpr (!moe_type::distributed) moe_.push_back(std::make_unique<moe_type>(i, given));
+      }
+    }
+    hidden_ = moe_.front()->hidden_size();  // layer 0 is always MoE
+    embedding_ = token_embedding<scalar>(sizes_.vocabulary, hidden_);
+    final_norm_ = rms_norm<scalar>(hidden_, sizes_.norm_eps);
+    head_ = lm_head<scalar>(hidden_, sizes_.vocabulary);
+    if (std::int64_t(sizes_.layers) > std::ssize(moe_) && sizes_.dense_ffn < 1)
+      throw input_error("transformer: dense layers need dense_ffn >= 1");
+    int next_moe = 0, next_dense = 0;
+    blocks_.reserve(static_cast<std::size_t>(sizes_.layers));
+    for (int i = 0; i < sizes_.layers; ++i) {
+      blocks_.push_back(block{rms_norm<scalar>(hidden_, sizes_.norm_eps),
+                              causal_attention<scalar>(hidden_, sizes_.heads, sizes_.rope_base),
+                              rms_norm<scalar>(hidden_, sizes_.norm_eps)});
+      if (is_moe(i)) {
+        blocks_.back().moe = next_moe++;
+      } else {
+        blocks_.back().dense = next_dense++;
+        dense_.emplace_back(hidden_, sizes_.dense_ffn);
+      }
+    }
+  }
+
+  transformer_sizes sizes_;
+  int hidden_ = 0;
+  token_embedding<scalar> embedding_{1, 1};
+  std::vector<block> blocks_;
+  std::vector<std::unique_ptr<moe_type>> moe_;
+  std::vector<dense_mlp<scalar>> dense_;
+  rms_norm<scalar> final_norm_{1};
+  lm_head<scalar> head_{1, 1};
+  int seq_ = 0, batch_ = 0;
+  row_matrix<scalar> residual_, normed_, branch_, grad_, grad_branch_, grad_normed_;
+};
+
+}  // namespace megamoe

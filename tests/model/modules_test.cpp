@@ -1,0 +1,315 @@
+// SPDX-License-Identifier: Apache-2.0
+// The transformer's modules (RMSNorm, token embedding, causal attention with RoPE, output layer and
+// cross-entropy) in double precision: every input and weight gradient against central finite
+// differences of L = sum(R * y) (or of the loss itself), and each forward against a plain loop
+// re-statement of its formula.
+#include <megamoe/config/config.hpp>
+#include <megamoe/core/random.hpp>
+#include <megamoe/model/attention.hpp>
+#include <megamoe/model/embedding.hpp>
+#include <megamoe/model/lm_head.hpp>
+#include <megamoe/model/norm.hpp>
+#include <megamoe/model/transformer.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace mm = megamoe;
+
+namespace {
+
+using matrix = mm::row_matrix<double>;
+
+matrix random_matrix(Eigen::Index rows, Eigen::Index cols, std::uint64_t seed, double scale = 1.0) {
+  matrix m(rows, cols);
+  for (Eigen::Index i = 0; i < m.size(); ++i)
+    m.data()[i] = scale * mm::standard_normal(seed, static_cast<std::uint64_t>(i));
+  return m;
+}
+
+mm::const_row_matrix_map<double> in(matrix const& m) {
+  return {m.data(), m.rows(), m.cols()};
+}
+mm::row_matrix_map<double> out(matrix& m) {
+  return {m.data(), m.rows(), m.cols()};
+}
+
+/// Analytic `grad` of `loss` with respect to every entry of `value` (every `stride`-th), against
+/// central differences with step 1e-6: |analytic - numeric| <= 1e-6 * max(1, |numeric|).
+void expect_matches_finite_differences(std::string const& what, mm::row_matrix_map<double> value,
+                                       matrix const& grad, std::function<double()> const& loss,
+                                       int stride = 1) {
+  ASSERT_EQ(grad.rows(), value.rows()) << what;
+  ASSERT_EQ(grad.cols(), value.cols()) << what;
+  double const step = 1e-6;
+  int checked = 0;
+  for (Eigen::Index i = 0; i < value.size(); i += stride) {
+    double const kept = value.data()[i];
+    value.data()[i] = kept + step;
+    double const up = loss();
+    value.data()[i] = kept - step;
+    double const down = loss();
+    value.data()[i] = kept;
+    double const numeric = (up - down) / (2 * step);
+    EXPECT_NEAR(grad.data()[i], numeric, 1e-6 * std::max(1.0, std::abs(numeric)))
+        << what << " entry " << i;
+    ++checked;
+  }
+  EXPECT_GT(checked, 0) << what;
+}
+
+/// The module's parameters by name (value maps into the module; gradients copied out).
+template <class Module>
+std::map<std::string, mm::row_matrix_map<double>> parameters(Module& m) {
+  std::map<std::string, mm::row_matrix_map<double>> out;
+  m.for_each_parameter("p", [&](std::string const& name, mm::row_matrix_map<double> value,
+                                mm::row_matrix_map<double>) { out.emplace(name, value); });
+  return out;
+}
+template <class Module>
+std::map<std::string, matrix> gradients(Module& m) {
+  std::map<std::string, matrix> out;
+  m.for_each_parameter("p", [&](std::string const& name, mm::row_matrix_map<double>,
+                                mm::row_matrix_map<double> grad) { out.emplace(name, grad); });
+  return out;
+}
+
+TEST(RmsNorm, ForwardIsTheFormulaAndGradientsMatchFiniteDifferences) {
+  mm::thread_pool pool(2);
+  int const N = 5, H = 6;
+  mm::rms_norm<double> norm(H, 1e-5);
+  auto params = parameters(norm);
+  params.at("p.weight") = random_matrix(1, H, 3);
+  matrix x = random_matrix(N, H, 1), R = random_matrix(N, H, 2), y(N, H), dx(N, H);
+  norm.forward(pool, in(x), out(y));
+  for (int t = 0; t < N; ++t) {
+    double const rms = std::sqrt(x.row(t).squaredNorm() / H + 1e-5);
+    for (int h = 0; h < H; ++h)
+      EXPECT_NEAR(y(t, h), x(t, h) / rms * params.at("p.weight")(0, h), 1e-14);
+  }
+  auto loss = [&] {
+    matrix result(N, H);
+    norm.forward(pool, in(x), out(result));
+    return (result.array() * R.array()).sum();
+  };
+  norm.zero_grad();
+  norm.forward(pool, in(x), out(y));
+  norm.backward(pool, in(R), out(dx));
+  auto const grads = gradients(norm);
+  expect_matches_finite_differences("rms_norm input", out(x), dx, loss);
+  expect_matches_finite_differences("rms_norm weight", params.at("p.weight"), grads.at("p.weight"),
+                                    loss);
+}
+
+TEST(TokenEmbedding, RowsOfTheTableAndGradientsAddPerId) {
+  mm::thread_pool pool(2);
+  int const V = 7, H = 4;
+  mm::token_embedding<double> embedding(V, H);
+  auto params = parameters(embedding);
+  params.at("p.weight") = random_matrix(V, H, 5);
+  std::vector<std::int32_t> const ids{3, 0, 3, 6, 1, 3};
+  int const N = static_cast<int>(ids.size());
+  matrix y(N, H), R = random_matrix(N, H, 6);
+  embedding.forward(pool, ids, out(y));
+  for (int t = 0; t < N; ++t)
+    EXPECT_EQ(y.row(t), matrix(params.at("p.weight")).row(ids[static_cast<std::size_t>(t)]));
+  embedding.backward(in(R));
+  auto loss = [&] {
+    matrix result(N, H);
+    embedding.forward(pool, ids, out(result));
+    return (result.array() * R.array()).sum();
+  };
+  expect_matches_finite_differences("embedding table", params.at("p.weight"),
+                                    gradients(embedding).at("p.weight"), loss);
+  std::vector<std::int32_t> const bad{2, 7};
+  matrix two(2, H);
+  EXPECT_THROW(embedding.forward(pool, bad, out(two)), mm::input_error);
+}
+
+/// Attention by plain loops over (sequence, head, query, key): the formula of attention.hpp.
+matrix attention_by_loops(matrix const& x, matrix const& wqkv, matrix const& wproj, int S, int B,
+                          int heads) {
+  int const H = static_cast<int>(x.cols()), d = H / heads, half = d / 2;
+  matrix const qkv = x * wqkv.transpose();
+  auto rope = [&](Eigen::RowVectorXd const& u, int s) {
+    Eigen::RowVectorXd rotated(d);
+    for (int i = 0; i < half; ++i) {
+      double const angle = s * std::pow(10000.0, -2.0 * i / d);
+      rotated(i) = u(i) * std::cos(angle) - u(i + half) * std::sin(angle);
+      rotated(i + half) = u(i + half) * std::cos(angle) + u(i) * std::sin(angle);
+    }
+    return rotated;
+  };
+  matrix context = matrix::Zero(x.rows(), H);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < heads; ++h)
+      for (int i = 0; i < S; ++i) {
+        Eigen::RowVectorXd const q = rope(qkv.row(i * B + b).segment(h * d, d), i);
+        std::vector<double> score(static_cast<std::size_t>(i) + 1);
+        double top = -1e300, sum = 0.0;
+        for (int j = 0; j <= i; ++j) {
+          Eigen::RowVectorXd const k = rope(qkv.row(j * B + b).segment(H + h * d, d), j);
+          score[static_cast<std::size_t>(j)] = q.dot(k) / std::sqrt(double(d));
+          top = std::max(top, score[static_cast<std::size_t>(j)]);
+        }
+        for (double& s : score) sum += (s = std::exp(s - top));
+        for (int j = 0; j <= i; ++j)
+          context.row(i * B + b).segment(h * d, d) += score[static_cast<std::size_t>(j)] / sum *
+                                                      qkv.row(j * B + b).segment(2 * H + h * d, d);
+      }
+  return context * wproj.transpose();
+}
+
+TEST(CausalAttention, ForwardIsTheFormulaAndGradientsMatchFiniteDifferences) {
+  mm::thread_pool pool(2);
+  int const S = 5, B = 2, H = 8, heads = 2, N = S * B;
+  mm::causal_attention<double> attention(H, heads);
+  auto params = parameters(attention);
+  params.at("p.linear_qkv.weight") = random_matrix(3 * H, H, 11, 0.4);
+  params.at("p.linear_proj.weight") = random_matrix(H, H, 12, 0.4);
+  matrix x = random_matrix(N, H, 13), R = random_matrix(N, H, 14), y(N, H), dx(N, H);
+  attention.forward(pool, in(x), S, B, out(y));
+  matrix const expected = attention_by_loops(x, params.at("p.linear_qkv.weight"),
+                                             params.at("p.linear_proj.weight"), S, B, heads);
+  EXPECT_LT((y - expected).cwiseAbs().maxCoeff(), 1e-12);
+
+  // Causal: changing the last position changes no earlier output.
+  matrix later = x;
+  later.row(N - 1) += Eigen::RowVectorXd::Ones(H);
+  matrix y_later(N, H);
+  attention.forward(pool, in(later), S, B, out(y_later));
+  EXPECT_EQ(y_later.topRows(N - B), y.topRows(N - B));
+  EXPECT_NE(y_later.row(N - 1), y.row(N - 1));
+
+  auto loss = [&] {
+    matrix result(N, H);
+    attention.forward(pool, in(x), S, B, out(result));
+    return (result.array() * R.array()).sum();
+  };
+  attention.zero_grad();
+  attention.forward(pool, in(x), S, B, out(y));
+  attention.backward(pool, in(R), out(dx));
+  auto const grads = gradients(attention);
+  expect_matches_finite_differences("attention input", out(x), dx, loss);
+  expect_matches_finite_differences("attention linear_qkv", params.at("p.linear_qkv.weight"),
+                                    grads.at("p.linear_qkv.weight"), loss, 3);
+  expect_matches_finite_differences("attention linear_proj", params.at("p.linear_proj.weight"),
+                                    grads.at("p.linear_proj.weight"), loss);
+  EXPECT_THROW(mm::causal_attention<double>(6, 4), mm::input_error);  // odd head size
+}
+
+TEST(LmHead, CrossEntropyIsTheFormulaAndGradientsMatchFiniteDifferences) {
+  mm::thread_pool pool(2);
+  int const N = 6, H = 5, V = 9;
+  mm::lm_head<double> head(H, V);
+  auto params = parameters(head);
+  params.at("p.weight") = random_matrix(V, H, 21, 0.7);
+  matrix h = random_matrix(N, H, 22), dh(N, H);
+  std::vector<std::int32_t> const targets{0, 8, 3, 3, 5, 1};
+  double const loss = head.forward(pool, in(h), targets);
+  matrix const logits = h * matrix(params.at("p.weight")).transpose();
+  double expected = 0.0;
+  for (int t = 0; t < N; ++t)
+    expected += std::log(logits.row(t).array().exp().sum()) -
+                logits(t, targets[static_cast<std::size_t>(t)]);
+  EXPECT_NEAR(loss, expected / N, 1e-13);
+  double const scale = 0.5;
+  head.zero_grad();
+  head.forward(pool, in(h), targets);
+  head.backward(pool, scale, out(dh));
+  auto scaled_loss = [&] { return scale * head.forward(pool, in(h), targets); };
+  auto const grads = gradients(head);
+  expect_matches_finite_differences("lm_head input", out(h), dh, scaled_loss);
+  expect_matches_finite_differences("lm_head weight", params.at("p.weight"), grads.at("p.weight"),
+                                    scaled_loss);
+  std::vector<std::int32_t> const bad{0, 9, 1, 1, 1, 1};
+  EXPECT_THROW(head.forward(pool, in(h), bad), mm::input_error);
+}
+
+}  // namespace
+
+namespace {
+
+namespace rt = mm::router;
+using tiny_moe =
+    mm::make_config<mm::shape<mm::hidden<8>, mm::ffn<6>, mm::experts<4>>,
+                    rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>, mm::dispatch::local,
+                    mm::expert::mlp<mm::expert::swiglu>, mm::precision::fp64>;
+
+// A two-layer model (MoE, then dense) in double: every parameter's gradient (a few entries of
+// each) against central differences of J = scale * CE + loss_backward_scale * router losses.
+TEST(Transformer, WholeModelGradientsMatchFiniteDifferences) {
+  mm::transformer_sizes sizes;
+  sizes.vocabulary = 11;
+  sizes.layers = 2;
+  sizes.heads = 2;
+  sizes.dense_ffn = 5;
+  sizes.moe_layer_freq = 2;
+  mm::transformer<tiny_moe> model(sizes);
+  model.initialize(3, 0.4);
+  EXPECT_TRUE(model.is_moe(0));
+  EXPECT_FALSE(model.is_moe(1));
+  mm::context ctx(2);
+  double const ce_scale = 0.7, router_scale = 0.9;
+  ctx.step.loss_backward_scale = router_scale;
+  int const S = 4, B = 2;
+  std::vector<std::int32_t> const tokens{1, 4, 7, 2, 9, 10, 0, 3};
+  std::vector<std::int32_t> const targets{4, 2, 2, 9, 10, 5, 3, 3};
+  auto objective = [&] {
+    auto const out = model.forward(ctx, tokens, targets, S, B);
+    return ce_scale * out.cross_entropy + router_scale * out.router_losses;
+  };
+  model.zero_grad();
+  auto const first = model.forward(ctx, tokens, targets, S, B);
+  EXPECT_GT(first.cross_entropy, 0.0);
+  EXPECT_GT(first.router_losses, 0.0);
+  model.backward(ctx, ce_scale);
+  std::vector<std::string> names;
+  model.for_each_parameter([&](std::string_view name, auto value, auto grad, mm::parameter_kind) {
+    names.emplace_back(name);
+    matrix const g = grad;
+    double const step = 1e-6;
+    for (int i = 0; i < 3; ++i) {
+      Eigen::Index const at = (29 * i + 5) % value.size();
+      double const kept = value.data()[at];
+      value.data()[at] = kept + step;
+      double const up = objective();
+      value.data()[at] = kept - step;
+      double const down = objective();
+      value.data()[at] = kept;
+      double const numeric = (up - down) / (2 * step);
+      EXPECT_NEAR(g.data()[at], numeric, 1e-6 * std::max(1.0, std::abs(numeric)))
+          << name << "[" << at << "]";
+    }
+  });
+  std::vector<std::string> const expected{"embedding.word_embeddings.weight",
+                                          "decoder.layers.0.input_layernorm.weight",
+                                          "decoder.layers.0.self_attention.linear_qkv.weight",
+                                          "decoder.layers.0.self_attention.linear_proj.weight",
+                                          "decoder.layers.0.pre_mlp_layernorm.weight",
+                                          "decoder.layers.0.mlp.router.weight",
+                                          "decoder.layers.0.mlp.experts.linear_fc1.weight0",
+                                          "decoder.layers.0.mlp.experts.linear_fc1.weight1",
+                                          "decoder.layers.0.mlp.experts.linear_fc1.weight2",
+                                          "decoder.layers.0.mlp.experts.linear_fc1.weight3",
+                                          "decoder.layers.0.mlp.experts.linear_fc2.weight0",
+                                          "decoder.layers.0.mlp.experts.linear_fc2.weight1",
+                                          "decoder.layers.0.mlp.experts.linear_fc2.weight2",
+                                          "decoder.layers.0.mlp.experts.linear_fc2.weight3",
+                                          "decoder.layers.1.input_layernorm.weight",
+                                          "decoder.layers.1.self_attention.linear_qkv.weight",
+                                          "decoder.layers.1.self_attention.linear_proj.weight",
+                                          "decoder.layers.1.pre_mlp_layernorm.weight",
+                                          "decoder.layers.1.mlp.linear_fc1.weight",
+                                          "decoder.layers.1.mlp.linear_fc2.weight",
+                                          "decoder.final_layernorm.weight",
+                                          "output_layer.weight"};
+  EXPECT_EQ(names, expected);
+}
+
+}  // namespace
