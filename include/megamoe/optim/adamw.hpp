@@ -1,0 +1,224 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/optim/adamw.hpp — AdamW with sharded state (the reference's distributed optimizer),
+// global-norm clipping and the warmup + cosine learning-rate schedule.
+//
+// Gradients arrive reduced (parallel::reduce_gradients: dense over TPxDPxCP, expert over EDP), so
+// every rank of a group holds the same gradient. The optimizer flattens the dense parameters and,
+// separately, the expert parameters; each rank of the dense group (TPxDPxCP) owns a contiguous
+// 1/n of the dense elements, each rank of the expert-DP group 1/n of its expert elements, and keeps
+// Adam's moments only for those. One step: the squared gradient norm of every rank's shards,
+// summed over the world, counts each parameter element exactly once; the clip factor follows;
+// each rank updates its shards; an all-gather per group gives every rank the whole updated
+// parameters. On one rank (no groups) the shard is everything.
+//
+//   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+//   p -= lr * (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + wd * p)   (wd on matrices only)
+#pragma once
+
+#include <megamoe/core/error.hpp>
+#include <megamoe/core/parameter.hpp>
+#include <megamoe/core/tensor.hpp>
+#include <megamoe/parallel/collectives.hpp>
+#include <megamoe/parallel/process_groups.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+namespace megamoe::optim {
+
+struct adamw_settings {
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double weight_decay = 0.1;
+  double clip_grad = 1.0;  // global-norm clipping threshold (<= 0: none)
+};
+
+/// Linear warmup from 0 to `peak` over `warmup` steps, then cosine decay to `minimum` at `total`.
+struct lr_schedule {
+  double peak = 1e-3, minimum = 1e-4;
+  int warmup = 0, total = 1;
+  /// The learning rate of step `step` (1-based).
+  [[nodiscard]] double at(int step) const {
+    if (warmup > 0 && step <= warmup) return peak * step / warmup;
+    if (step >= total) return minimum;
+    double const progress =
+        static_cast<double>(step - warmup) / static_cast<double>(std::max(1, total - warmup));
+    return minimum + 0.5 * (peak - minimum) * (1.0 + std::cos(std::numbers::pi * progress));
+  }
+};
+
+/// Whether AdamW's decoupled weight decay applies: matrices, not norms, biases or vectors.
+inline bool decays(std::string_view name, Eigen::Index rows) {
+  return rows > 1 && name.find("norm") == std::string_view::npos &&
+         name.find(".bias") == std::string_view::npos;
+}
+
+/// What one step did.
+struct step_report {
+  double grad_norm = 0.0;  // global L2 norm before clipping
+  double clip_factor = 1.0;
+  bool finite = true;  // false: a non-finite gradient; nothing was updated
+};
+
+template <class T>
+class distributed_adamw {
+ public:
+  /// Moments in float for float parameters (fp32 master state), double for double.
+  using state_type = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+  /// One rank: the model's parameters, all in this rank's shard.
+  template <class Model>
+  distributed_adamw(Model& model, adamw_settings const& settings) : settings_(settings) {
+    collect(model);
+    place(kinds_[0], 0, 1);
+    place(kinds_[1], 0, 1);
+  }
+
+  /// On a job: dense state sharded over TPxDPxCP, expert state over EDP; the norm over the world.
+  template <class Model>
+  distributed_adamw(parallel::process_groups const& groups, Model& model,
+                    adamw_settings const& settings)
+      : settings_(settings), world_(boost::mpi::communicator()) {
+    collect(model);
+    kinds_[0].group = &groups.tp_dp_cp();
+    kinds_[1].group = &groups.expert_dp();
+    place(kinds_[0], kinds_[0].group->rank(), kinds_[0].group->size());
+    place(kinds_[1], kinds_[1].group->rank(), kinds_[1].group->size());
+  }
+
+  /// Elements whose moments this rank keeps (dense + expert).
+  [[nodiscard]] std::int64_t state_elements() const noexcept {
+    return (kinds_[0].end - kinds_[0].begin) + (kinds_[1].end - kinds_[1].begin);
+  }
+  [[nodiscard]] std::size_t state_bytes() const noexcept {
+    return static_cast<std::size_t>(2 * state_elements()) * sizeof(state_type);
+  }
+  [[nodiscard]] int steps() const noexcept { return step_; }
+
+  /// Clips by the global norm and applies one AdamW step with learning rate `lr`. A non-finite
+  /// gradient norm (on any rank: the norm is summed over the world) skips the step on every rank.
+  step_report step(double lr) {
+    double squares = 0.0;
+    for (auto const& k : kinds_) squares += shard_squares(k);
+    if (world_) parallel::all_reduce_sum(*world_, std::span<double>(&squares, 1));
+    step_report report;
+    report.grad_norm = std::sqrt(squares);
+    report.finite = std::isfinite(report.grad_norm);
+    if (!report.finite) return report;
+    if (settings_.clip_grad > 0.0 && report.grad_norm > settings_.clip_grad)
+      report.clip_factor = settings_.clip_grad / (report.grad_norm + 1e-6);
+    ++step_;
+    double const c1 = 1.0 - std::pow(settings_.beta1, step_);
+    double const c2 = 1.0 - std::pow(settings_.beta2, step_);
+    for (auto& k : kinds_) {
+      update(k, lr, report.clip_factor, c1, c2);
+      gather(k);
+    }
+    return report;
+  }
+
+ private:
+  /// One parameter: its maps and where it starts in its kind's flat order.
+  struct entry {
+    row_matrix_map<T> value, grad;
+    std::int64_t offset;
+    bool decay;
+  };
+  /// All parameters of one kind (dense or expert), flattened, and this rank's shard of them.
+  struct kind_state {
+    std::vector<entry> entries;
+    std::int64_t total = 0, begin = 0, end = 0;
+    std::vector<std::int64_t> shard_sizes;  // per group rank
+    std::vector<state_type> m, v;
+    std::vector<T> flat, mine;  // gather buffers
+    boost::mpi::communicator const* group = nullptr;
+  };
+
+  template <class Model>
+  void collect(Model& model) {
+    model.for_each_parameter([&](std::string_view name, row_matrix_map<T> value,
+                                 row_matrix_map<T> grad, parameter_kind kind) {
+      auto& k = kinds_[kind == parameter_kind::expert ? 1 : 0];
+      k.entries.push_back({value, grad, k.total, decays(name, value.rows())});
+      k.total += value.size();
+    });
+  }
+
+  static void place(kind_state& k, int rank, int size) {
+    k.shard_sizes.resize(static_cast<std::size_t>(size));
+    for (int r = 0; r < size; ++r)
+      k.shard_sizes[static_cast<std::size_t>(r)] = k.total * (r + 1) / size - k.total * r / size;
+    k.begin = k.total * rank / size;
+    k.end = k.total * (rank + 1) / size;
+    k.m.assign(static_cast<std::size_t>(k.end - k.begin), state_type(0));
+    k.v.assign(k.m.size(), state_type(0));
+  }
+
+  /// Calls f(entry, first element in it, count, position in the shard) for the shard's pieces.
+  template <class Kind, class F>
+  static void for_shard(Kind& k, F&& f) {
+    for (auto& e : k.entries) {
+      std::int64_t const lo = std::max(k.begin, e.offset);
+      std::int64_t const hi = std::min(k.end, e.offset + e.value.size());
+      if (lo < hi) f(e, lo - e.offset, hi - lo, lo - k.begin);
+    }
+  }
+
+  static double shard_squares(kind_state const& k) {
+    double sum = 0.0;
+    for_shard(k, [&](entry const& e, std::int64_t first, std::int64_t count, std::int64_t) {
+      for (std::int64_t i = first; i < first + count; ++i) {
+        double const g = static_cast<double>(e.grad.data()[i]);
+        sum += g * g;
+      }
+    });
+    return sum;
+  }
+
+  void update(kind_state& k, double lr, double clip, double c1, double c2) {
+    double const b1 = settings_.beta1, b2 = settings_.beta2, eps = settings_.eps;
+    double const wd = settings_.weight_decay;
+    for_shard(k, [&](entry& e, std::int64_t first, std::int64_t count, std::int64_t at) {
+      for (std::int64_t i = 0; i < count; ++i) {
+        auto const s = static_cast<std::size_t>(at + i);
+        double const g = clip * static_cast<double>(e.grad.data()[first + i]);
+        double const m = b1 * static_cast<double>(k.m[s]) + (1.0 - b1) * g;
+        double const v = b2 * static_cast<double>(k.v[s]) + (1.0 - b2) * g * g;
+        k.m[s] = static_cast<state_type>(m);
+        k.v[s] = static_cast<state_type>(v);
+        T& p = e.value.data()[first + i];
+        double const decay = e.decay ? wd * static_cast<double>(p) : 0.0;
+        p = static_cast<T>(static_cast<double>(p) -
+                           lr * ((m / c1) / (std::sqrt(v / c2) + eps) + decay));
+      }
+    });
+  }
+
+  /// Every rank of the group gets every shard's updated values.
+  void gather(kind_state& k) {
+    if (k.group == nullptr || k.group->size() == 1 || k.total == 0) return;
+    k.flat.resize(static_cast<std::size_t>(k.total));
+    k.mine.resize(static_cast<std::size_t>(k.end - k.begin));
+    auto& mine = k.mine;
+    for_shard(k, [&](entry const& e, std::int64_t first, std::int64_t count, std::int64_t at) {
+      std::copy_n(e.value.data() + first, count, mine.begin() + at);
+    });
+    parallel::all_gather_v(*k.group, mine.data(), k.flat.data(), k.shard_sizes, 1);
+    for (auto& e : k.entries) std::copy_n(k.flat.data() + e.offset, e.value.size(), e.value.data());
+  }
+
+  adamw_settings settings_;
+  std::optional<boost::mpi::communicator> world_;  // on a job: the norm's sum
+  std::array<kind_state, 2> kinds_;
+  int step_ = 0;
+};
+
+}  // namespace megamoe::optim

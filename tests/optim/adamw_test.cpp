@@ -1,0 +1,98 @@
+// SPDX-License-Identifier: Apache-2.0
+// AdamW, clipping and the schedule on one rank against a plain re-statement of their formulas.
+#include <megamoe/optim/adamw.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace mm = megamoe;
+namespace mo = megamoe::optim;
+
+namespace {
+
+/// Two parameters: a matrix (weight decay applies) and a norm weight (it does not).
+struct two_parameters {
+  mm::row_matrix<double> w = mm::row_matrix<double>::Constant(2, 3, 0.5);
+  mm::row_matrix<double> gw = mm::row_matrix<double>::Zero(2, 3);
+  mm::row_matrix<double> n = mm::row_matrix<double>::Ones(1, 3);
+  mm::row_matrix<double> gn = mm::row_matrix<double>::Zero(1, 3);
+  template <class F>
+  void for_each_parameter(F&& f) {
+    f("decoder.layers.0.mlp.linear_fc1.weight", mm::row_matrix_map<double>(w.data(), 2, 3),
+      mm::row_matrix_map<double>(gw.data(), 2, 3), mm::parameter_kind::dense);
+    f("decoder.layers.0.input_layernorm.weight", mm::row_matrix_map<double>(n.data(), 1, 3),
+      mm::row_matrix_map<double>(gn.data(), 1, 3), mm::parameter_kind::dense);
+  }
+};
+
+TEST(LrSchedule, WarmupThenCosineToTheMinimum) {
+  mo::lr_schedule const s{1e-3, 1e-4, 10, 110};
+  EXPECT_DOUBLE_EQ(s.at(1), 1e-4);
+  EXPECT_DOUBLE_EQ(s.at(10), 1e-3);
+  EXPECT_NEAR(s.at(60), 0.5 * (1e-3 + 1e-4), 1e-15);  // half way through the decay
+  EXPECT_DOUBLE_EQ(s.at(110), 1e-4);
+  EXPECT_DOUBLE_EQ(s.at(500), 1e-4);
+  EXPECT_GT(s.at(30), s.at(31));
+}
+
+TEST(AdamW, StepsEqualTheFormulaWithClippingAndDecoupledDecay) {
+  two_parameters model;
+  mo::adamw_settings settings;
+  settings.weight_decay = 0.1;
+  settings.clip_grad = 0.5;
+  mo::distributed_adamw<double> optimizer(model, settings);
+  EXPECT_EQ(optimizer.state_elements(), 9);
+  // The plain re-statement on copies.
+  std::vector<double> p(9), m(9, 0.0), v(9, 0.0);
+  for (int i = 0; i < 6; ++i) p[static_cast<std::size_t>(i)] = model.w.data()[i];
+  for (int i = 0; i < 3; ++i) p[static_cast<std::size_t>(6 + i)] = model.n.data()[i];
+  for (int t = 1; t <= 4; ++t) {
+    std::vector<double> g(9);
+    for (int i = 0; i < 9; ++i) g[static_cast<std::size_t>(i)] = std::sin(1.3 * i + 0.7 * t);
+    for (int i = 0; i < 6; ++i) model.gw.data()[i] = g[static_cast<std::size_t>(i)];
+    for (int i = 0; i < 3; ++i) model.gn.data()[i] = g[static_cast<std::size_t>(6 + i)];
+    double const lr = 0.01 * t;
+    auto const report = optimizer.step(lr);
+    double norm = 0.0;
+    for (double x : g) norm += x * x;
+    norm = std::sqrt(norm);
+    double const clip = norm > 0.5 ? 0.5 / (norm + 1e-6) : 1.0;
+    EXPECT_NEAR(report.grad_norm, norm, 1e-14);
+    EXPECT_NEAR(report.clip_factor, clip, 1e-15);
+    for (std::size_t i = 0; i < 9; ++i) {
+      double const gi = clip * g[i];
+      m[i] = 0.9 * m[i] + 0.1 * gi;
+      v[i] = 0.95 * v[i] + 0.05 * gi * gi;
+      double const mhat = m[i] / (1 - std::pow(0.9, t)), vhat = v[i] / (1 - std::pow(0.95, t));
+      double const decay = i < 6 ? 0.1 * p[i] : 0.0;  // not on the norm
+      p[i] -= lr * (mhat / (std::sqrt(vhat) + 1e-8) + decay);
+    }
+    for (int i = 0; i < 6; ++i)
+      EXPECT_NEAR(model.w.data()[i], p[static_cast<std::size_t>(i)], 1e-15) << "step " << t;
+    for (int i = 0; i < 3; ++i)
+      EXPECT_NEAR(model.n.data()[i], p[static_cast<std::size_t>(6 + i)], 1e-15) << "step " << t;
+  }
+  EXPECT_EQ(optimizer.steps(), 4);
+}
+
+TEST(AdamW, ANonFiniteGradientSkipsTheStep) {
+  two_parameters model;
+  mo::distributed_adamw<double> optimizer(model, {});
+  model.gw(1, 2) = std::numeric_limits<double>::quiet_NaN();
+  mm::row_matrix<double> const before = model.w;
+  auto const report = optimizer.step(0.1);
+  EXPECT_FALSE(report.finite);
+  EXPECT_EQ(model.w, before);
+  EXPECT_EQ(optimizer.steps(), 0);
+}
+
+TEST(AdamW, FloatParametersKeepFloatState) {
+  static_assert(std::is_same_v<mo::distributed_adamw<float>::state_type, float>);
+  static_assert(std::is_same_v<mo::distributed_adamw<double>::state_type, double>);
+}
+
+}  // namespace
