@@ -1,0 +1,206 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/train/trainer.hpp — the training loop: global batches of micro-batches over DP ranks,
+// gradient accumulation, the aux-loss backward scale, gradient reduction, the optimizer step,
+// the expert-bias update once per global batch, non-finite detection, held-out evaluation.
+//
+// Global batch = micro_batch x micro_batches x DP sequences; sequence g of step k is the corpus
+// window drawn from (seed, k, g), DP rank r's micro-batch m holding sequences
+// [(m*DP + r) * micro_batch, +micro_batch). So one rank with micro_batches * DP micro-batches
+// trains on exactly the same global batch as DP ranks with micro_batches each.
+#pragma once
+
+#include <megamoe/core/error.hpp>
+#include <megamoe/model/context.hpp>
+#include <megamoe/model/transformer.hpp>
+#include <megamoe/optim/adamw.hpp>
+#include <megamoe/parallel/collectives.hpp>
+#include <megamoe/parallel/gradients.hpp>
+#include <megamoe/parallel/process_groups.hpp>
+#include <megamoe/train/corpus.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace megamoe::train {
+
+struct train_settings {
+  int seq_length = 64;
+  int micro_batch = 8;    // sequences per micro-batch
+  int micro_batches = 1;  // per DP rank and step (gradient accumulation)
+  int steps = 100;
+  optim::lr_schedule schedule;
+  optim::adamw_settings optimizer;
+  std::uint64_t seed = 1234;
+  bool stop_on_nonfinite = false;  // otherwise a non-finite step is reported and skipped
+};
+
+/// What one step did (the same on every rank).
+struct step_metrics {
+  int step = 0;
+  double loss = 0.0;         // mean cross-entropy over the global batch (nats per token)
+  double router_loss = 0.0;  // mean of the MoE layers' attached losses per micro-batch
+  double lr = 0.0, grad_norm = 0.0, clip_factor = 1.0;
+  double seconds = 0.0, tokens_per_s = 0.0;
+  bool skipped = false;      // non-finite loss or gradient: no update
+  std::string nonfinite_at;  // the first parameter with a non-finite gradient, when skipped
+  /// Per MoE layer, the tokens each expert received in this step (summed over the global batch).
+  std::vector<std::vector<double>> expert_load;
+};
+
+template <class Config>
+class trainer {
+ public:
+  using model_type = transformer<Config>;
+  using scalar = typename model_type::scalar;
+
+  /// One rank.
+  trainer(model_type& model, byte_corpus const& corpus, train_settings const& settings)
+      : model_(model), corpus_(corpus), settings_(settings), optimizer_(model, settings.optimizer) {
+    check();
+  }
+  /// On a job (attention TP = CP = 1: DP = world / PP).
+  trainer(parallel::process_groups const& groups, model_type& model, byte_corpus const& corpus,
+          train_settings const& settings)
+      : model_(model),
+        corpus_(corpus),
+        settings_(settings),
+        groups_(&groups),
+        optimizer_(groups, model, settings.optimizer) {
+    check();
+  }
+
+  [[nodiscard]] int dp_size() const { return groups_ ? groups_->dp().size() : 1; }
+  [[nodiscard]] int dp_rank() const { return groups_ ? groups_->dp().rank() : 0; }
+  [[nodiscard]] std::int64_t global_batch_tokens() const {
+    return std::int64_t{settings_.micro_batch} * settings_.micro_batches * dp_size() *
+           settings_.seq_length;
+  }
+  [[nodiscard]] optim::distributed_adamw<scalar> const& optimizer() const { return optimizer_; }
+  [[nodiscard]] int steps_done() const noexcept { return step_; }
+
+  /// One global batch: forward and backward of every micro-batch, reduction, clipping, update.
+  step_metrics step(context& ctx) {
+    auto const start = std::chrono::steady_clock::now();
+    int const S = settings_.seq_length, B = settings_.micro_batch, M = settings_.micro_batches;
+    int const DP = dp_size();
+    ++step_;
+    step_metrics out;
+    out.step = step_;
+    out.lr = settings_.schedule.at(step_);
+    model_.zero_grad();
+    ctx.step.mode = router::pass::training;
+    ctx.step.loss_backward_scale = router::loss_backward_scale(1.0, 1, M);
+    tokens_.resize(static_cast<std::size_t>(S) * B);
+    targets_.resize(tokens_.size());
+    auto const& moe = model_.moe_layers();
+    out.expert_load.assign(moe.size(), {});
+    double loss = 0.0, router_loss = 0.0;
+    for (int m = 0; m < M; ++m) {
+      auto const first = static_cast<std::uint64_t>((m * DP + dp_rank()) * B);
+      corpus_.training_batch(settings_.seed, static_cast<std::uint64_t>(step_), first, S, B,
+                             tokens_, targets_);
+      ctx.step.micro_batch_key = (static_cast<std::uint64_t>(step_) << 20) + first;
+      auto const result = model_.forward(ctx, tokens_, targets_, S, B);
+      loss += result.cross_entropy;
+      router_loss += result.router_losses;
+      for (std::size_t l = 0; l < moe.size(); ++l) {
+        auto const& counts = moe[l]->router().output().tokens_per_expert;
+        out.expert_load[l].resize(counts.size(), 0.0);
+        for (std::size_t e = 0; e < counts.size(); ++e)
+          out.expert_load[l][e] += static_cast<double>(counts[e]);
+      }
+      model_.backward(ctx, static_cast<scalar>(1.0 / M));
+    }
+    // Logged values over the global batch (every rank the same).
+    std::vector<double> sums{loss, router_loss};
+    for (auto const& layer : out.expert_load) sums.insert(sums.end(), layer.begin(), layer.end());
+    if (groups_) parallel::all_reduce_sum(groups_->dp(), std::span<double>(sums));
+    out.loss = sums[0] / (M * DP);
+    out.router_loss = sums[1] / (M * DP);
+    std::size_t at = 2;
+    for (auto& layer : out.expert_load)
+      for (double& v : layer) v = sums[at++];
+    if (groups_) parallel::reduce_gradients(*groups_, model_);
+    auto const report = optimizer_.step(out.lr);
+    out.grad_norm = report.grad_norm;
+    out.clip_factor = report.clip_factor;
+    if (!report.finite || !std::isfinite(out.loss)) {
+      out.skipped = true;
+      out.nonfinite_at = first_nonfinite();
+      if (settings_.stop_on_nonfinite)
+        throw parallel::agreed_input_error(
+            "training: non-finite " + std::string(std::isfinite(out.loss) ? "gradient" : "loss") +
+            " at step " + std::to_string(step_) +
+            (out.nonfinite_at.empty() ? "" : " (first in " + out.nonfinite_at + ")"));
+    }
+    model_.finish_global_batch();
+    out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    out.tokens_per_s = static_cast<double>(global_batch_tokens()) / out.seconds;
+    return out;
+  }
+
+  /// Bits per byte of the held-out bytes (the first `max_windows` windows of S + 1 bytes, split
+  /// over the DP ranks), in eval mode.
+  double heldout_bits_per_byte(context& ctx, int max_windows) {
+    int const S = settings_.seq_length, B = settings_.micro_batch, DP = dp_size();
+    int const windows = std::min(max_windows, corpus_.heldout_windows(S));
+    int const rounds = std::max(1, windows / (B * DP));  // check() ensured one round fits
+    ctx.step.mode = router::pass::eval;
+    tokens_.resize(static_cast<std::size_t>(S) * B);
+    targets_.resize(tokens_.size());
+    double nats = 0.0;
+    for (int r = 0; r < rounds; ++r) {
+      corpus_.heldout_batch((r * DP + dp_rank()) * B, S, B, tokens_, targets_);
+      nats += model_.forward(ctx, tokens_, targets_, S, B).cross_entropy;
+    }
+    ctx.step.mode = router::pass::training;
+    std::vector<double> sum{nats};
+    if (groups_) parallel::all_reduce_sum(groups_->dp(), std::span<double>(sum));
+    return sum[0] / (rounds * DP) / std::numbers::ln2;
+  }
+
+ private:
+  void check() const {
+    auto agree = [&](auto&& body) {
+      if (groups_)
+        parallel::check_on_every_rank(groups_->tp_dp_cp(), body);
+      else
+        body();
+    };
+    agree([&] {
+      if (settings_.seq_length < 1 || settings_.micro_batch < 1 || settings_.micro_batches < 1 ||
+          settings_.steps < 0)
+        throw input_error("training: seq_length, micro_batch and micro_batches must be >= 1");
+      corpus_.require_windows(settings_.seq_length);
+      if (corpus_.heldout_windows(settings_.seq_length) < settings_.micro_batch * dp_size())
+        throw input_error("corpus: the held-out part holds " +
+                          std::to_string(corpus_.heldout_windows(settings_.seq_length)) +
+                          " windows of " + std::to_string(settings_.seq_length + 1) +
+                          " bytes, fewer than one evaluation batch of " +
+                          std::to_string(settings_.micro_batch * dp_size()));
+    });
+  }
+
+  std::string first_nonfinite() {
+    std::string name;
+    model_.for_each_parameter([&](std::string_view n, auto, auto grad, parameter_kind) {
+      if (name.empty() && !grad.allFinite()) name = std::string(n);
+    });
+    return name;
+  }
+
+  model_type& model_;
+  byte_corpus const& corpus_;
+  train_settings settings_;
+  parallel::process_groups const* groups_ = nullptr;
+  optim::distributed_adamw<scalar> optimizer_;
+  std::vector<std::int32_t> tokens_, targets_;
+  int step_ = 0;
+};
+
+}  // namespace megamoe::train

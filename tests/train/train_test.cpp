@@ -1,0 +1,108 @@
+// SPDX-License-Identifier: Apache-2.0
+// The byte corpus (split, windows, unigram baseline, errors) and a short training run on the
+// shipped sample (tests/data/corpus_sample.txt) whose held-out loss must fall below the unigram
+// baseline.
+#include <megamoe/config/config.hpp>
+#include <megamoe/train/corpus.hpp>
+#include <megamoe/train/trainer.hpp>
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace mm = megamoe;
+namespace mt = megamoe::train;
+
+namespace {
+
+std::filesystem::path sample() {
+  return std::filesystem::path(MEGAMOE_TEST_DATA) / "corpus_sample.txt";
+}
+
+TEST(ByteCorpus, HoldsOutTheLastBytesAndCutsWindows) {
+  std::vector<std::uint8_t> bytes(200);
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::uint8_t>(i % 7 + 97);
+  mt::byte_corpus const corpus(bytes, 0.05);
+  EXPECT_EQ(corpus.training().size(), 190u);
+  EXPECT_EQ(corpus.heldout().size(), 10u);
+  EXPECT_EQ(corpus.heldout()[0], bytes[190]);
+  int const S = 4, B = 3;
+  std::vector<std::int32_t> tokens(S * B), targets(S * B);
+  corpus.training_batch(7, 2, 0, S, B, tokens, targets);
+  for (int b = 0; b < B; ++b)
+    for (int s = 0; s < S; ++s) {
+      auto const t = static_cast<std::size_t>(s * B + b);
+      EXPECT_EQ(targets[t], (tokens[t] - 97 + 1) % 7 + 97) << "the target is the next byte";
+    }
+  // The same sequence whichever micro-batch holds it.
+  std::vector<std::int32_t> one(S), next(S);
+  corpus.training_batch(7, 2, 2, S, 1, one, next);
+  for (int s = 0; s < S; ++s)
+    EXPECT_EQ(one[static_cast<std::size_t>(s)], tokens[static_cast<std::size_t>(s * B + 2)]);
+  EXPECT_EQ(corpus.heldout_windows(3), 3);
+}
+
+TEST(ByteCorpus, UnigramBaselineIsTheSmoothedCrossEntropy) {
+  std::vector<std::uint8_t> bytes{'a', 'a', 'b', 'a', 'c', 'a', 'a', 'b', 'a', 'b'};
+  mt::byte_corpus const corpus(bytes, 0.2);  // train: aabacaab, held out: ab
+  double const total = 8 + 256;
+  double const expected = -(std::log2((5 + 1) / total) + std::log2((2 + 1) / total)) / 2;
+  EXPECT_NEAR(corpus.unigram_bits_per_byte(), expected, 1e-12);
+}
+
+TEST(ByteCorpus, MissingEmptyOrTooSmallCorporaAreErrors) {
+  EXPECT_THROW(mt::byte_corpus::load("/nonexistent/corpus.txt"), mm::input_error);
+  auto const empty = std::filesystem::temp_directory_path() / "megamoe_empty_corpus.txt";
+  std::ofstream(empty).close();
+  EXPECT_THROW(mt::byte_corpus::load(empty), mm::input_error);
+  std::filesystem::remove(empty);
+  mt::byte_corpus const tiny(std::vector<std::uint8_t>(40, 'x'), 0.05);
+  EXPECT_THROW(tiny.require_windows(16), mm::input_error);
+  auto const corpus = mt::byte_corpus::load(sample());
+  EXPECT_EQ(corpus.training().size() + corpus.heldout().size(), 60000u);
+}
+
+namespace rt = mm::router;
+using tiny_moe = mm::make_config<mm::shape<mm::hidden<32>, mm::ffn<48>, mm::experts<4>>,
+                                 rt::top_k<2, rt::aux_loss<1e-2>>, mm::dispatch::local,
+                                 mm::expert::mlp<mm::expert::swiglu>, mm::precision::fp32>;
+
+TEST(Training, HeldOutLossFallsBelowTheUnigramBaselineOnTheSample) {
+  auto const corpus = mt::byte_corpus::load(sample());
+  mm::transformer_sizes sizes;
+  sizes.layers = 2;
+  sizes.heads = 4;
+  sizes.dense_ffn = 64;
+  sizes.moe_layer_freq = 2;
+  mm::transformer<tiny_moe> model(sizes);
+  model.initialize(1, 0.05);
+  mt::train_settings settings;
+  settings.seq_length = 32;
+  settings.micro_batch = 8;
+  settings.micro_batches = 2;
+  settings.steps = 150;
+  settings.schedule = {3e-3, 3e-4, 8, settings.steps};
+  mt::trainer<tiny_moe> trainer(model, corpus, settings);
+  mm::context ctx(2);
+  double const before = trainer.heldout_bits_per_byte(ctx, 32);
+  mt::step_metrics last;
+  for (int i = 0; i < settings.steps; ++i) last = trainer.step(ctx);
+  double const after = trainer.heldout_bits_per_byte(ctx, 32);
+  double const unigram = corpus.unigram_bits_per_byte();
+  EXPECT_FALSE(last.skipped);
+  EXPECT_EQ(last.expert_load.size(), 1u);
+  double load = 0.0;
+  for (double v : last.expert_load[0]) load += v;
+  EXPECT_EQ(load, 2.0 * settings.seq_length * settings.micro_batch * settings.micro_batches);
+  EXPECT_LT(after, before);
+  EXPECT_LT(after, unigram) << "held-out " << after << " bits per byte vs unigram " << unigram;
+  std::cout << "held-out bits per byte: " << before << " before, " << after << " after "
+            << settings.steps << " steps; unigram " << unigram << "\n";
+}
+
+}  // namespace
