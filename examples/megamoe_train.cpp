@@ -1,0 +1,298 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe-train — trains a small byte-level MoE language model on real English text.
+//
+//   ./build/examples/megamoe-train                         # fortunes, preset "small", one process
+//   mpiexec -n 2 ./build/examples/megamoe-train --ep 2     # experts over 2 ranks
+//
+// The corpus (default: the Debian `fortunes` files) is split: the last 5 % of its bytes are held
+// out and never trained on. Rank 0 shows a progress bar on stderr, prints held-out bits per byte
+// at intervals and a generated sample at the end, and writes to --out: metrics.jsonl (one JSON
+// line per step), training.svg (loss curves and expert-load heat maps) and model.safetensors
+// (every weight under the reference's parameter names, fp32). The last stdout line is
+//   {"final": {"steps", "tokens_per_s", "heldout_bpb", "unigram_bpb", "metrics_path",
+//              "plot_path", "weights_path"}}
+// Presets are model configurations compiled in (types), chosen once at start-up.
+#include <megamoe/config/config.hpp>
+#include <megamoe/core/random.hpp>
+#include <megamoe/io/safetensors.hpp>
+#include <megamoe/model/transformer.hpp>
+#include <megamoe/parallel/process_groups.hpp>
+#include <megamoe/train/corpus.hpp>
+#include <megamoe/train/report.hpp>
+#include <megamoe/train/trainer.hpp>
+
+#include <CLI/CLI.hpp>
+#include <boost/mpi/collectives/gather.hpp>
+#include <boost/serialization/string.hpp>
+#include <boost/serialization/vector.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace mm = megamoe;
+namespace mt = megamoe::train;
+namespace rt = megamoe::router;
+
+namespace {
+
+struct options {
+  int steps = 700, micro_batch = 16, global_batch = 0, seq_len = 128, ep = 0;
+  double lr = 3e-3;
+  std::uint64_t seed = 1234;
+  std::string data = "/usr/share/games/fortunes", out = "megamoe-train-out", preset = "small";
+};
+
+template <int H, int F, int E, class Router>
+using preset_config =
+    mm::make_config<mm::shape<mm::hidden<H>, mm::ffn<F>, mm::experts<E>>, Router,
+                    mm::dispatch::all_to_all, mm::expert::mlp<mm::expert::swiglu>,
+                    mm::precision::fp32,
+                    mm::parallel::mapping<mm::parallel::etp<1>, mm::parallel::ep<mm::dynamic>>>;
+
+/// tiny: quick runs; small (default): 4 layers, MoE every other layer, 8 experts top-2;
+/// fine: fine-grained experts, every layer MoE, 16 experts top-4 with the aux-loss-free router.
+using tiny_config = preset_config<64, 128, 4, rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>>;
+using small_config = preset_config<128, 256, 8, rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>>;
+using fine_config = preset_config<128, 96, 16, rt::aux_loss_free<4, rt::seq_aux_loss<1e-4>>>;
+
+mm::transformer_sizes sizes_of(std::string const& preset) {
+  mm::transformer_sizes s;
+  s.vocabulary = 256;
+  if (preset == "tiny") {
+    s.layers = 2;
+    s.heads = 4;
+    s.dense_ffn = 256;
+    s.moe_layer_freq = 2;
+  } else if (preset == "small") {
+    s.layers = 4;
+    s.heads = 4;
+    s.dense_ffn = 512;
+    s.moe_layer_freq = 2;
+  } else {  // fine
+    s.layers = 4;
+    s.heads = 4;
+    s.moe_layer_freq = 1;
+  }
+  return s;
+}
+
+std::string duration(double seconds) {
+  int const s = static_cast<int>(std::max(0.0, seconds));
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%dm%02ds", s / 60, s % 60);
+  return buf;
+}
+
+/// Continues `prompt` by sampling bytes (temperature 0.8) from the model, every rank alike.
+template <class Model>
+std::string generate(mm::context& ctx, Model& model, std::string const& prompt, int length,
+                     int window, std::uint64_t seed) {
+  std::vector<std::int32_t> tokens(prompt.begin(), prompt.end());
+  ctx.step.mode = rt::pass::eval;
+  std::string out = prompt;
+  for (int i = 0; i < length; ++i) {
+    int const n = std::min<int>(static_cast<int>(tokens.size()), window);
+    std::vector<std::int32_t> const context(tokens.end() - n, tokens.end());
+    model.forward(ctx, context, {}, n, 1);
+    auto const& logits = model.logits();
+    Eigen::RowVectorXd const last = logits.row(n - 1).template cast<double>() / 0.8;
+    Eigen::RowVectorXd const p = (last.array() - last.maxCoeff()).exp();
+    double u = mm::uniform_open01(mm::splitmix64(seed) ^ static_cast<std::uint64_t>(i)) * p.sum();
+    int next = 0;
+    while (next < 255 && (u -= p(next)) > 0) ++next;
+    tokens.push_back(next);
+    out.push_back(static_cast<char>(next));
+  }
+  ctx.step.mode = rt::pass::training;
+  return out;
+}
+
+template <class Config>
+int train(mm::parallel::environment& env, options o) {
+  auto const& world = env.world();
+  bool const root = world.rank() == 0;
+  mm::parallel::degrees degrees;
+  degrees.ep = o.ep > 0 ? o.ep : world.size();
+  mm::parallel::process_groups const groups(world, degrees);
+  int const dp = groups.dp().size();
+  mt::train_settings settings;
+  mm::parallel::check_on_every_rank(world, [&] {
+    if (o.steps < 1 || o.micro_batch < 1 || o.seq_len < 2 || !(o.lr > 0))
+      throw mm::input_error(
+          "megamoe-train: --steps, --micro-batch, --seq-len and --lr must be "
+          "positive (--seq-len at least 2)");
+    int const global = o.global_batch > 0 ? o.global_batch : o.micro_batch * dp;
+    if (global % (o.micro_batch * dp) != 0)
+      throw mm::input_error("megamoe-train: --global-batch " + std::to_string(global) +
+                            " does not divide into micro-batches of " +
+                            std::to_string(o.micro_batch) + " over " + std::to_string(dp) +
+                            " data-parallel ranks");
+    settings.micro_batches = global / (o.micro_batch * dp);
+  });
+  mt::byte_corpus corpus = [&] {
+    std::optional<mt::byte_corpus> loaded;
+    mm::parallel::check_on_every_rank(world, [&] { loaded = mt::byte_corpus::load(o.data); });
+    return std::move(*loaded);
+  }();
+  settings.seq_length = o.seq_len;
+  settings.micro_batch = o.micro_batch;
+  settings.steps = o.steps;
+  settings.seed = o.seed;
+  settings.schedule = {o.lr, o.lr / 10, std::max(1, o.steps / 20), o.steps};
+  mm::transformer<Config> model(groups, sizes_of(o.preset));
+  model.initialize(o.seed, 0.02);
+  mt::trainer<Config> trainer(groups, model, corpus, settings);
+  mm::context ctx(env.num_threads());
+
+  std::filesystem::create_directories(o.out);
+  auto const out_dir = std::filesystem::absolute(o.out);
+  auto const metrics_path = out_dir / "metrics.jsonl", plot_path = out_dir / "training.svg",
+             weights_path = out_dir / "model.safetensors";
+  std::ofstream metrics;
+  if (root) metrics.open(metrics_path, std::ios::trunc);
+  double const unigram = corpus.unigram_bits_per_byte();
+  if (root)
+    std::cerr << "megamoe-train: preset " << o.preset << ", " << corpus.training().size()
+              << " training bytes, " << corpus.heldout().size() << " held out (unigram " << unigram
+              << " bits/byte); " << world.size() << " rank(s), EP " << degrees.ep
+              << ", global batch " << settings.micro_batch * settings.micro_batches * dp << " x "
+              << o.seq_len << " bytes\n";
+  mt::training_history history;
+  history.unigram_bpb = unigram;
+  history.load.resize(model.moe_layers().size());
+  int const eval_every = std::max(1, o.steps / 8), eval_windows = 64;
+  double heldout = trainer.heldout_bits_per_byte(ctx, eval_windows);
+  history.heldout_bpb.emplace_back(1, heldout);
+  double tokens_per_s = 0.0, elapsed = 0.0;
+  for (int step = 1; step <= o.steps; ++step) {
+    auto const m = trainer.step(ctx);
+    elapsed += m.seconds;
+    tokens_per_s = static_cast<double>(trainer.global_batch_tokens()) * step / elapsed;
+    double const bpb = m.loss / std::log(2.0);
+    history.train_bpb.push_back(bpb);
+    nlohmann::ordered_json line;
+    line["step"] = step;
+    line["loss"] = m.loss;
+    line["train_bpb"] = bpb;
+    line["router_loss"] = m.router_loss;
+    line["lr"] = m.lr;
+    line["grad_norm"] = m.grad_norm;
+    line["tokens_per_s"] = m.tokens_per_s;
+    if (m.skipped) line["skipped_nonfinite"] = m.nonfinite_at;
+    nlohmann::ordered_json loads = nlohmann::ordered_json::array();
+    for (std::size_t l = 0; l < m.expert_load.size(); ++l) {
+      auto const& counts = m.expert_load[l];
+      double total = 0.0, top = 0.0;
+      for (double c : counts) total += c, top = std::max(top, c);
+      std::vector<double> share(counts.size());
+      for (std::size_t e = 0; e < counts.size(); ++e) share[e] = total > 0 ? counts[e] / total : 0;
+      history.load[l].push_back(share);
+      loads.push_back({{"tokens_per_expert", counts},
+                       {"imbalance", total > 0 ? top * counts.size() / total : 0.0}});
+    }
+    line["expert_load"] = loads;
+    if (step % eval_every == 0 || step == o.steps) {
+      heldout = trainer.heldout_bits_per_byte(ctx, eval_windows);
+      history.heldout_bpb.emplace_back(step, heldout);
+      line["heldout_bpb"] = heldout;
+    }
+    if (!root) continue;
+    metrics << line.dump() << '\n';
+    int const bar = 30, done = bar * step / o.steps;
+    std::fprintf(stderr, "\rstep %d/%d [%s%s] loss %.3f bits/byte | %.0f tok/s | ETA %s   ", step,
+                 o.steps, std::string(static_cast<std::size_t>(done), '#').c_str(),
+                 std::string(static_cast<std::size_t>(bar - done), '-').c_str(), bpb, tokens_per_s,
+                 duration(elapsed / step * (o.steps - step)).c_str());
+    if (line.contains("heldout_bpb"))
+      std::fprintf(stderr, "\n  held-out %.3f bits/byte (unigram %.3f)\n", heldout, unigram);
+  }
+  std::string const sample = generate(ctx, model, "The ", 200, o.seq_len, o.seed);
+  if (root) std::cout << "sample:\n" << sample << "\n" << std::flush;
+
+  // Weights: every rank's tensors to rank 0 (experts live on their EP ranks), fp32.
+  std::vector<std::string> names;
+  std::vector<std::vector<std::int64_t>> shapes;
+  std::vector<std::vector<float>> values;
+  model.for_each_parameter([&](std::string_view name, auto value, auto, mm::parameter_kind) {
+    names.emplace_back(name);
+    shapes.push_back({value.rows(), value.cols()});
+    values.emplace_back(value.data(), value.data() + value.size());
+  });
+  std::vector<std::vector<std::string>> all_names;
+  std::vector<std::vector<std::vector<std::int64_t>>> all_shapes;
+  std::vector<std::vector<std::vector<float>>> all_values;
+  boost::mpi::gather(world, names, all_names, 0);
+  boost::mpi::gather(world, shapes, all_shapes, 0);
+  boost::mpi::gather(world, values, all_values, 0);
+  if (root) {
+    std::map<std::string, std::pair<std::vector<std::int64_t>, std::vector<float>>> unique;
+    for (std::size_t r = 0; r < all_names.size(); ++r)
+      for (std::size_t i = 0; i < all_names[r].size(); ++i)
+        unique.try_emplace(all_names[r][i], all_shapes[r][i], all_values[r][i]);
+    std::vector<mm::io::tensor_view> tensors;
+    for (auto const& [name, t] : unique) {
+      auto shape = t.first;
+      if (shape[0] == 1 && name.find("norm") != std::string::npos) shape = {shape[1]};
+      tensors.push_back({name, shape, t.second});
+    }
+    mm::io::write_safetensors(
+        weights_path, tensors,
+        {{"format", "pt"}, {"producer", "megamoe-train"}, {"preset", o.preset}});
+    mt::write_svg(plot_path, history);
+    nlohmann::ordered_json final;
+    final["final"] = {{"steps", o.steps},
+                      {"tokens_per_s", tokens_per_s},
+                      {"heldout_bpb", heldout},
+                      {"unigram_bpb", unigram},
+                      {"metrics_path", metrics_path.string()},
+                      {"plot_path", plot_path.string()},
+                      {"weights_path", weights_path.string()}};
+    std::cout << final.dump() << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return mm::parallel::run_main(argc, argv, [&](mm::parallel::environment& env) {
+    options o;
+    CLI::App app{"megamoe-train: train a small byte-level MoE language model on English text"};
+    app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
+    app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch")
+        ->capture_default_str();
+    app.add_option("--global-batch", o.global_batch,
+                   "sequences per step (micro-batch x micro-batches x DP; default: one "
+                   "micro-batch per DP rank)");
+    app.add_option("--seq-len", o.seq_len, "bytes per sequence")->capture_default_str();
+    app.add_option("--lr", o.lr, "peak learning rate (warmup 5 %, cosine to a tenth)")
+        ->capture_default_str();
+    app.add_option("--seed", o.seed, "seed of weights and batches")->capture_default_str();
+    app.add_option("--data", o.data, "corpus: a text file or a folder of them")
+        ->capture_default_str();
+    app.add_option("--out", o.out, "folder for metrics, plot and weights")->capture_default_str();
+    app.add_option("--ep", o.ep, "expert-parallel ranks (default: the world size)");
+    app.add_option("--preset", o.preset, "model: tiny | small | fine")
+        ->check(CLI::IsMember({"tiny", "small", "fine"}))
+        ->capture_default_str();
+    try {
+      app.parse(argc, argv);
+    } catch (CLI::ParseError const& e) {
+      int const code = app.exit(e, env.world().rank() == 0 ? std::cout : std::cerr,
+                                env.world().rank() == 0 ? std::cerr : std::cerr);
+      return code;
+    }
+    if (o.preset == "tiny") return train<tiny_config>(env, o);
+    if (o.preset == "fine") return train<fine_config>(env, o);
+    return train<small_config>(env, o);
+  });
+}
