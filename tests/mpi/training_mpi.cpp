@@ -1,0 +1,165 @@
+// SPDX-License-Identifier: Apache-2.0
+// Run under mpiexec. Training on a job (DP x EP) against one rank on the same global batches:
+//   - fp64, clipping every step (threshold 1e-3): the loss of every step and, after the last,
+//     every parameter this rank holds equal the one-rank run's (1e-9 relative);
+//   - fp32: the first micro-batch's loss and every gradient after reduce_gradients equal one
+//     rank's on the same global batch (1e-5 of the tensor's largest entry).
+// The one-rank run uses micro_batches x DP micro-batches of the same size, which hold exactly the
+// same sequences (train/trainer.hpp).
+//
+//   mpiexec -n 4 megamoe_training_mpi --ep 2 [--steps 3]
+#include "support/tally.hpp"
+
+#include <megamoe/config/config.hpp>
+#include <megamoe/model/transformer.hpp>
+#include <megamoe/parallel/gradients.hpp>
+#include <megamoe/parallel/process_groups.hpp>
+#include <megamoe/train/trainer.hpp>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace mm = megamoe;
+namespace mt = megamoe::train;
+namespace rt = megamoe::router;
+
+namespace {
+
+template <class Dispatch, class Precision, class Parallel>
+using config = mm::make_config<mm::shape<mm::hidden<16>, mm::ffn<12>, mm::experts<4>>,
+                               rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>, Dispatch,
+                               mm::expert::mlp<mm::expert::swiglu>, Precision, Parallel>;
+using mapped = mm::parallel::mapping<mm::parallel::etp<1>, mm::parallel::ep<mm::dynamic>>;
+using one_rank = mm::parallel::mapping<>;
+
+mm::transformer_sizes sizes() {
+  mm::transformer_sizes s;
+  s.layers = 2;
+  s.heads = 2;
+  s.dense_ffn = 20;
+  s.moe_layer_freq = 2;
+  return s;
+}
+
+constexpr int seq = 8, micro = 2;
+
+template <class Model>
+std::map<std::string, mm::row_matrix<double>> tensors(Model& model, bool gradients) {
+  std::map<std::string, mm::row_matrix<double>> out;
+  model.for_each_parameter([&](std::string_view name, auto value, auto grad, mm::parameter_kind) {
+    out.emplace(std::string(name), (gradients ? grad : value).template cast<double>());
+  });
+  return out;
+}
+
+void compare(mm::testing::tally& result, std::string const& what,
+             std::map<std::string, mm::row_matrix<double>> const& mine,
+             std::map<std::string, mm::row_matrix<double>> const& reference, double rtol,
+             bool scale_by_largest) {
+  for (auto const& [name, m] : mine) {
+    auto const it = reference.find(name);
+    if (it == reference.end()) {
+      result.close(what + " " + name + " has no one-rank twin", 1.0, 0.0, 1.0, 0.0);
+      continue;
+    }
+    double const largest = std::max(1e-30, it->second.cwiseAbs().maxCoeff());
+    for (Eigen::Index i = 0; i < m.size(); ++i) {
+      double const r = it->second.data()[i];
+      result.close(what + " " + name, m.data()[i], r,
+                   scale_by_largest ? largest : std::max(1.0, std::abs(r)), rtol);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return mm::parallel::run_main(argc, argv, [&](mm::parallel::environment& env) {
+    mm::parallel::degrees d;
+    int steps = 3;
+    mm::parallel::check_on_every_rank(env.world(), [&] {
+      for (int i = 1; i + 1 < argc; i += 2) {
+        std::string const key = argv[i];
+        if (key == "--ep")
+          d.ep = std::stoi(argv[i + 1]);
+        else if (key == "--steps")
+          steps = std::stoi(argv[i + 1]);
+        else
+          throw mm::input_error("unknown argument " + key);
+      }
+    });
+    auto const& world = env.world();
+    mm::parallel::process_groups const groups(world, d);
+    int const DP = groups.dp().size();
+    auto const corpus =
+        mt::byte_corpus::load(std::string(MEGAMOE_TEST_DATA) + "/corpus_sample.txt");
+    mm::context ctx(1);
+    mm::testing::tally result;
+
+    // fp64, whole steps through the trainer, clipping every step.
+    {
+      using job_config = config<mm::dispatch::all_to_all, mm::precision::fp64, mapped>;
+      using one_config = config<mm::dispatch::local, mm::precision::fp64, one_rank>;
+      mt::train_settings s;
+      s.seq_length = seq;
+      s.micro_batch = micro;
+      s.micro_batches = 1;
+      s.steps = steps;
+      s.schedule = {1e-2, 1e-3, 1, steps};
+      s.optimizer.clip_grad = 1e-3;
+      mm::transformer<job_config> model(groups, sizes());
+      model.initialize(9, 0.3);
+      mt::trainer<job_config> job(groups, model, corpus, s);
+      mt::train_settings s1 = s;
+      s1.micro_batches = s.micro_batches * DP;
+      mm::transformer<one_config> one(sizes());
+      one.initialize(9, 0.3);
+      mt::trainer<one_config> reference(one, corpus, s1);
+      for (int k = 1; k <= steps; ++k) {
+        auto const a = job.step(ctx);
+        auto const b = reference.step(ctx);
+        result.close("loss of step " + std::to_string(k), a.loss, b.loss, 1.0, 1e-9);
+        result.close("clipped at step " + std::to_string(k), a.clip_factor < 1 ? 1 : 0, 1, 1, 0);
+      }
+      compare(result, "fp64 parameter after the steps", tensors(model, false), tensors(one, false),
+              1e-9, false);
+    }
+    // fp32, the first global batch's gradients.
+    {
+      using job_config = config<mm::dispatch::all_to_all, mm::precision::fp32, mapped>;
+      using one_config = config<mm::dispatch::local, mm::precision::fp32, one_rank>;
+      mm::transformer<job_config> model(groups, sizes());
+      mm::transformer<one_config> one(sizes());
+      model.initialize(4, 0.3);
+      one.initialize(4, 0.3);
+      std::vector<std::int32_t> tokens(seq * micro), targets(tokens.size());
+      ctx.step.loss_backward_scale = 1.0;
+      model.zero_grad();
+      one.zero_grad();
+      corpus.training_batch(5, 1, static_cast<std::uint64_t>(groups.dp().rank() * micro), seq,
+                            micro, tokens, targets);
+      double const mine = model.forward(ctx, tokens, targets, seq, micro).cross_entropy;
+      model.backward(ctx, 1.0f);
+      mm::parallel::reduce_gradients(groups, model);
+      std::vector<double> loss{mine};
+      mm::parallel::all_reduce_sum(groups.dp(), std::span<double>(loss));
+      // One rank: the DP ranks' micro-batches in turn, each weighted 1/DP.
+      ctx.step.loss_backward_scale = 1.0 / DP;
+      double total = 0.0;
+      for (int r = 0; r < DP; ++r) {
+        corpus.training_batch(5, 1, static_cast<std::uint64_t>(r * micro), seq, micro, tokens,
+                              targets);
+        total += one.forward(ctx, tokens, targets, seq, micro).cross_entropy;
+        one.backward(ctx, static_cast<float>(1.0 / DP));
+      }
+      result.close("fp32 loss of the first global batch", loss[0] / DP, total / DP, 1.0, 1e-5);
+      compare(result, "fp32 gradient", tensors(model, true), tensors(one, true), 1e-5, true);
+    }
+    return result.finish(world,
+                         "training on " + std::to_string(world.size()) + " ranks (DP " +
+                             std::to_string(DP) + ", EP " + std::to_string(groups.ep().size()) +
+                             ", EDP " + std::to_string(groups.expert_dp().size()) + ")",
+                         "all equal one rank's");
+  });
+}
