@@ -183,7 +183,8 @@ int train(mm::parallel::environment& env, options o) {
     line["step"] = step;
     line["loss"] = m.loss;
     line["train_bpb"] = bpb;
-    line["router_loss"] = m.router_loss;
+    line["aux_loss"] = m.aux_loss;
+    line["z_loss"] = m.z_loss;
     line["lr"] = m.lr;
     line["grad_norm"] = m.grad_norm;
     line["tokens_per_s"] = m.tokens_per_s;

@@ -48,7 +48,9 @@ struct transformer_sizes {
 /// of the MoE layers' attached router losses (their values, before any backward scale).
 struct transformer_output {
   double cross_entropy = 0.0;
-  double router_losses = 0.0;
+  double router_losses = 0.0;  // all of them
+  double aux_loss = 0.0;       // of which load-balancing (aux, sequence aux, global aux)
+  double z_loss = 0.0;         // of which z-loss
 };
 
 template <class Config>
@@ -111,9 +113,11 @@ class transformer {
         auto const result =
             moe_[static_cast<std::size_t>(b.moe)]->forward(ctx, normed_, seq, batch);
         residual_ += result.y;
-        for (auto const& l : {result.losses.aux_loss, result.losses.seq_aux_loss,
-                              result.losses.global_aux_loss, result.losses.z_loss})
-          if (l) out.router_losses += static_cast<double>(l->value);
+        for (auto const& l :
+             {result.losses.aux_loss, result.losses.seq_aux_loss, result.losses.global_aux_loss})
+          if (l) out.aux_loss += static_cast<double>(l->value);
+        if (result.losses.z_loss) out.z_loss += static_cast<double>(result.losses.z_loss->value);
+        out.router_losses = out.aux_loss + out.z_loss;
       } else {
         dense_[static_cast<std::size_t>(b.dense)].forward(ctx.executor<scalar>(), cmap(normed_),
                                                           map(branch_));

@@ -42,8 +42,9 @@ struct train_settings {
 /// What one step did (the same on every rank).
 struct step_metrics {
   int step = 0;
-  double loss = 0.0;         // mean cross-entropy over the global batch (nats per token)
-  double router_loss = 0.0;  // mean of the MoE layers' attached losses per micro-batch
+  double loss = 0.0;                    // mean cross-entropy over the global batch (nats per token)
+  double router_loss = 0.0;             // mean of the MoE layers' attached losses per micro-batch
+  double aux_loss = 0.0, z_loss = 0.0;  // its load-balancing and z-loss parts
   double lr = 0.0, grad_norm = 0.0, clip_factor = 1.0;
   double seconds = 0.0, tokens_per_s = 0.0;
   bool skipped = false;      // non-finite loss or gradient: no update
@@ -99,7 +100,7 @@ class trainer {
     targets_.resize(tokens_.size());
     auto const& moe = model_.moe_layers();
     out.expert_load.assign(moe.size(), {});
-    double loss = 0.0, router_loss = 0.0;
+    double loss = 0.0, router_loss = 0.0, aux_loss = 0.0, z_loss = 0.0;
     for (int m = 0; m < M; ++m) {
       auto const first = static_cast<std::uint64_t>((m * DP + dp_rank()) * B);
       corpus_.training_batch(settings_.seed, static_cast<std::uint64_t>(step_), first, S, B,
@@ -108,6 +109,8 @@ class trainer {
       auto const result = model_.forward(ctx, tokens_, targets_, S, B);
       loss += result.cross_entropy;
       router_loss += result.router_losses;
+      aux_loss += result.aux_loss;
+      z_loss += result.z_loss;
       for (std::size_t l = 0; l < moe.size(); ++l) {
         auto const& counts = moe[l]->router().output().tokens_per_expert;
         out.expert_load[l].resize(counts.size(), 0.0);
@@ -117,12 +120,14 @@ class trainer {
       model_.backward(ctx, static_cast<scalar>(1.0 / M));
     }
     // Logged values over the global batch (every rank the same).
-    std::vector<double> sums{loss, router_loss};
+    std::vector<double> sums{loss, router_loss, aux_loss, z_loss};
     for (auto const& layer : out.expert_load) sums.insert(sums.end(), layer.begin(), layer.end());
     if (groups_) parallel::all_reduce_sum(groups_->dp(), std::span<double>(sums));
     out.loss = sums[0] / (M * DP);
     out.router_loss = sums[1] / (M * DP);
-    std::size_t at = 2;
+    out.aux_loss = sums[2] / (M * DP);
+    out.z_loss = sums[3] / (M * DP);
+    std::size_t at = 4;
     for (auto& layer : out.expert_load)
       for (double& v : layer) v = sums[at++];
     if (groups_) parallel::reduce_gradients(*groups_, model_);
