@@ -170,6 +170,7 @@ int train(mm::parallel::environment& env, options o) {
   history.unigram_bpb = unigram;
   history.load.resize(model.moe_layers().size());
   int const eval_every = std::max(1, o.steps / 8), eval_windows = 64;
+  double const flops_per_token = model.flops_per_token(o.seq_len);
   double heldout = trainer.heldout_bits_per_byte(ctx, eval_windows);
   history.heldout_bpb.emplace_back(1, heldout);
   double tokens_per_s = 0.0, elapsed = 0.0;
@@ -188,6 +189,7 @@ int train(mm::parallel::environment& env, options o) {
     line["lr"] = m.lr;
     line["grad_norm"] = m.grad_norm;
     line["tokens_per_s"] = m.tokens_per_s;
+    line["model_gflops_per_s"] = m.tokens_per_s * flops_per_token / 1e9;
     if (m.skipped) line["skipped_nonfinite"] = m.nonfinite_at;
     nlohmann::ordered_json loads = nlohmann::ordered_json::array();
     for (std::size_t l = 0; l < m.expert_load.size(); ++l) {
@@ -217,7 +219,14 @@ int train(mm::parallel::environment& env, options o) {
       std::fprintf(stderr, "\n  held-out %.3f bits/byte (unigram %.3f)\n", heldout, unigram);
   }
   std::string const sample = generate(ctx, model, "The ", 200, o.seq_len, o.seed);
-  if (root) std::cout << "sample:\n" << sample << "\n" << std::flush;
+  if (root) {
+    std::fprintf(stderr,
+                 "megamoe-train: %d steps, %.0f tokens/s, %.2f effective model GFLOP/s (%.3g "
+                 "FLOPs per token, forward + backward), held-out %.3f bits/byte (unigram %.3f)\n",
+                 o.steps, tokens_per_s, tokens_per_s * flops_per_token / 1e9, flops_per_token,
+                 heldout, unigram);
+    std::cout << "sample:\n" << sample << "\n" << std::flush;
+  }
 
   // Weights: every rank's tensors to rank 0 (experts live on their EP ranks), fp32.
   std::vector<std::string> names;

@@ -129,6 +129,29 @@ class transformer {
     return out;
   }
 
+  /// Model FLOPs of one token's forward + backward (3x forward) in a sequence of `seq`: the
+  /// matrix products (2 per multiply-add) of attention (projections, and q.k and p.v over the
+  /// causal half), the routed experts' k FFNs (and a shared expert), the dense FFNs, the router
+  /// and the output layer. The usual "model FLOPs" count: no recomputation, no elementwise work.
+  [[nodiscard]] double flops_per_token(int seq) const {
+    double const H = hidden_, V = sizes_.vocabulary;
+    double forward = 2.0 * H * V;  // output layer
+    for (int i = 0; i < sizes_.layers; ++i) {
+      forward += 2.0 * 4.0 * H * H + 2.0 * 2.0 * H * (seq + 1) / 2.0;  // qkv + proj, qk and pv
+      if (is_moe(i)) {
+        auto const& m = *moe_[static_cast<std::size_t>(blocks_[static_cast<std::size_t>(i)].moe)];
+        auto const& v = m.values();
+        double const w1 = expert::fc1_width(moe_type::activation, 1);
+        forward += 2.0 * H * v.shape.experts;  // router
+        forward += 2.0 * v.router->top_k * (w1 + 1.0) * H * v.shape.ffn;
+        if (v.shape.shared_ffn > 0) forward += 2.0 * (w1 + 1.0) * H * v.shape.shared_ffn;
+      } else {
+        forward += 2.0 * 3.0 * H * sizes_.dense_ffn;  // SwiGLU: gate, linear, out
+      }
+    }
+    return 3.0 * forward;
+  }
+
   /// Logits [S*B, V] of the last forward's final hidden states (for sampling).
   row_matrix<scalar> const& logits() { return head_.logits(cmap(normed_)); }
 
