@@ -190,7 +190,12 @@ int train(mm::parallel::environment& env, options o) {
     line["grad_norm"] = m.grad_norm;
     line["tokens_per_s"] = m.tokens_per_s;
     line["model_gflops_per_s"] = m.tokens_per_s * flops_per_token / 1e9;
-    if (m.skipped) line["skipped_nonfinite"] = m.nonfinite_at;
+    if (m.skipped) {
+      line["skipped_nonfinite"] = m.nonfinite_at;
+      if (root)
+        std::fprintf(stderr, "\nstep %d skipped: non-finite loss or gradient (first in %s)\n", step,
+                     m.nonfinite_at.empty() ? "the loss" : m.nonfinite_at.c_str());
+    }
     nlohmann::ordered_json loads = nlohmann::ordered_json::array();
     for (std::size_t l = 0; l < m.expert_load.size(); ++l) {
       auto const& counts = m.expert_load[l];

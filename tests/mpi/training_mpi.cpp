@@ -83,6 +83,8 @@ int main(int argc, char** argv) {
         std::string const key = argv[i];
         if (key == "--ep")
           d.ep = std::stoi(argv[i + 1]);
+        else if (key == "--tp")
+          d.tp = std::stoi(argv[i + 1]);
         else if (key == "--steps")
           steps = std::stoi(argv[i + 1]);
         else

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,42 @@ TEST(Training, HeldOutLossFallsBelowTheUnigramBaselineOnTheSample) {
   EXPECT_LT(after, unigram) << "held-out " << after << " bits per byte vs unigram " << unigram;
   std::cout << "held-out bits per byte: " << before << " before, " << after << " after "
             << settings.steps << " steps; unigram " << unigram << "\n";
+}
+
+TEST(Training, ANonFiniteGradientSkipsTheStepOrStops) {
+  auto const corpus = mt::byte_corpus::load(sample());
+  mm::transformer_sizes sizes;
+  sizes.layers = 2;
+  sizes.heads = 4;
+  sizes.dense_ffn = 64;
+  sizes.moe_layer_freq = 2;
+  mm::transformer<tiny_moe> model(sizes);
+  model.initialize(1, 0.05);
+  mt::train_settings settings;
+  settings.seq_length = 16;
+  settings.micro_batch = 4;
+  settings.steps = 2;
+  mt::trainer<tiny_moe> trainer(model, corpus, settings);
+  mm::context ctx(2);
+  model.for_each_parameter([](std::string_view name, auto value, auto, mm::parameter_kind) {
+    if (name == "decoder.layers.1.mlp.linear_fc2.weight")
+      value(0, 0) = std::numeric_limits<float>::quiet_NaN();
+  });
+  mm::row_matrix<float> before;
+  model.for_each_parameter([&](std::string_view name, auto value, auto, mm::parameter_kind) {
+    if (name == "output_layer.weight") before = value;
+  });
+  auto const m = trainer.step(ctx);
+  EXPECT_TRUE(m.skipped);
+  EXPECT_FALSE(m.nonfinite_at.empty());
+  model.for_each_parameter([&](std::string_view name, auto value, auto, mm::parameter_kind) {
+    if (name == "output_layer.weight") {
+      EXPECT_EQ(mm::row_matrix<float>(value), before);
+    }
+  });
+  settings.stop_on_nonfinite = true;
+  mt::trainer<tiny_moe> strict(model, corpus, settings);
+  EXPECT_THROW(strict.step(ctx), mm::input_error);
 }
 
 }  // namespace

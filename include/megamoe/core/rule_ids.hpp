@@ -93,6 +93,9 @@
 #define MEGAMOE_RULE_R034                                                                      \
   "megamoe[R034]: MEGAMOE_RANKS_PER_NODE must be a positive integer dividing the world size, " \
   "and every node must hold the same number of ranks of each EP group"
+#define MEGAMOE_RULE_R036                                                                   \
+  "megamoe[R036]: the transformer's attention runs with TP = CP = PP = 1 for now (the MoE " \
+  "layers may use EP and EDP)"
 #define MEGAMOE_RULE_R035                                                                   \
   "megamoe[R035]: MEGAMOE_WATCHDOG_SECONDS must be a number of seconds > 0 (or 0 / unset: " \
   "off)"
@@ -108,7 +111,7 @@ struct rule_info {
 };
 
 /// Every rule megamoe checks, in id order. `rule_catalog[i].id == i + 1`.
-inline constexpr std::array<rule_info, 35> rule_catalog{{
+inline constexpr std::array<rule_info, 36> rule_catalog{{
     {1, "shape_sizes_valid", MEGAMOE_RULE_R001},
     {2, "top_k_within_experts", MEGAMOE_RULE_R002},
     {3, "ep_divides_experts", MEGAMOE_RULE_R003},
@@ -144,6 +147,7 @@ inline constexpr std::array<rule_info, 35> rule_catalog{{
     {33, "overlap_needs_etp_one", MEGAMOE_RULE_R033},
     {34, "ranks_per_node_valid", MEGAMOE_RULE_R034},
     {35, "watchdog_seconds_valid", MEGAMOE_RULE_R035},
+    {36, "attention_needs_tp_cp_pp_one", MEGAMOE_RULE_R036},
 }};
 
 /// The catalogue entry of rule `id` (1-based).

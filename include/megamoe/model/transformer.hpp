@@ -73,9 +73,8 @@ class transformer {
     parallel::check_on_every_rank(groups.tp_dp_cp(), [&] {
       auto const& l = groups.layout();
       if (l.tp != 1 || l.cp != 1 || l.pp != 1)
-        throw input_error("transformer: attention runs with TP = CP = PP = 1 for now, got TP " +
-                          std::to_string(l.tp) + ", CP " + std::to_string(l.cp) + ", PP " +
-                          std::to_string(l.pp));
+        throw config_error(36, "TP " + std::to_string(l.tp) + ", CP " + std::to_string(l.cp) +
+                                   ", PP " + std::to_string(l.pp));
     });
     build(&groups, given);
   }
