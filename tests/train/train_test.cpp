@@ -73,8 +73,8 @@ using tiny_moe = mm::make_config<mm::shape<mm::hidden<32>, mm::ffn<48>, mm::expe
                                  rt::top_k<2, rt::aux_loss<1e-2>>, mm::dispatch::local,
                                  mm::expert::mlp<mm::expert::swiglu>, mm::precision::fp32>;
 
-TEST(Training, HeldOutLossFallsBelowTheUnigramBaselineOnTheSample) {
-  auto const corpus = mt::byte_corpus::load(sample());
+/// MoE layer, then a dense layer; small initial weights.
+mm::transformer<tiny_moe> two_layer_model() {
   mm::transformer_sizes sizes;
   sizes.layers = 2;
   sizes.heads = 4;
@@ -82,6 +82,12 @@ TEST(Training, HeldOutLossFallsBelowTheUnigramBaselineOnTheSample) {
   sizes.moe_layer_freq = 2;
   mm::transformer<tiny_moe> model(sizes);
   model.initialize(1, 0.05);
+  return model;
+}
+
+TEST(Training, HeldOutLossFallsBelowTheUnigramBaselineOnTheSample) {
+  auto const corpus = mt::byte_corpus::load(sample());
+  auto model = two_layer_model();
   mt::train_settings settings;
   settings.seq_length = 32;
   settings.micro_batch = 8;
@@ -108,13 +114,7 @@ TEST(Training, HeldOutLossFallsBelowTheUnigramBaselineOnTheSample) {
 
 TEST(Training, ANonFiniteGradientSkipsTheStepOrStops) {
   auto const corpus = mt::byte_corpus::load(sample());
-  mm::transformer_sizes sizes;
-  sizes.layers = 2;
-  sizes.heads = 4;
-  sizes.dense_ffn = 64;
-  sizes.moe_layer_freq = 2;
-  mm::transformer<tiny_moe> model(sizes);
-  model.initialize(1, 0.05);
+  auto model = two_layer_model();
   mt::train_settings settings;
   settings.seq_length = 16;
   settings.micro_batch = 4;
