@@ -151,6 +151,11 @@ class transformer {
     return 3.0 * forward;
   }
 
+  /// Each token's cross-entropy (nats) in the last forward with targets.
+  [[nodiscard]] std::span<double const> token_losses() const noexcept {
+    return head_.token_losses();
+  }
+
   /// Logits [S*B, V] of the last forward's final hidden states (for sampling).
   row_matrix<scalar> const& logits() { return head_.logits(cmap(normed_)); }
 

@@ -104,8 +104,12 @@ class byte_corpus {
   void heldout_batch(int first_window, int seq, int batch, std::span<std::int32_t> tokens,
                      std::span<std::int32_t> targets) const {
     for (int b = 0; b < batch; ++b)
-      fill(heldout().data() + static_cast<std::size_t>(first_window + b) * seq, seq, batch, b,
-           tokens, targets);
+      heldout_window(first_window + b, seq, batch, b, tokens, targets);
+  }
+  /// Held-out window `window` as sequence b of a micro-batch of `batch`.
+  void heldout_window(int window, int seq, int batch, int b, std::span<std::int32_t> tokens,
+                      std::span<std::int32_t> targets) const {
+    fill(heldout().data() + static_cast<std::size_t>(window) * seq, seq, batch, b, tokens, targets);
   }
 
  private:
