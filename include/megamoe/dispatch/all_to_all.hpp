@@ -220,8 +220,7 @@ class all_to_all_dispatcher {
   }
 
   /// The backward twin: dy [T,H] to the experts' rows `grad_rows` by pieces; `compute(first, last)`
-  /// turns
-  /// a piece's rows into input-gradient rows (in `grad_rows`) and prob gradients (in
+  /// turns a piece's rows into input-gradient rows (in `grad_rows`) and prob gradients (in
   /// `grad_row_probs`), which travel back while the next piece computes; dx [T,H] is added to,
   /// grad_probs' entries set. Equal to dispatch(dy) + compute of all experts + combine_grad.
   template <class Compute>

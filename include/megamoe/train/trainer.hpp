@@ -22,7 +22,6 @@
 #include <cmath>
 #include <cstdint>
 #include <numbers>
-#include <optional>
 #include <string>
 #include <vector>
 
