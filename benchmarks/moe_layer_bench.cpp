@@ -264,6 +264,7 @@ int run(options const& o, bench_shape const& shape, std::string const& backend_n
   j["shape"] = o.shape;
   j["threads"] = o.threads;
   j["backend"] = backend_name;
+  j["kernel"] = mm::expert::name_of(mm::expert::kernel_for<float>());
   j["precision"] = o.precision;
   j["tokens_per_s"] = shape.tokens / (step_ms / 1e3);
   j["gflops"] = flops / (step_ms / 1e3) / 1e9;

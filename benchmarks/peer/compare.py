@@ -35,6 +35,13 @@ def spread(values, fmt="{:.0f}"):
                                                        max(values))
 
 
+def overhead_share(shares):
+    """Median over runs of router + permute + unpermute, % of the step."""
+    if not shares:
+        return float("nan")
+    return statistics.median(s[0] + s[1] + s[3] for s in shares)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", default="build")
@@ -71,8 +78,7 @@ def main():
                         match = re.search(r"router ([0-9.e+-]+)% permute ([0-9.e+-]+)% experts "
                                           r"([0-9.e+-]+)% unpermute ([0-9.e+-]+)%", err)
                         if match:
-                            shares.append(float(match.group(1)) + float(match.group(2)) +
-                                          float(match.group(4)))
+                            shares.append([float(match.group(i)) for i in range(1, 5)])
                     else:
                         env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
                         out, _ = run_json([sys.executable, torch_script, "--shape", shape,
@@ -88,6 +94,8 @@ def main():
 
     print(f"peak FP32 FMA GFLOP/s (median): " +
           ", ".join(f"{n} thread(s) {peak[n]:.0f}" for n in threads))
+    kernels = sorted({m.get("kernel", "?") for mine, _, _, _ in results.values() for m in mine})
+    print(f"megamoe expert GEMM kernel: {', '.join(kernels)}")
     print("| shape | threads | megamoe tokens/s | megamoe GFLOP/s | % of peak | PyTorch tokens/s "
           "| PyTorch GFLOP/s | megamoe / PyTorch | router+permute+unpermute % |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -98,7 +106,15 @@ def main():
               f"{spread([t['tokens_per_s'] for t in theirs])} | "
               f"{statistics.median([t['gflops'] for t in theirs]):.0f} | "
               f"{spread(ratios, '{:.2f}')} | "
-              f"{statistics.median(shares) if shares else float('nan'):.1f} |")
+              f"{overhead_share(shares):.1f} |")
+    print()
+    print("megamoe step split, % of the step (medians over the runs):")
+    print("| shape | threads | router | permute | experts (GEMMs + activation) | unpermute |")
+    print("|---|---|---|---|---|---|")
+    for (shape, n), (_, _, _, shares) in results.items():
+        if shares:
+            cells = " | ".join(f"{statistics.median(s[i] for s in shares):.2f}" for i in range(4))
+            print(f"| {shape} | {n} | {cells} |")
     for n in threads:
         if ("A", n) in results and ("B", n) in results:
             a = statistics.median([m["gflops"] for m in results[("A", n)][0]])

@@ -93,7 +93,8 @@ def main():
     step_ms = median(steps)
     flops = 18.0 * T * k * H * Fw
     print(json.dumps({
-        "shape": args.shape, "threads": args.threads, "backend": "pytorch", "precision": "fp32",
+        "shape": args.shape, "threads": args.threads, "backend": "pytorch",
+        "kernel": "openblas", "precision": "fp32",
         "tokens_per_s": T / (step_ms / 1e3), "gflops": flops / (step_ms / 1e3) / 1e9,
         "step_ms_median": step_ms, "step_ms_min": min(steps), "step_ms_max": max(steps),
         "fwd_ms": median(fwd), "bwd_ms": median(bwd), "check_rel_err": None,

@@ -1,44 +1,31 @@
 // SPDX-License-Identifier: Apache-2.0
 // megamoe/expert/gemm.hpp — one expert GEMM on row-major data, single-threaded, allocation-free.
 //
-// Eigen's matrix product allocates its packing buffers on every call (and parallelises only through
-// OpenMP, which megamoe does not use). megamoe calls the same Eigen kernel (GEBP with Eigen's own
-// cache blocking) with packing buffers that belong to the calling pool thread and are reused by
-// every product, so a training step allocates nothing once the buffers have grown.
-//
-// The three products of an expert FFN, with weights stored [out, in] as the reference stores them:
-//   gemm_op::nt  C[m,n]  = A[m,k] B[n,k]^T     fc1 / fc2 forward (x W^T)
-//   gemm_op::nn  C[m,n]  = A[m,k] B[k,n]       data gradients (dy W)
-//   gemm_op::tn  C[m,n] += A[k,m]^T B[k,n]     weight gradients (dy^T x)
+// Two kernels, chosen once per process (core/cpu_features.hpp), never per step:
+// - fp32 where the CPU has AVX-512: megamoe's own packing and 14x32 micro-kernel
+//   (expert/sgemm_avx512.hpp);
+// - otherwise (and for fp64): Eigen's GEBP kernel with Eigen's cache blocking. Eigen's matrix
+//   product allocates its packing buffers on every call (and parallelises only through OpenMP,
+//   which megamoe does not use), so megamoe calls the kernel itself with packing buffers that
+//   belong to the calling pool thread.
+// Either way a training step allocates nothing once the buffers have grown. The products
+// (gemm_op::nt, nn, tn) are described in expert/gemm_problem.hpp.
 #pragma once
 
 #include <megamoe/core/buffer.hpp>
+#include <megamoe/core/cpu_features.hpp>
 #include <megamoe/core/tensor.hpp>
+#include <megamoe/expert/gemm_problem.hpp>
+#include <megamoe/expert/sgemm_avx512.hpp>
 
 #include <Eigen/Core>
 
 #include <algorithm>
 #include <cstddef>
 #include <span>
+#include <type_traits>
 
 namespace megamoe::expert {
-
-enum class gemm_op { nt, nn, tn };
-
-/// One product C = op(A) op(B) (or C += with `accumulate`), every operand row-major with its own
-/// leading dimension. For `tn`, A is stored [k, m].
-template <class T>
-struct gemm_problem {
-  int m = 0, n = 0, k = 0;
-  T const* a = nullptr;
-  int lda = 0;
-  T const* b = nullptr;
-  int ldb = 0;
-  T* c = nullptr;
-  int ldc = 0;
-  bool accumulate = false;
-  [[nodiscard]] double flops() const { return 2.0 * m * n * k; }
-};
 
 /// Packing buffers of one thread, grown to the largest blocks seen and then reused.
 template <class T>
@@ -97,9 +84,28 @@ inline constexpr int rhs_order = Op == gemm_op::nt ? Eigen::ColMajor : Eigen::Ro
 
 }  // namespace detail
 
-/// Rows [row_begin, row_end) of C for problem `p`, on the calling thread with its workspace.
+/// The kernels an expert GEMM can run on.
+enum class gemm_kernel { eigen_gebp, avx512 };
+
+/// The kernel that products of scalar `T` use in this process (fixed at the first call).
+template <class T>
+[[nodiscard]] gemm_kernel kernel_for() {
+#if MEGAMOE_HAS_AVX512_KERNELS
+  if constexpr (std::is_same_v<T, float>) {
+    if (cpu().use_avx512()) return gemm_kernel::avx512;
+  }
+#endif
+  return gemm_kernel::eigen_gebp;
+}
+
+[[nodiscard]] constexpr char const* name_of(gemm_kernel k) {
+  return k == gemm_kernel::avx512 ? "avx512" : "eigen_gebp";
+}
+
+/// Rows [row_begin, row_end) of C for problem `p` on Eigen's GEBP kernel (any scalar, any CPU).
 template <gemm_op Op, class T>
-void gemm_rows(gemm_problem<T> const& p, int row_begin, int row_end, gemm_workspace<T>& workspace) {
+void gemm_rows_eigen(gemm_problem<T> const& p, int row_begin, int row_end,
+                     gemm_workspace<T>& workspace) {
   int const rows = row_end - row_begin;
   if (rows <= 0 || p.n <= 0) return;
   T* const c = p.c + static_cast<std::ptrdiff_t>(row_begin) * p.ldc;
@@ -117,10 +123,57 @@ void gemm_rows(gemm_problem<T> const& p, int row_begin, int row_end, gemm_worksp
                                                          p.ldc, T(1), blocking, nullptr);
 }
 
+#if MEGAMOE_HAS_AVX512_KERNELS
+/// Rows [row_begin, row_end) of C for fp32 problem `p` on megamoe's AVX-512 kernel; only where
+/// cpu().avx512f holds.
+template <gemm_op Op>
+void gemm_rows_avx512(gemm_problem<float> const& p, int row_begin, int row_end,
+                      gemm_workspace<float>& workspace) {
+  int const rows = row_end - row_begin;
+  if (rows <= 0 || p.n <= 0) return;
+  if (p.k <= 0) {
+    if (!p.accumulate)
+      for (int i = row_begin; i < row_end; ++i)
+        std::fill_n(p.c + static_cast<std::ptrdiff_t>(i) * p.ldc, p.n, 0.0f);
+    return;
+  }
+  using blk = avx512::sgemm_blocking;
+  workspace.reserve(blk::a_elements, blk::b_elements);
+  avx512::gemm_rows<Op>(p, row_begin, row_end, workspace.a(), workspace.b());
+}
+#endif
+
+/// Rows [row_begin, row_end) of C for problem `p`, on the calling thread with its workspace, on
+/// this process's kernel for `T`.
+template <gemm_op Op, class T>
+void gemm_rows(gemm_problem<T> const& p, int row_begin, int row_end, gemm_workspace<T>& workspace) {
+#if MEGAMOE_HAS_AVX512_KERNELS
+  if constexpr (std::is_same_v<T, float>) {
+    if (kernel_for<T>() == gemm_kernel::avx512) {
+      gemm_rows_avx512<Op>(p, row_begin, row_end, workspace);
+      return;
+    }
+  }
+#endif
+  gemm_rows_eigen<Op>(p, row_begin, row_end, workspace);
+}
+
 /// Grows `workspace` to what any share of any of `problems` needs (call before fanning out, so
 /// that which thread gets which share never decides whether a step allocates).
 template <class T>
 void reserve_for(std::span<gemm_problem<T> const> problems, gemm_workspace<T>& workspace) {
+  bool const any_product = std::any_of(problems.begin(), problems.end(),
+                                       [](auto const& p) { return p.m > 0 && p.n > 0 && p.k > 0; });
+  if (!any_product) return;
+#if MEGAMOE_HAS_AVX512_KERNELS
+  if constexpr (std::is_same_v<T, float>) {
+    if (kernel_for<T>() == gemm_kernel::avx512) {
+      using blk = avx512::sgemm_blocking;
+      workspace.reserve(blk::a_elements, blk::b_elements);
+      return;
+    }
+  }
+#endif
   for (auto const& p : problems)
     if (p.m > 0 && p.n > 0 && p.k > 0) {
       auto const b = detail::blocking_of(p);
