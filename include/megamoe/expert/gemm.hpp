@@ -82,6 +82,13 @@ inline constexpr int lhs_order = Op == gemm_op::tn ? Eigen::ColMajor : Eigen::Ro
 template <gemm_op Op>
 inline constexpr int rhs_order = Op == gemm_op::nt ? Eigen::ColMajor : Eigen::RowMajor;
 
+/// Sets rows [row_begin, row_end) of C to zero (what C = op(A) op(B) is before any product).
+template <class T>
+void clear_rows(gemm_problem<T> const& p, int row_begin, int row_end) {
+  for (int i = row_begin; i < row_end; ++i)
+    std::fill_n(p.c + static_cast<std::ptrdiff_t>(i) * p.ldc, p.n, T(0));
+}
+
 }  // namespace detail
 
 /// The kernels an expert GEMM can run on.
@@ -109,9 +116,7 @@ void gemm_rows_eigen(gemm_problem<T> const& p, int row_begin, int row_end,
   int const rows = row_end - row_begin;
   if (rows <= 0 || p.n <= 0) return;
   T* const c = p.c + static_cast<std::ptrdiff_t>(row_begin) * p.ldc;
-  if (!p.accumulate)
-    for (int i = 0; i < rows; ++i)
-      std::fill_n(c + static_cast<std::ptrdiff_t>(i) * p.ldc, p.n, T(0));
+  if (!p.accumulate) detail::clear_rows(p, row_begin, row_end);
   if (p.k <= 0) return;
   // op(A)'s rows start at row_begin: a row offset of A, or a column offset of the stored A for tn.
   T const* const a =
@@ -132,9 +137,7 @@ void gemm_rows_avx512(gemm_problem<float> const& p, int row_begin, int row_end,
   int const rows = row_end - row_begin;
   if (rows <= 0 || p.n <= 0) return;
   if (p.k <= 0) {
-    if (!p.accumulate)
-      for (int i = row_begin; i < row_end; ++i)
-        std::fill_n(p.c + static_cast<std::ptrdiff_t>(i) * p.ldc, p.n, 0.0f);
+    if (!p.accumulate) detail::clear_rows(p, row_begin, row_end);
     return;
   }
   using blk = avx512::sgemm_blocking;
