@@ -125,6 +125,36 @@ struct moe_result {
   moe_gradients grad;
 };
 
+/// Router: d/dz of sum(g.probs .* probs(z)) + loss_scale * losses(z), by central differences,
+/// added into g.router and g.x.
+inline void router_backward(mat const& z, router::settings const& s, int B,
+                            std::vector<float> const& expert_bias, mat const& x,
+                            mat const& router_weight, double loss_scale, moe_gradients& g) {
+  std::size_t const T = x.size(), H = x[0].size(), E = router_weight.size();
+  auto objective = [&](mat const& logits) {
+    router_memory fresh;
+    auto const rr = route(logits, s, B, expert_bias, {}, fresh);
+    double total = 0.0;
+    for (std::size_t t = 0; t < T; ++t)
+      for (std::size_t e = 0; e < E; ++e) total += g.probs[t][e] * rr.probs[t][e];
+    for (auto const& l : {rr.aux_loss, rr.seq_aux_loss, rr.global_aux_loss, rr.z_loss})
+      if (l) total += loss_scale * *l;
+    return total;
+  };
+  double const step = 1e-6;
+  for (std::size_t t = 0; t < T; ++t)
+    for (std::size_t e = 0; e < E; ++e) {
+      mat zp = z, zm = z;
+      zp[t][e] += step;
+      zm[t][e] -= step;
+      double const dz = (objective(zp) - objective(zm)) / (2 * step);
+      for (std::size_t i = 0; i < H; ++i) {
+        g.router[e][i] += dz * x[t][i];
+        g.x[t][i] += dz * router_weight[e][i];
+      }
+    }
+}
+
 /// Forward and backward of the layer for the objective sum(y .* dy) + loss_scale * (attached
 /// losses), on x [T][H] of B sequences.
 inline moe_result moe_forward_backward(moe_weights const& w, router::settings const& s,
@@ -214,29 +244,7 @@ inline moe_result moe_forward_backward(moe_weights const& w, router::settings co
       for (std::size_t i = 0; i < H; ++i) g.x[t][i] += dx[i];
     }
   }
-  // Router: d/dz of sum(g.probs .* probs(z)) + loss_scale * losses(z), by central differences.
-  auto objective = [&](mat const& logits) {
-    router_memory fresh;
-    auto const rr = route(logits, s, B, expert_bias, {}, fresh);
-    double total = 0.0;
-    for (std::size_t t = 0; t < T; ++t)
-      for (std::size_t e = 0; e < E; ++e) total += g.probs[t][e] * rr.probs[t][e];
-    for (auto const& l : {rr.aux_loss, rr.seq_aux_loss, rr.global_aux_loss, rr.z_loss})
-      if (l) total += loss_scale * *l;
-    return total;
-  };
-  double const step = 1e-6;
-  for (std::size_t t = 0; t < T; ++t)
-    for (std::size_t e = 0; e < E; ++e) {
-      mat zp = z, zm = z;
-      zp[t][e] += step;
-      zm[t][e] -= step;
-      double const dz = (objective(zp) - objective(zm)) / (2 * step);
-      for (std::size_t i = 0; i < H; ++i) {
-        g.router[e][i] += dz * x[t][i];
-        g.x[t][i] += dz * w.router[e][i];
-      }
-    }
+  router_backward(z, s, B, expert_bias, x, w.router, loss_scale, g);
   return r;
 }
 

@@ -18,12 +18,14 @@
 #include <megamoe/expert/backends.hpp>
 #include <megamoe/expert/gemm.hpp>
 #include <megamoe/expert/tags.hpp>
+#include <megamoe/precision/tags.hpp>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace megamoe::expert {
@@ -137,6 +139,48 @@ struct expert_range {
   int first = 0, last = -1;
 };
 
+/// The operands of the fp32 and fp64 recipes: every GEMM reads the values themselves. A precision
+/// recipe's operands (precision::grouped_operands) have the same hooks and return quantized values;
+/// `offsets` are the experts' row offsets, [first, last) the experts of the call.
+struct exact_operands {
+  using usage = precision::operand_usage;
+  template <class T>
+  struct wgrad_operands {
+    T const* grad;
+    T const* input;
+    std::span<std::int64_t const> offsets;
+  };
+  /// fprop input of `layer` [N, cols].
+  template <class T>
+  T const* input(linear, T const* x, int, std::span<std::int64_t const>, int, int) {
+    return x;
+  }
+  /// Weights [E, rows, cols] for fprop (rowwise) or dgrad (columnwise).
+  template <class T>
+  T const* weight(linear, usage, T const* w, int, int, int, int) {
+    return w;
+  }
+  /// fc1's output after its bias, before the activation.
+  template <class T>
+  void fc1_output(T*, int, std::span<std::int64_t const>, int, int) {}
+  /// fc1's output as backward sees it.
+  template <class T>
+  T* saved_fc1_output(T* h, int, std::span<std::int64_t const>, int, int) {
+    return h;
+  }
+  /// dgrad's output gradient of `layer` [N, cols].
+  template <class T>
+  T const* grad(linear, T const* g, int, std::span<std::int64_t const>, int, int) {
+    return g;
+  }
+  /// wgrad's operands of `layer`: the gradient given to grad() and the input given to input().
+  template <class T>
+  wgrad_operands<T> wgrad(linear, T const* g, int, T const* x, int,
+                          std::span<std::int64_t const> offsets, int, int) {
+    return {g, x, offsets};
+  }
+};
+
 /// The FFN of E experts with activation A on backend B. Holds only its per-expert lists.
 template <activation_function A, class Backend, class T>
 class grouped_mlp {
@@ -150,18 +194,30 @@ class grouped_mlp {
     if (sizes.activation != A) throw input_error("grouped_mlp: sizes name another activation");
   }
 
-  /// fc1_out [N,W1] (kept for backward), act_out [N,F] (= act(h) * p), out [N,H].
+  /// fc1_out [N,W1] (kept for backward), act_out [N,F] (= act(h) * p), out [N,H]. The GEMMs
+  /// read what `ops` gives them (exact_operands: the values themselves).
+  template <class Operands = exact_operands>
   void forward(executor<T>& exec, expert_parameters<T> const& params, grouped_rows<T> const& rows,
-               T const* in, T* fc1_out, T* act_out, T* out, expert_range range = {}) {
+               T const* in, T* fc1_out, T* act_out, T* out, expert_range range = {},
+               Operands&& ops = Operands{}) {
     set_offsets(rows, range);
     int const H = sizes_.hidden, W1 = sizes_.fc1_rows(), F = sizes_.ffn;
+    auto const offsets = std::span<std::int64_t const>(offsets_);
+    T const* x = ops.input(linear::fc1, in, H, offsets, first_, last_);
+    T const* w1 = ops.weight(linear::fc1, precision::operand_usage::rowwise, params.fc1_data(0), W1,
+                             H, first_, last_);
     run<gemm_op::nt>(exec, [&](int e, int n, std::ptrdiff_t off) {
       return gemm_problem<T>{
-          n, W1, H, in + off * H, H, params.fc1_data(e), H, fc1_out + off * W1, W1, false};
+          n, W1, H, x + off * H, H, w1 + e * fc1_size(), H, fc1_out + off * W1, W1, false};
     });
-    activate(exec, params, rows, fc1_out, act_out, sizes_.bias);
+    if (sizes_.bias) add_fc1_bias(exec, params, fc1_out);
+    ops.fc1_output(fc1_out, W1, offsets, first_, last_);
+    activate(exec, rows, fc1_out, act_out);
+    T const* ap = ops.input(linear::fc2, static_cast<T const*>(act_out), F, offsets, first_, last_);
+    T const* w2 = ops.weight(linear::fc2, precision::operand_usage::rowwise, params.fc2_data(0), H,
+                             F, first_, last_);
     run<gemm_op::nt>(exec, [&](int e, int n, std::ptrdiff_t off) {
-      return gemm_problem<T>{n, H,    F, act_out + off * F, F, params.fc2_data(e), F, out + off * H,
+      return gemm_problem<T>{n, H,    F, ap + off * F, F, w2 + e * fc2_size(), F, out + off * H,
                              H, false};
     });
     if (sizes_.bias)
@@ -171,33 +227,51 @@ class grouped_mlp {
       });
   }
 
-  /// act_out = act(fc1_out) * p again, from a kept fc1 output (activation recomputation).
-  void recompute_activation(executor<T>& exec, expert_parameters<T> const& params,
-                            grouped_rows<T> const& rows, T* fc1_out, T* act_out) {
+  /// act_out = act(fc1_out) * p again, from a kept fc1 output (activation recomputation); a
+  /// recipe's operands keep fc2's wgrad copy of it again.
+  template <class Operands = exact_operands>
+  void recompute_activation(executor<T>& exec, grouped_rows<T> const& rows, T* fc1_out, T* act_out,
+                            Operands&& ops = Operands{}) {
     set_offsets(rows, {});
-    activate(exec, params, rows, fc1_out, act_out, false);
+    auto const offsets = std::span<std::int64_t const>(offsets_);
+    T const* h = ops.saved_fc1_output(fc1_out, sizes_.fc1_rows(), offsets, first_, last_);
+    activate(exec, rows, h, act_out);
+    ops.input(linear::fc2, static_cast<T const*>(act_out), sizes_.ffn, offsets, first_, last_);
   }
 
   /// From d(out) [N,H]: grad_act [N,F] and grad_fc1 [N,W1] (work space), grad_in [N,H], and
-  /// grad_probs [N]; adds the weight (and bias) gradients into `params`.
+  /// grad_probs [N]; adds the weight (and bias) gradients into `params`. grad_in may be grad_out.
+  template <class Operands = exact_operands>
   void backward(executor<T>& exec, expert_parameters<T>& params, grouped_rows<T> const& rows,
-                T const* in, T const* fc1_out, T const* act_out, T const* grad_out, T* grad_act,
-                T* grad_fc1, T* grad_in, T* grad_probs, expert_range range = {}) {
+                T const* in, T* fc1_out, T const* act_out, T const* grad_out, T* grad_act,
+                T* grad_fc1, T* grad_in, T* grad_probs, expert_range range = {},
+                Operands&& ops = Operands{}) {
     set_offsets(rows, range);
     int const H = sizes_.hidden, W1 = sizes_.fc1_rows(), F = sizes_.ffn;
-    // fc2: d(ap) = dy W2, dW2 += dy^T ap.
+    auto const offsets = std::span<std::int64_t const>(offsets_);
+    using precision::operand_usage;
+    // fc2: d(ap) = dy W2, then dW2 += dy^T ap. dgrad goes first everywhere: a recipe's operands
+    // share their workspaces between the two GEMMs of a layer.
+    T const* dy = ops.grad(linear::fc2, grad_out, H, offsets, first_, last_);
+    T const* w2 =
+        ops.weight(linear::fc2, operand_usage::columnwise, params.fc2_data(0), H, F, first_, last_);
     run<gemm_op::nn>(exec, [&](int e, int n, std::ptrdiff_t off) {
       return gemm_problem<T>{
-          n, F, H, grad_out + off * H, H, params.fc2_data(e), F, grad_act + off * F, F, false};
+          n, F, H, dy + off * H, H, w2 + e * fc2_size(), F, grad_act + off * F, F, false};
     });
-    run<gemm_op::tn>(exec, [&](int e, int n, std::ptrdiff_t off) {
-      return gemm_problem<T>{
-          H, F, n, grad_out + off * H, H, act_out + off * F, F, params.grad_fc2_data(e), F, true};
+    auto const fc2_wgrad = ops.wgrad(linear::fc2, grad_out, H, act_out, F, offsets, first_, last_);
+    run<gemm_op::tn>(exec, fc2_wgrad.offsets, [&](int e, int n, std::ptrdiff_t off) {
+      return gemm_problem<T>{H, F,
+                             n, fc2_wgrad.grad + off * H,
+                             H, fc2_wgrad.input + off * F,
+                             F, params.grad_fc2_data(e),
+                             F, true};
     });
     // Activation: dp per row, dh = act'(h) * d(ap) * p.
+    T const* h = ops.saved_fc1_output(fc1_out, W1, offsets, first_, last_);
     for_rows(exec, [&](int j, int e) {
       std::ptrdiff_t const r = j;
-      T grad_p = activation_type::backward(fc1_out + r * W1, grad_act + r * F, rows.probs[j],
+      T grad_p = activation_type::backward(h + r * W1, grad_act + r * F, rows.probs[j],
                                            grad_fc1 + r * W1, F);
       if (sizes_.bias)
         grad_p += const_row_matrix_map<T>(grad_out + r * H, 1, H)
@@ -206,15 +280,28 @@ class grouped_mlp {
       grad_probs[j] = grad_p;
     });
     if (sizes_.bias) bias_gradients(exec, params, rows, grad_out, grad_fc1);
-    // fc1: dW1 += dh^T x, dx = dh W1.
-    run<gemm_op::tn>(exec, [&](int e, int n, std::ptrdiff_t off) {
-      return gemm_problem<T>{
-          W1, H, n, grad_fc1 + off * W1, W1, in + off * H, H, params.grad_fc1_data(e), H, true};
-    });
+    // fc1: dx = dh W1, then dW1 += dh^T x. With exact operands wgrad reads `in`, which grad_in
+    // may alias, so it goes first; a recipe's wgrad reads only kept codes and grad_fc1.
+    constexpr bool exact = std::is_same_v<std::remove_cvref_t<Operands>, exact_operands>;
+    auto fc1_wgrad = [&] {
+      auto const wg = ops.wgrad(linear::fc1, static_cast<T const*>(grad_fc1), W1, in, H, offsets,
+                                first_, last_);
+      run<gemm_op::tn>(exec, wg.offsets, [&](int e, int n, std::ptrdiff_t off) {
+        return gemm_problem<T>{
+            W1, H,   n, wg.grad + off * W1, W1, wg.input + off * H, H, params.grad_fc1_data(e),
+            H,  true};
+      });
+    };
+    if constexpr (exact) fc1_wgrad();
+    T const* dh =
+        ops.grad(linear::fc1, static_cast<T const*>(grad_fc1), W1, offsets, first_, last_);
+    T const* w1 = ops.weight(linear::fc1, operand_usage::columnwise, params.fc1_data(0), W1, H,
+                             first_, last_);
     run<gemm_op::nn>(exec, [&](int e, int n, std::ptrdiff_t off) {
       return gemm_problem<T>{
-          n, H, W1, grad_fc1 + off * W1, W1, params.fc1_data(e), H, grad_in + off * H, H, false};
+          n, H, W1, dh + off * W1, W1, w1 + e * fc1_size(), H, grad_in + off * H, H, false};
     });
+    if constexpr (!exact) fc1_wgrad();
   }
 
  private:
@@ -238,13 +325,18 @@ class grouped_mlp {
   /// rows are skipped: they produce no rows and add nothing to their weight gradients.
   template <gemm_op Op, class Make>
   void run(executor<T>& exec, Make const& make) {
+    run<Op>(exec, offsets_, make);
+  }
+  /// The same over other row offsets (a recipe's padded wgrad rows).
+  template <gemm_op Op, class Make>
+  void run(executor<T>& exec, std::span<std::int64_t const> offsets, Make const& make) {
     std::size_t used = 0;
     for (int e = first_; e < last_; ++e) {
-      auto const n = static_cast<int>(offsets_[static_cast<std::size_t>(e) + 1] -
-                                      offsets_[static_cast<std::size_t>(e)]);
+      auto const n = static_cast<int>(offsets[static_cast<std::size_t>(e) + 1] -
+                                      offsets[static_cast<std::size_t>(e)]);
       if (n == 0) continue;
       problems_[used++] =
-          make(e, n, static_cast<std::ptrdiff_t>(offsets_[static_cast<std::size_t>(e)]));
+          make(e, n, static_cast<std::ptrdiff_t>(offsets[static_cast<std::size_t>(e)]));
     }
     Backend::template run<Op>(exec, std::span<gemm_problem<T> const>(problems_.data(), used));
   }
@@ -267,15 +359,28 @@ class grouped_mlp {
     });
   }
 
-  void activate(executor<T>& exec, expert_parameters<T> const& params, grouped_rows<T> const& rows,
-                T* fc1_out, T* act_out, bool add_bias) {
-    int const W1 = sizes_.fc1_rows(), F = sizes_.ffn;
+  /// h += b1 per row.
+  void add_fc1_bias(executor<T>& exec, expert_parameters<T> const& params, T* fc1_out) {
+    int const W1 = sizes_.fc1_rows();
     for_rows(exec, [&](int j, int e) {
-      T* h = fc1_out + std::ptrdiff_t{j} * W1;
-      if (add_bias)
-        row_matrix_map<T>(h, 1, W1) += const_row_matrix_map<T>(params.fc1_bias_data(e), 1, W1);
-      activation_type::forward(h, rows.probs[j], act_out + std::ptrdiff_t{j} * F, F);
+      row_matrix_map<T>(fc1_out + std::ptrdiff_t{j} * W1, 1, W1) +=
+          const_row_matrix_map<T>(params.fc1_bias_data(e), 1, W1);
     });
+  }
+
+  void activate(executor<T>& exec, grouped_rows<T> const& rows, T const* fc1_out, T* act_out) {
+    int const W1 = sizes_.fc1_rows(), F = sizes_.ffn;
+    for_rows(exec, [&](int j, int) {
+      activation_type::forward(fc1_out + std::ptrdiff_t{j} * W1, rows.probs[j],
+                               act_out + std::ptrdiff_t{j} * F, F);
+    });
+  }
+
+  [[nodiscard]] std::ptrdiff_t fc1_size() const {
+    return std::ptrdiff_t{sizes_.fc1_rows()} * sizes_.hidden;
+  }
+  [[nodiscard]] std::ptrdiff_t fc2_size() const {
+    return std::ptrdiff_t{sizes_.hidden} * sizes_.ffn;
   }
 
   /// db2_e += sum_j p_j dy_j and db1_e += sum_j dh_j, one task per expert.

@@ -19,6 +19,8 @@ struct kind {};
 
 enum class activation_function { swiglu, gelu, squared_relu };
 enum class gemm_backend { auto_, per_expert, grouped, tensor_contraction, amx };
+/// The two linear layers of an expert FFN.
+enum class linear { fc1, fc2 };
 
 /// Every choice of the expert slot, as plain values.
 struct settings {

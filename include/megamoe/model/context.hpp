@@ -27,18 +27,21 @@ namespace megamoe {
 
 /// The scratch slots of the context; each is one grow-only buffer per scalar type.
 enum class scratch_slot : int {
-  routed_rows,     // [N,H] permuted tokens (recomputed under memory::moe_layer)
-  routed_fc1,      // [N,W1] fc1 output
-  routed_act,      // [N,F] activation times prob
-  routed_out,      // [N,H] expert outputs, before the combine
-  row_probs,       // [N] probs of the permuted rows
-  grad_rows,       // [N,H] and [T,H] gradients of rows
-  grad_act,        // [N,F] gradient of the activation output
-  grad_fc1,        // [N,W1] gradient of fc1's output
-  grad_row_probs,  // [N] gradient of the row probs
-  shared_fc1,      // [T,W1s] shared expert's fc1 output
-  shared_act,      // [T,Fs] shared expert's activation
-  shared_out,      // [T,H] shared expert's output before its gate
+  routed_rows,      // [N,H] permuted tokens (recomputed under memory::moe_layer)
+  routed_fc1,       // [N,W1] fc1 output
+  routed_act,       // [N,F] activation times prob
+  routed_out,       // [N,H] expert outputs, before the combine
+  row_probs,        // [N] probs of the permuted rows
+  grad_rows,        // [N,H] and [T,H] gradients of rows
+  grad_act,         // [N,F] gradient of the activation output
+  grad_fc1,         // [N,W1] gradient of fc1's output
+  grad_row_probs,   // [N] gradient of the row probs
+  shared_fc1,       // [T,W1s] shared expert's fc1 output
+  shared_act,       // [T,Fs] shared expert's activation
+  shared_out,       // [T,H] shared expert's output before its gate
+  operand_a,        // a precision recipe's dequantized GEMM operands: rows of one operand,
+  operand_b,        //   rows of the other (wgrad reads two),
+  operand_weights,  //   and the weights [E, out, in]
   count
 };
 

@@ -34,6 +34,8 @@
 #include <megamoe/parallel/collectives.hpp>
 #include <megamoe/parallel/environment.hpp>
 #include <megamoe/parallel/process_groups.hpp>
+#include <megamoe/precision/operands.hpp>
+#include <megamoe/precision/recipe.hpp>
 #include <megamoe/router/router.hpp>
 
 #include <array>
@@ -108,12 +110,19 @@ class moe_layer {
   static constexpr int overlap_pieces = dispatch::overlap_chunks_of<typename Config::dispatch>();
   static constexpr bool overlapped =
       overlap_pieces > 1 && dispatcher_kind == dispatch::dispatcher::all_to_all;
-  static_assert(Config::precision::value.recipe == precision::recipe_id::fp32 ||
-                    Config::precision::value.recipe == precision::recipe_id::fp64,
-                "megamoe: moe_layer computes in fp32 or fp64 for now; the bf16, FP8 and FP4 "
-                "recipes arrive with the precision-recipes work");
+  /// The precision recipe: fp32 and fp64 GEMMs read the values themselves; every other recipe's
+  /// expert GEMMs (routed and shared) read its quantized operands, and backward keeps codes.
+  static constexpr precision::settings recipe = Config::precision::value;
+  static constexpr bool rounds_operands = precision::rounds_operands(recipe);
+  using operands_type =
+      std::conditional_t<rounds_operands, precision::grouped_operands<typename Config::precision>,
+                         expert::exact_operands>;
+  static_assert(!rounds_operands || std::is_same_v<scalar, float>,
+                "megamoe: the bf16, FP8 and FP4 recipes keep fp32 master weights");
   static_assert(!memory_settings.quantized_activations && !memory_settings.quantized_weights,
-                "megamoe: quantized storage needs the precision recipes in the layer");
+                "megamoe: memory::quantized_activations and memory::quantized_weights are not "
+                "implemented yet (under an FP8/FP4 recipe the saved GEMM inputs are codes + scales "
+                "already)");
 
   /// One rank (dispatch::local): `layer_number` names the parameters (decoder.layers.{i}); `given`
   /// supplies what the type left to start-up (sizes, a run-time router). Every configuration rule
@@ -234,14 +243,18 @@ class moe_layer {
     auto& exec = ctx.executor<scalar>();
     auto& pool = ctx.pool();
     auto& stages = ctx.stages;
+    bind_operands(ctx);
     if (memory_settings.moe_layer) {
       compute_forward(ctx, router::pass::recompute, false);
     } else {
       if (memory_settings.moe_act)
         stages.time(layer_stage::experts, [&] {
-          routed_mlp_.recompute_activation(exec, experts_, rows(ctx),
-                                           buf(ctx, scratch_slot::routed_fc1).data(),
-                                           buf(ctx, scratch_slot::routed_act).data());
+          int const n = dispatcher_.expert_rows();
+          routed_mlp_.recompute_activation(
+              exec, rows(ctx),
+              buf(ctx, scratch_slot::routed_fc1).reserve(std::size_t(n) * fc1_width(local_ffn())),
+              buf(ctx, scratch_slot::routed_act).reserve(std::size_t(n) * local_ffn()),
+              routed_ops_);
         });
       if (memory_settings.shared_experts && has_shared_expert())
         stages.time(layer_stage::shared_expert, [&] { shared_forward(ctx); });
@@ -260,7 +273,7 @@ class moe_layer {
       routed_mlp_.backward(exec, experts_, rows(ctx), buf(ctx, scratch_slot::routed_rows).data(),
                            buf(ctx, scratch_slot::routed_fc1).data(),
                            buf(ctx, scratch_slot::routed_act).data(), grad_rows, grad_act, grad_fc1,
-                           grad_rows, grad_probs_rows, {first, last});
+                           grad_rows, grad_probs_rows, {first, last}, routed_ops_);
     };
     auto grad_input = grad_input_.matrix(tokens_, H);
     if constexpr (overlapped) {
@@ -290,7 +303,26 @@ class moe_layer {
     if (has_shared_expert())
       stages.time(layer_stage::shared_expert,
                   [&] { shared_backward(ctx, dy.data(), grad_input.data()); });
+    if constexpr (rounds_operands) {
+      routed_ops_.end_of_step();
+      shared_ops_.end_of_step();
+    }
     return {grad_input_.data(), tokens_, H};
+  }
+
+  /// The routed experts' GEMM operands of the last step under a precision recipe (codes, scales,
+  /// delayed-scaling state), for inspection.
+  [[nodiscard]] operands_type const& routed_operands() const noexcept requires rounds_operands {
+    return routed_ops_;
+  }
+  [[nodiscard]] operands_type const& shared_operands() const noexcept requires rounds_operands {
+    return shared_ops_;
+  }
+  /// Keeps every operand copy's codes of the last step for inspection (precision::
+  /// grouped_operands::keep_all_codes).
+  void keep_all_operand_codes(bool on) noexcept requires rounds_operands {
+    routed_ops_.keep_all_codes(on);
+    shared_ops_.keep_all_codes(on);
   }
 
   /// Once per global batch (after its last backward): the router's expert-bias update from the
@@ -312,6 +344,11 @@ class moe_layer {
       bytes += dispatcher_.saved_bytes();
       bytes += gate_.size() * sizeof(scalar);
       bytes += static_cast<std::size_t>(router_.output().probs.size()) * (sizeof(logit) + 1);
+      if constexpr (rounds_operands) {
+        bytes += routed_ops_.saved_bytes(dispatcher_.expert_rows(), fc1_width(local_ffn()));
+        if (has_shared_expert() && !memory_settings.shared_experts)
+          bytes += shared_ops_.saved_bytes(tokens_, fc1_width(values_.shape.shared_ffn));
+      }
     }
     return bytes;
   }
@@ -320,15 +357,19 @@ class moe_layer {
   static constexpr auto slot_count = static_cast<std::size_t>(scratch_slot::count);
 
   /// Kept by the layer between forward and backward (else taken from the context's scratch).
+  /// Under a precision recipe the experts' GEMM inputs and fc1 outputs are kept by the operands
+  /// (as codes and BF16), so the fp32 rows, fc1 outputs and activations need no keeping.
   static constexpr bool is_saved(scratch_slot s) {
     bool const whole_layer = memory_settings.moe_layer;
     switch (s) {
-      case scratch_slot::routed_rows:
-      case scratch_slot::routed_fc1:
       case scratch_slot::row_probs: return !whole_layer;
-      case scratch_slot::routed_act: return !whole_layer && !memory_settings.moe_act;
+      case scratch_slot::routed_rows:
+      case scratch_slot::routed_fc1: return !whole_layer && !rounds_operands;
+      case scratch_slot::routed_act:
+        return !whole_layer && !memory_settings.moe_act && !rounds_operands;
       case scratch_slot::shared_fc1:
-      case scratch_slot::shared_act: return !whole_layer && !memory_settings.shared_experts;
+      case scratch_slot::shared_act:
+        return !whole_layer && !memory_settings.shared_experts && !rounds_operands;
       case scratch_slot::shared_out:
         return !whole_layer && !memory_settings.shared_experts &&
                expert_settings.shared_expert_gate;
@@ -346,6 +387,8 @@ class moe_layer {
         routed_mlp_(routed_sizes(values_)),
         shared_(shared_sizes(values_)),
         shared_mlp_(shared_sizes(values_)),
+        routed_ops_(make_operands(routed_sizes(values_).experts, 2 * layer_number + 1)),
+        shared_ops_(make_operands(1, 2 * layer_number + 2)),
         dispatcher_(make_dispatcher(groups, values_)),
         router_weight_(values_.shape.experts, values_.shape.hidden),
         router_weight_grad_(row_matrix<scalar>::Zero(values_.shape.experts, values_.shape.hidden)),
@@ -434,6 +477,25 @@ class moe_layer {
     return {1, v.shape.hidden, std::max(1, v.shape.shared_ffn), activation, false};
   }
   static constexpr int fc1_width(int ffn) { return expert::fc1_width(activation, ffn); }
+
+  static operands_type make_operands(int experts, std::uint64_t seed) {
+    if constexpr (rounds_operands) {
+      return operands_type(experts, splitmix64(seed));
+    } else {
+      return {};
+    }
+  }
+
+  /// Points the recipe's operands at the context's workspaces (before each forward and backward).
+  void bind_operands(context& ctx) {
+    if constexpr (rounds_operands) {
+      auto& a = ctx.scratch<float>(scratch_slot::operand_a);
+      auto& b = ctx.scratch<float>(scratch_slot::operand_b);
+      auto& w = ctx.scratch<float>(scratch_slot::operand_weights);
+      routed_ops_.bind(ctx.pool(), a, b, w);
+      shared_ops_.bind(ctx.pool(), a, b, w);
+    }
+  }
 
   static row_matrix_map<scalar> map(row_matrix<scalar>& m) {
     return {m.data(), m.rows(), m.cols()};
@@ -565,6 +627,7 @@ class moe_layer {
   void compute_forward(context& ctx, router::pass mode, bool combine) {
     int const H = hidden_size(), E = num_experts();
     auto& exec = ctx.executor<scalar>();
+    bind_operands(ctx);
     auto const input = const_row_matrix_map<scalar>(input_.data(), tokens_, H);
     router::route_options options;
     options.mode = mode;
@@ -609,7 +672,7 @@ class moe_layer {
     scalar* act = buf(ctx, scratch_slot::routed_act).reserve(std::size_t(N) * F);
     auto experts_forward = [&](int first, int last) {
       routed_mlp_.forward(exec, experts_, rows(ctx), routed_rows, fc1, act, routed_out,
-                          {first, last});
+                          {first, last}, routed_ops_);
     };
     auto output = output_.matrix(tokens_, H);
     if constexpr (overlapped) {
@@ -665,7 +728,7 @@ class moe_layer {
         exec, shared_, all, input_.data(),
         buf(ctx, scratch_slot::shared_fc1).reserve(std::size_t(tokens_) * fc1_width(Fs)),
         buf(ctx, scratch_slot::shared_act).reserve(std::size_t(tokens_) * Fs),
-        buf(ctx, scratch_slot::shared_out).reserve(std::size_t(tokens_) * H));
+        buf(ctx, scratch_slot::shared_out).reserve(std::size_t(tokens_) * H), {}, shared_ops_);
     if (has_shared_gate()) {
       gate_.resize(static_cast<std::size_t>(tokens_));
       auto const input = const_row_matrix_map<scalar>(input_.data(), tokens_, H);
@@ -716,7 +779,7 @@ class moe_layer {
         buf(ctx, scratch_slot::shared_act).data(), grad_out,
         ctx.scratch<scalar>(scratch_slot::grad_act).reserve(std::size_t(tokens_) * Fs),
         ctx.scratch<scalar>(scratch_slot::grad_fc1).reserve(std::size_t(tokens_) * fc1_width(Fs)),
-        grad_out, grad_probs_rows);
+        grad_out, grad_probs_rows, {}, shared_ops_);
     exec.parallel_rows(tokens_, [&](int begin, int end) {
       for (int t = begin; t < end; ++t)
         row_matrix_map<scalar>(grad_input + std::ptrdiff_t{t} * H, 1, H) +=
@@ -732,6 +795,7 @@ class moe_layer {
   mlp_type routed_mlp_;
   expert::expert_parameters<scalar> shared_;
   mlp_type shared_mlp_;
+  operands_type routed_ops_, shared_ops_;
   dispatcher_type dispatcher_;
   int first_expert_ = 0, ffn_offset_ = 0;
   parallel::communicator_sum tp_cp_, tp_dp_cp_;  // the router's reduction groups

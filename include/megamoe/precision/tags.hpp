@@ -39,6 +39,13 @@ struct settings {
   friend constexpr bool operator==(settings const&, settings const&) = default;
 };
 
+/// The tensors of a linear layer's three GEMMs (docs/spec/precision.md §3): the input X, the weight
+/// W and the output gradient G.
+enum class operand_role { input, weight, grad };
+/// Which copy of a tensor a GEMM reads: rowwise (fprop's X and W, dgrad's G: blocks along the
+/// tensor's last dimension) or columnwise (wgrad's X and G, dgrad's W: blocks along the first).
+enum class operand_usage { rowwise, columnwise };
+
 /// True for the FP8 and FP4 recipes (quantized GEMM operands with scales).
 constexpr bool is_quantized(recipe_id r) {
   return r != recipe_id::fp64 && r != recipe_id::fp32 && r != recipe_id::bf16;

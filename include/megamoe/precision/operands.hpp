@@ -1,0 +1,584 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/precision/operands.hpp — a recipe's GEMM operands for grouped experts: each expert's
+// slice quantized on its own (its own per-tensor scale or NVFP4 amax, blocks that never straddle
+// two experts), the codes kept, and the values the GEMMs read dequantized into shared workspaces.
+//
+//   quantized_matrix            codes + scales of one matrix, as stored (FP4 two codes per byte)
+//   quantize<F>(...)            one matrix in operand format F (bit-exact to docs/spec §2-§6)
+//   dequantize<F>(q, store)     store(row, col, value) for every element
+//   grouped_operands<Recipe>    the hooks expert::grouped_mlp calls before each of its six GEMMs
+//
+// Why dequantize: the fp32 kernels multiply fp32 values, and every dequantized value (code times
+// scale, one fp32 multiply) is exactly what the reference's GEMM multiplies; so "dequantize, then
+// an fp32 GEMM with fp32 accumulation" is the recipe's GEMM up to summation order. Scales applied
+// per K-block inside the product pay off only on a unit that multiplies the codes themselves (the
+// AMX tile backend).
+//
+// What backward needs is kept as codes: the wgrad copies of both GEMM inputs (X of fc1 and the
+// weighted activation of fc2) and the fc1 output in BF16. The weights' copies are quantized once
+// per forward from the fp32 master weights.
+#pragma once
+
+#include <megamoe/core/buffer.hpp>
+#include <megamoe/core/error.hpp>
+#include <megamoe/core/random.hpp>
+#include <megamoe/core/thread_pool.hpp>
+#include <megamoe/expert/tags.hpp>
+#include <megamoe/precision/formats.hpp>
+#include <megamoe/precision/quantize.hpp>
+#include <megamoe/precision/recipe.hpp>
+#include <megamoe/precision/tags.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace megamoe::precision {
+
+/// One quantized matrix [rows, cols] (blocks along cols), as stored.
+struct quantized_matrix {
+  int rows = 0, cols = 0;
+  std::vector<std::uint8_t> codes;        // FP8: 1 byte per element, FP4: 2 per byte, BF16: 2 bytes
+  std::vector<float> scale_inv;           // per-tensor: one; blockwise FP8: one per block
+  std::vector<std::uint8_t> scale_codes;  // MXFP8: E8M0 per block; NVFP4: E4M3 per block
+  float global_amax = 0.0F;               // NVFP4: the tensor amax the block scales sit under
+  bool has_global_amax = false;
+
+  /// Bytes of codes and scales.
+  [[nodiscard]] std::size_t bytes() const noexcept {
+    return codes.size() + scale_inv.size() * sizeof(float) + scale_codes.size() +
+           (has_global_amax ? sizeof(float) : 0);
+  }
+};
+
+namespace detail {
+
+template <element_kind E>
+struct element_type_of;
+template <>
+struct element_type_of<element_kind::e4m3> {
+  using type = e4m3;
+};
+template <>
+struct element_type_of<element_kind::e5m2> {
+  using type = e5m2;
+};
+template <>
+struct element_type_of<element_kind::e2m1> {
+  using type = e2m1;
+};
+
+/// The amax of each block of a [rows, cols] matrix in blocks of br x bc (NaN propagates).
+inline void block_amax_into(float const* v, int rows, int cols, int br, int bc,
+                            std::vector<float>& amax) {
+  int const col_blocks = (cols + bc - 1) / bc;
+  amax.assign(static_cast<std::size_t>((rows + br - 1) / br) * col_blocks, 0.0F);
+  for (int r = 0; r < rows; ++r) {
+    float const* row = v + static_cast<std::ptrdiff_t>(r) * cols;
+    float* out = amax.data() + static_cast<std::ptrdiff_t>(r / br) * col_blocks;
+    for (int c = 0; c < cols; ++c) {
+      float const a = std::fabs(row[c]);
+      float& m = out[c / bc];
+      m = std::isnan(a) || std::isnan(m) ? std::numeric_limits<float>::quiet_NaN() : std::max(m, a);
+    }
+  }
+}
+
+inline std::size_t block_index(int r, int c, int cols, int br, int bc) {
+  return static_cast<std::size_t>(r / br) * static_cast<std::size_t>((cols + bc - 1) / bc) +
+         static_cast<std::size_t>(c / bc);
+}
+
+}  // namespace detail
+
+/// The fp8 maximum of an element kind (448, 57344, 6; 0 for BF16 and fp32).
+constexpr float max_of(element_kind e) {
+  switch (e) {
+    case element_kind::e4m3: return max_finite<e4m3>;
+    case element_kind::e5m2: return max_finite<e5m2>;
+    case element_kind::e2m1: return max_finite<e2m1>;
+    default: return 0.0F;
+  }
+}
+
+/// Quantizes a row-major [rows, cols] matrix in format F. `tensor_scale` is the per-tensor scale
+/// (per-tensor formats only); `seed` drives stochastic rounding.
+template <operand_format F>
+void quantize(float const* v, int rows, int cols, float tensor_scale, std::uint64_t seed,
+              quantized_matrix& q) {
+  static_assert(F.element != element_kind::fp32, "fp32 operands are not quantized");
+  auto const n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
+  q.rows = rows;
+  q.cols = cols;
+  q.scale_inv.clear();
+  q.scale_codes.clear();
+  q.global_amax = 0.0F;
+  q.has_global_amax = F.scale == scale_kind::nvfp4_blocks;
+  if constexpr (F.element == element_kind::bf16) {
+    q.codes.resize(2 * n);
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint16_t const bits = to_bf16_bits(v[i]);
+      std::memcpy(q.codes.data() + 2 * i, &bits, 2);
+    }
+  } else {
+    using E = typename detail::element_type_of<F.element>::type;
+    constexpr int br = F.block_rows, bc = F.block_cols;
+    if constexpr (F.scale == scale_kind::per_tensor) {
+      q.codes.resize(n);
+      for (std::size_t i = 0; i < n; ++i) q.codes[i] = encode<E>(v[i] * tensor_scale);
+      q.scale_inv.assign(1, 1.0F / tensor_scale);
+    } else if constexpr (F.scale == scale_kind::fp32_blocks) {
+      detail::block_amax_into(v, rows, cols, br, bc, q.scale_inv);
+      for (float& s : q.scale_inv) s = scale_from_amax(s, max_finite<E>, F.power_of_2);
+      q.codes.resize(n);
+      for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < cols; ++c) {
+          auto const i = static_cast<std::size_t>(r) * cols + c;
+          q.codes[i] = encode<E>(v[i] * q.scale_inv[detail::block_index(r, c, cols, br, bc)]);
+        }
+      for (float& s : q.scale_inv) s = 1.0F / s;
+    } else if constexpr (F.scale == scale_kind::e8m0_blocks) {
+      std::vector<float> amax;
+      detail::block_amax_into(v, rows, cols, br, bc, amax);
+      q.scale_codes.resize(amax.size());
+      for (std::size_t b = 0; b < amax.size(); ++b) q.scale_codes[b] = mxfp8_scale<E>(amax[b]);
+      q.codes.resize(n);
+      for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < cols; ++c) {
+          auto const i = static_cast<std::size_t>(r) * cols + c;
+          q.codes[i] = encode<E>(
+              v[i] * e8m0_reciprocal(q.scale_codes[detail::block_index(r, c, cols, br, bc)]));
+        }
+    } else {
+      static_assert(F.scale == scale_kind::nvfp4_blocks);
+      q.global_amax = amax_of(std::span<float const>(v, n));
+      auto const g = nvfp4_global(q.global_amax);
+      std::vector<float> amax;
+      detail::block_amax_into(v, rows, cols, br, bc, amax);
+      q.scale_codes.resize(amax.size());
+      std::vector<float> s_enc_b(amax.size());
+      for (std::size_t b = 0; b < amax.size(); ++b) {
+        auto const scale = nvfp4_block(amax[b], g);
+        q.scale_codes[b] = scale.e4m3_code;
+        s_enc_b[b] = scale.s_enc_b;
+      }
+      q.codes.assign((n + 1) / 2, 0);
+      for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < cols; ++c) {
+          auto const i = static_cast<std::size_t>(r) * cols + c;
+          float const y = nvfp4_scaled(v[i], s_enc_b[detail::block_index(r, c, cols, br, bc)]);
+          std::uint8_t code = 0;
+          if constexpr (F.stochastic) {
+            code = encode_e2m1_stochastic(y, uniform_of(seed, i));
+          } else {
+            code = encode<e2m1>(y);
+          }
+          q.codes[i / 2] |= static_cast<std::uint8_t>(code << (4 * (i % 2)));
+        }
+    }
+  }
+}
+
+/// Calls store(r, c, value) with the dequantized value of every element of q (format F).
+template <operand_format F, class Store>
+void dequantize(quantized_matrix const& q, Store&& store) {
+  int const rows = q.rows, cols = q.cols;
+  constexpr int br = F.block_rows, bc = F.block_cols;
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) {
+      auto const i = static_cast<std::size_t>(r) * cols + c;
+      if constexpr (F.element == element_kind::bf16) {
+        std::uint16_t bits = 0;
+        std::memcpy(&bits, q.codes.data() + 2 * i, 2);
+        store(r, c, from_bf16_bits(bits));
+      } else {
+        using E = typename detail::element_type_of<F.element>::type;
+        auto const b = detail::block_index(r, c, cols, br, bc);
+        if constexpr (F.scale == scale_kind::per_tensor) {
+          store(r, c, decode<E>(q.codes[i]) * q.scale_inv[0]);
+        } else if constexpr (F.scale == scale_kind::fp32_blocks) {
+          store(r, c, decode<E>(q.codes[i]) * q.scale_inv[b]);
+        } else if constexpr (F.scale == scale_kind::e8m0_blocks) {
+          store(r, c, decode<E>(q.codes[i]) * e8m0_value(q.scale_codes[b]));
+        } else {
+          auto const code = static_cast<std::uint8_t>((q.codes[i / 2] >> (4 * (i % 2))) & 0xF);
+          store(r, c, decode<e2m1>(code) * nvfp4_dequant_factor(q.scale_codes[b], q.global_amax));
+        }
+      }
+    }
+}
+
+/// The dequantized values of q as a row-major vector (for tests and tools).
+template <operand_format F>
+std::vector<double> dequantized(quantized_matrix const& q) {
+  std::vector<double> out(static_cast<std::size_t>(q.rows) * q.cols);
+  dequantize<F>(q,
+                [&](int r, int c, float v) { out[static_cast<std::size_t>(r) * q.cols + c] = v; });
+  return out;
+}
+
+/// A recipe's operands for E grouped experts (rows grouped by expert, weights [E, out, in]). The
+/// hooks are the ones expert::grouped_mlp calls; each returns what its GEMM reads.
+template <class Recipe>
+class grouped_operands {
+ public:
+  static constexpr settings recipe = Recipe::value;
+  static_assert(rounds_operands(recipe), "grouped_operands: fp32 and fp64 keep their operands");
+  using role = operand_role;
+  using usage = operand_usage;
+  static constexpr operand_format input_row = format_of(recipe, role::input, usage::rowwise);
+  static constexpr operand_format input_col = format_of(recipe, role::input, usage::columnwise);
+  static constexpr operand_format weight_row = format_of(recipe, role::weight, usage::rowwise);
+  static constexpr operand_format weight_col = format_of(recipe, role::weight, usage::columnwise);
+  static constexpr operand_format grad_row = format_of(recipe, role::grad, usage::rowwise);
+  static constexpr operand_format grad_col = format_of(recipe, role::grad, usage::columnwise);
+  /// wgrad copies through the Hadamard transform span whole 16-token chunks: their GEMM runs over
+  /// the padded rows of each expert (zero rows before the transform).
+  static constexpr bool padded_wgrad = input_col.hadamard;
+  static_assert(input_col.hadamard == grad_col.hadamard,
+                "both wgrad operands go through the same transform or neither");
+  static constexpr int padding = recipe.padding_multiple > 1 ? recipe.padding_multiple : 1;
+
+  /// `experts` experts; `seed` drives stochastic rounding.
+  explicit grouped_operands(int experts, std::uint64_t seed = 0)
+      : experts_(experts), seed_(seed), padded_offsets_(static_cast<std::size_t>(experts) + 1, 0) {
+    for (auto& per_linear : codes_)
+      for (auto& per_role : per_linear)
+        for (auto& per_usage : per_role) per_usage.resize(static_cast<std::size_t>(experts));
+    for (auto& per_linear : delayed_)
+      for (auto& per_role : per_linear)
+        per_role.assign(static_cast<std::size_t>(experts), delayed_scaling_state::of(recipe));
+  }
+
+  /// The workspaces the dequantized operands go to (shared by the layers of a model): two of
+  /// rows x columns, one of weights. Call before every forward and backward.
+  void bind(thread_pool& pool, buffer<float>& rows_a, buffer<float>& rows_b,
+            buffer<float>& weights) {
+    pool_ = &pool;
+    rows_a_ = &rows_a;
+    rows_b_ = &rows_b;
+    weights_ = &weights;
+  }
+
+  // --- Hooks of expert::grouped_mlp -------------------------------------------------------------
+
+  /// fprop input [N, cols] of `layer`: quantizes the rowwise copy and keeps the wgrad copy;
+  /// returns the dequantized rowwise copy.
+  float const* input(expert::linear layer, float const* x, int cols,
+                     std::span<std::int64_t const> offsets, int first, int last) {
+    auto const l = index(layer);
+    float* out = rows_a_->reserve(rows_of(offsets, last) * static_cast<std::size_t>(cols));
+    for_experts(first, last, [&](int e) {
+      auto [off, n] = slice(offsets, e);
+      float const scale = tensor_scale<input_row>(l, role::input, e, x + off * cols, n * cols);
+      auto& row = held(l, role::input, usage::rowwise, e);
+      quantize<input_row>(x + off * cols, static_cast<int>(n), cols, scale, 0, row);
+      dequantize_rows<input_row>(row, out + off * cols);
+      if constexpr (!same_copies(recipe, role::input))
+        quantize_columnwise<input_col>(x + off * cols, static_cast<int>(n), cols, scale, 0,
+                                       codes(l, role::input, usage::columnwise, e));
+    });
+    return out;
+  }
+
+  /// The weights [E, rows, cols] of `layer` for fprop (rowwise) or dgrad (columnwise), dequantized
+  /// into the weight workspace. The rowwise call (forward) quantizes both copies from the master
+  /// weights; the columnwise call (backward) dequantizes the copy kept since.
+  float const* weight(expert::linear layer, usage u, float const* w, int rows, int cols, int first,
+                      int last) {
+    auto const l = index(layer);
+    auto const size = static_cast<std::ptrdiff_t>(rows) * cols;
+    float* out =
+        weights_->reserve(static_cast<std::size_t>(experts_) * static_cast<std::size_t>(size));
+    for_experts(first, last, [&](int e) {
+      float const* we = w + e * size;
+      float* oe = out + e * size;
+      if (u == usage::rowwise) {
+        float const scale = tensor_scale<weight_row>(l, role::weight, e, we, size);
+        auto& row = codes(l, role::weight, usage::rowwise, e);
+        quantize<weight_row>(we, rows, cols, scale, 0, row);
+        dequantize_rows<weight_row>(row, oe);
+        if constexpr (!same_copies(recipe, role::weight))
+          quantize_columnwise<weight_col>(we, rows, cols, scale, 0,
+                                          codes(l, role::weight, usage::columnwise, e));
+      } else if constexpr (same_copies(recipe, role::weight)) {
+        dequantize_rows<weight_row>(codes(l, role::weight, usage::rowwise, e), oe);
+      } else {
+        dequantize_columnwise<weight_col>(codes(l, role::weight, usage::columnwise, e), rows, oe);
+      }
+    });
+    return out;
+  }
+
+  /// fc1's output [N, cols] after its bias: rounded to BF16 in place (what the reference's BF16
+  /// GEMM output holds) and kept as BF16 for backward.
+  void fc1_output(float* h, int cols, std::span<std::int64_t const> offsets, int first, int last) {
+    auto const from = static_cast<std::size_t>(offsets[static_cast<std::size_t>(first)]) * cols;
+    auto const to = static_cast<std::size_t>(offsets[static_cast<std::size_t>(last)]) * cols;
+    fc1_bf16_.resize(std::max(fc1_bf16_.size(), rows_of(offsets, last) * cols));
+    parallel_rows(*pool_, static_cast<int>(to - from) / std::max(cols, 1), [&](int b, int e) {
+      for (auto i = from + static_cast<std::size_t>(b) * cols;
+           i < from + static_cast<std::size_t>(e) * cols; ++i) {
+        fc1_bf16_[i] = to_bf16_bits(h[i]);
+        h[i] = from_bf16_bits(fc1_bf16_[i]);
+      }
+    });
+  }
+
+  /// The kept fc1 output, restored into `h` [N, cols].
+  float* saved_fc1_output(float* h, int cols, std::span<std::int64_t const> offsets, int first,
+                          int last) {
+    auto const from = static_cast<std::size_t>(offsets[static_cast<std::size_t>(first)]) * cols;
+    auto const to = static_cast<std::size_t>(offsets[static_cast<std::size_t>(last)]) * cols;
+    for (auto i = from; i < to; ++i) h[i] = from_bf16_bits(fc1_bf16_[i]);
+    return h;
+  }
+
+  /// dgrad's output gradient [N, cols] of `layer`: the dequantized rowwise copy (stochastic
+  /// rounding where the recipe says).
+  float const* grad(expert::linear layer, float const* g, int cols,
+                    std::span<std::int64_t const> offsets, int first, int last) {
+    auto const l = index(layer);
+    float* out = rows_a_->reserve(rows_of(offsets, last) * static_cast<std::size_t>(cols));
+    for_experts(first, last, [&](int e) {
+      auto [off, n] = slice(offsets, e);
+      float const scale = tensor_scale<grad_row>(l, role::grad, e, g + off * cols, n * cols);
+      auto& row = held(l, role::grad, usage::rowwise, e);
+      quantize<grad_row>(g + off * cols, static_cast<int>(n), cols, scale, seed_of(l, e, 0), row);
+      dequantize_rows<grad_row>(row, out + off * cols);
+    });
+    return out;
+  }
+
+  /// wgrad's two operands of `layer`: the gradient's wgrad copy, quantized from `g` [N,
+  /// grad_cols] (the same codes as grad() where the copies are the same), and the input's copy
+  /// kept since forward; each grouped by expert with the returned offsets (padded where the
+  /// transform needs whole chunks).
+  struct wgrad_operands {
+    float const* grad;
+    float const* input;
+    std::span<std::int64_t const> offsets;
+  };
+  wgrad_operands wgrad(expert::linear layer, float const* g, int grad_cols,
+                       float const* /*kept as codes*/, int input_cols,
+                       std::span<std::int64_t const> offsets, int first, int last) {
+    auto const l = index(layer);
+    std::span<std::int64_t const> rows = offsets;
+    if constexpr (padded_wgrad) {
+      for (std::size_t e = 0; e < static_cast<std::size_t>(experts_); ++e)
+        padded_offsets_[e + 1] =
+            padded_offsets_[e] + pad_rows(offsets[e + 1] - offsets[e], padding);
+      rows = padded_offsets_;
+    }
+    float* grad_out = rows_a_->reserve(rows_of(rows, last) * static_cast<std::size_t>(grad_cols));
+    float* input_out = rows_b_->reserve(rows_of(rows, last) * static_cast<std::size_t>(input_cols));
+    for_experts(first, last, [&](int e) {
+      auto const off = rows[static_cast<std::size_t>(e)];
+      auto const n = static_cast<int>(rows[static_cast<std::size_t>(e) + 1] - off);
+      auto [source_off, source_n] = slice(offsets, e);
+      float const* ge = g + source_off * grad_cols;
+      float const scale = tensor_scale<grad_row>(l, role::grad, e, ge, source_n * grad_cols);
+      if constexpr (same_copies(recipe, role::grad)) {
+        auto& q = held(l, role::grad, usage::rowwise, e);
+        quantize<grad_row>(ge, static_cast<int>(source_n), grad_cols, scale, seed_of(l, e, 0), q);
+        dequantize_rows<grad_row>(q, grad_out + off * grad_cols);
+      } else {
+        auto& q = held(l, role::grad, usage::columnwise, e);
+        quantize_columnwise<grad_col>(ge, static_cast<int>(source_n), grad_cols, scale,
+                                      seed_of(l, e, 1), q);
+        dequantize_columnwise<grad_col>(q, n, grad_out + off * grad_cols);
+      }
+      if constexpr (same_copies(recipe, role::input)) {
+        dequantize_rows<input_row>(codes(l, role::input, usage::rowwise, e),
+                                   input_out + off * input_cols);
+      } else {
+        dequantize_columnwise<input_col>(codes(l, role::input, usage::columnwise, e), n,
+                                         input_out + off * input_cols);
+      }
+    });
+    return {grad_out, input_out, rows};
+  }
+
+  /// End of a training step (after backward): delayed scaling derives the next scales from the
+  /// recorded amaxes; stochastic rounding moves to fresh random numbers.
+  void end_of_step() {
+    ++step_;
+    if constexpr (recipe.recipe == recipe_id::fp8_delayed) {
+      for (int l = 0; l < 2; ++l)
+        for (auto r : {role::input, role::weight, role::grad}) {
+          float const fp8_max = max_of(format_of(recipe, r, usage::rowwise).element);
+          for (auto& state : delayed_[static_cast<std::size_t>(l)][static_cast<std::size_t>(r)])
+            state.update(fp8_max);
+        }
+    }
+  }
+
+  // --- What was kept -----------------------------------------------------------------------------
+
+  /// Keeps every copy's codes of the last step for codes_of(), the transient ones too (the
+  /// gradients' and, where a separate wgrad copy is kept, the inputs' rowwise copies); off by
+  /// default, when those live in one per-thread scratch shared by all layers.
+  void keep_all_codes(bool on) noexcept { keep_all_ = on; }
+
+  /// The codes and scales of expert e's `usage` copy of `r` in `layer` from the last call (the
+  /// rowwise copy stands for both where the recipe's copies are the same). Transient copies are
+  /// there only under keep_all_codes(true).
+  [[nodiscard]] quantized_matrix const& codes_of(expert::linear layer, role r, usage u,
+                                                 int e) const {
+    auto const use = same_copies(recipe, r) ? usage::rowwise : u;
+    return codes_[index(layer)][static_cast<std::size_t>(r)][static_cast<std::size_t>(use)]
+                 [static_cast<std::size_t>(e)];
+  }
+  /// fc1's output as kept for backward (BF16 bits, rows of the last forward).
+  [[nodiscard]] std::span<std::uint16_t const> fc1_output_kept() const noexcept {
+    return fc1_bf16_;
+  }
+  /// The delayed-scaling state of expert e's `r` in `layer`.
+  [[nodiscard]] delayed_scaling_state const& delayed_state(expert::linear layer, role r,
+                                                           int e) const {
+    return delayed_[index(layer)][static_cast<std::size_t>(r)][static_cast<std::size_t>(e)];
+  }
+  /// Bytes kept from forward to backward: the wgrad copies of both inputs and fc1's BF16 output.
+  /// `rows` is the number of rows of the last forward.
+  [[nodiscard]] std::size_t saved_bytes(std::int64_t rows, int fc1_cols) const {
+    std::size_t bytes = 0;
+    for (int l = 0; l < 2; ++l)
+      for (int e = 0; e < experts_; ++e)
+        bytes +=
+            codes_of(static_cast<expert::linear>(l), role::input, usage::columnwise, e).bytes();
+    return bytes + static_cast<std::size_t>(rows) * static_cast<std::size_t>(fc1_cols) *
+                       sizeof(std::uint16_t);
+  }
+  /// Bytes of the weights' quantized copies.
+  [[nodiscard]] std::size_t weight_code_bytes() const {
+    std::size_t bytes = 0;
+    for (auto const& per_linear : codes_)
+      for (auto const& q : per_linear[static_cast<std::size_t>(role::weight)][0])
+        bytes += q.bytes();
+    if constexpr (!same_copies(recipe, role::weight))
+      for (auto const& per_linear : codes_)
+        for (auto const& q : per_linear[static_cast<std::size_t>(role::weight)][1])
+          bytes += q.bytes();
+    return bytes;
+  }
+
+ private:
+  static std::size_t index(expert::linear l) { return static_cast<std::size_t>(l); }
+
+  quantized_matrix& codes(std::size_t l, role r, usage u, int e) {
+    return codes_[l][static_cast<std::size_t>(r)][static_cast<std::size_t>(u)]
+                 [static_cast<std::size_t>(e)];
+  }
+
+  /// Where a copy goes: the layer's own storage for what backward needs (the weights' copies, the
+  /// inputs' wgrad copies) or everything under keep_all_codes; else a per-thread scratch.
+  quantized_matrix& held(std::size_t l, role r, usage u, int e) {
+    bool const needed = r == role::weight ||
+                        (r == role::input && (u == usage::columnwise || same_copies(recipe, r)));
+    if (needed || keep_all_) return codes(l, r, u, e);
+    thread_local quantized_matrix transient;
+    return transient;
+  }
+
+  static std::size_t rows_of(std::span<std::int64_t const> offsets, int last) {
+    return static_cast<std::size_t>(offsets[static_cast<std::size_t>(last)]);
+  }
+  static std::pair<std::ptrdiff_t, std::ptrdiff_t> slice(std::span<std::int64_t const> offsets,
+                                                         int e) {
+    auto const off = offsets[static_cast<std::size_t>(e)];
+    return {static_cast<std::ptrdiff_t>(off),
+            static_cast<std::ptrdiff_t>(offsets[static_cast<std::size_t>(e) + 1] - off)};
+  }
+
+  template <class Body>
+  void for_experts(int first, int last, Body const& body) {
+    pool_->run(last - first, [&](int i) { body(first + i); });
+  }
+
+  std::uint64_t seed_of(std::size_t l, int e, int copy) const {
+    return splitmix64(
+        seed_ ^
+        splitmix64(step_ * 0x9e3779b97f4a7c15ULL + l * 4 + static_cast<std::uint64_t>(copy)) ^
+        static_cast<std::uint64_t>(e) * 0xd1b54a32d192ed03ULL);
+  }
+
+  /// The per-tensor scale of expert e's tensor (1 for formats without one): current scaling from
+  /// its amax; delayed scaling from the stored state, recording this amax.
+  template <operand_format F>
+  float tensor_scale(std::size_t l, role r, int e, float const* v, std::ptrdiff_t n) {
+    if constexpr (F.scale != scale_kind::per_tensor) {
+      return 1.0F;
+    } else {
+      float const amax = amax_of(std::span<float const>(v, static_cast<std::size_t>(n)));
+      if constexpr (recipe.recipe == recipe_id::fp8_delayed) {
+        auto& state = delayed_[l][static_cast<std::size_t>(r)][static_cast<std::size_t>(e)];
+        state.record(amax);
+        return state.scale;
+      } else {
+        return scale_from_amax(amax, max_of(F.element));
+      }
+    }
+  }
+
+  /// Writes q's values row-major [rows, cols] at out.
+  template <operand_format F>
+  static void dequantize_rows(quantized_matrix const& q, float* out) {
+    int const cols = q.cols;
+    dequantize<F>(
+        q, [&](int r, int c, float v) { out[static_cast<std::ptrdiff_t>(r) * cols + c] = v; });
+  }
+
+  /// The columnwise copy of x [n, cols]: the transpose [cols, pad(n)] (zero rows appended, passed
+  /// through the 16-point Hadamard transform where F says), quantized along the token dimension.
+  template <operand_format F>
+  void quantize_columnwise(float const* x, int n, int cols, float scale, std::uint64_t seed,
+                           quantized_matrix& q) {
+    int const padded = static_cast<int>(pad_rows(n, F.hadamard ? std::max(padding, 16) : 1));
+    thread_local std::vector<float> source;
+    source.assign(static_cast<std::size_t>(padded) * static_cast<std::size_t>(cols), 0.0F);
+    for (int i = 0; i < n; ++i)
+      for (int c = 0; c < cols; ++c)
+        source[static_cast<std::size_t>(c) * padded + i] =
+            x[static_cast<std::ptrdiff_t>(i) * cols + c];
+    if constexpr (F.hadamard) {
+      for (std::size_t start = 0; start < source.size(); start += 16) {
+        auto const y = rht16(std::span<float const, 16>(source.data() + start, 16));
+        for (std::size_t j = 0; j < 16; ++j) source[start + j] = round_to_bf16(y[j]);
+      }
+    }
+    quantize<F>(source.data(), cols, padded, scale, seed, q);
+  }
+
+  /// The columnwise copy q [cols, rows] back in the tensor's layout [rows, cols] at out (rows may
+  /// be fewer than q holds where no transform mixed the padding in).
+  template <operand_format F>
+  static void dequantize_columnwise(quantized_matrix const& q, int rows, float* out) {
+    int const cols = q.rows;
+    dequantize<F>(q, [&](int c, int r, float v) {
+      if (r < rows) out[static_cast<std::ptrdiff_t>(r) * cols + c] = v;
+    });
+  }
+
+  int experts_;
+  std::uint64_t seed_;
+  std::uint64_t step_ = 0;
+  bool keep_all_ = false;
+  thread_pool* pool_ = nullptr;
+  buffer<float>* rows_a_ = nullptr;
+  buffer<float>* rows_b_ = nullptr;
+  buffer<float>* weights_ = nullptr;
+  // [linear][role][usage][expert]
+  std::array<std::array<std::array<std::vector<quantized_matrix>, 2>, 3>, 2> codes_;
+  // [linear][role][expert]
+  std::array<std::array<std::vector<delayed_scaling_state>, 3>, 2> delayed_;
+  std::vector<std::uint16_t> fc1_bf16_;
+  std::vector<std::int64_t> padded_offsets_;
+};
+
+}  // namespace megamoe::precision

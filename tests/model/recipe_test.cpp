@@ -1,0 +1,427 @@
+// SPDX-License-Identifier: Apache-2.0
+// The MoE layer under every precision recipe: output and gradients against a plain double
+// reference that dequantizes the layer's own codes (tests/reference/recipe_reference.hpp), the
+// output against the fp32 layer, saved bytes, and a short training run per recipe.
+#include "reference/recipe_reference.hpp"
+#include "support/allocation_counter.hpp"
+#include "support/layer_helpers.hpp"
+
+#include <megamoe/config/config.hpp>
+#include <megamoe/model/moe_layer.hpp>
+#include <megamoe/precision/operands.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <iostream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace mm = megamoe;
+namespace ref = megamoe::reference;
+namespace pr = megamoe::precision;
+
+namespace {
+
+using mm::testing::random_matrix;
+using mm::testing::relative_error;
+using mm::testing::relative_l2_error;
+using mm::testing::to_mat;
+using mm::testing::trailing_index;
+namespace ex = mm::expert;
+namespace rt = mm::router;
+
+// 160 = 128 + 32 columns: partial 1x128 and 128x128 blocks, whole 1x32 and 1x16 ones.
+using recipe_shape = mm::shape<mm::hidden<160>, mm::ffn<48>, mm::experts<4>>;
+template <class Precision, class Mlp = ex::mlp<ex::swiglu, ex::grouped>>
+using recipe_config = mm::make_config<recipe_shape, rt::top_k<2, rt::aux_loss<1e-2>>,
+                                      mm::dispatch::local, Mlp, Precision>;
+
+/// The dequantized values of q, [q.rows][q.cols] or transposed.
+template <pr::operand_format F>
+ref::mat dequantized_mat(pr::quantized_matrix const& q, bool transpose = false) {
+  auto const v = pr::dequantized<F>(q);
+  auto const rows = static_cast<std::size_t>(q.rows), cols = static_cast<std::size_t>(q.cols);
+  ref::mat out = transpose ? ref::zeros(cols, rows) : ref::zeros(rows, cols);
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t c = 0; c < cols; ++c) (transpose ? out[c][r] : out[r][c]) = v[r * cols + c];
+  return out;
+}
+
+/// Expert e's operands as the layer used them in its last step.
+template <class Layer>
+ref::expert_operands operands_of(Layer const& layer, int e, std::int64_t first_row) {
+  using ops_type = typename Layer::operands_type;
+  constexpr auto recipe = Layer::recipe;
+  using role = pr::operand_role;
+  using usage = pr::operand_usage;
+  using ex::linear;
+  auto const& ops = layer.routed_operands();
+  auto weight_col = [&](linear l) {
+    if constexpr (pr::same_copies(recipe, role::weight)) {
+      return dequantized_mat<ops_type::weight_row>(
+          ops.codes_of(l, role::weight, usage::rowwise, e));
+    } else {
+      return dequantized_mat<ops_type::weight_col>(
+          ops.codes_of(l, role::weight, usage::columnwise, e), true);
+    }
+  };
+  // wgrad copies with the token dimension last.
+  auto input_col = [&](linear l) {
+    if constexpr (pr::same_copies(recipe, role::input)) {
+      return dequantized_mat<ops_type::input_row>(ops.codes_of(l, role::input, usage::rowwise, e),
+                                                  true);
+    } else {
+      return dequantized_mat<ops_type::input_col>(
+          ops.codes_of(l, role::input, usage::columnwise, e));
+    }
+  };
+  auto grad_col = [&](linear l) {
+    if constexpr (pr::same_copies(recipe, role::grad)) {
+      return dequantized_mat<ops_type::grad_row>(ops.codes_of(l, role::grad, usage::rowwise, e),
+                                                 true);
+    } else {
+      return dequantized_mat<ops_type::grad_col>(ops.codes_of(l, role::grad, usage::columnwise, e));
+    }
+  };
+  ref::expert_operands o;
+  o.x_row = dequantized_mat<ops_type::input_row>(
+      ops.codes_of(linear::fc1, role::input, usage::rowwise, e));
+  o.w1_row = dequantized_mat<ops_type::weight_row>(
+      ops.codes_of(linear::fc1, role::weight, usage::rowwise, e));
+  o.w1_col = weight_col(linear::fc1);
+  o.ap_row = dequantized_mat<ops_type::input_row>(
+      ops.codes_of(linear::fc2, role::input, usage::rowwise, e));
+  o.w2_row = dequantized_mat<ops_type::weight_row>(
+      ops.codes_of(linear::fc2, role::weight, usage::rowwise, e));
+  o.w2_col = weight_col(linear::fc2);
+  o.g2_row =
+      dequantized_mat<ops_type::grad_row>(ops.codes_of(linear::fc2, role::grad, usage::rowwise, e));
+  o.g1_row =
+      dequantized_mat<ops_type::grad_row>(ops.codes_of(linear::fc1, role::grad, usage::rowwise, e));
+  o.g2_col_t = grad_col(linear::fc2);
+  o.ap_col_t = input_col(linear::fc2);
+  o.g1_col_t = grad_col(linear::fc1);
+  o.x_col_t = input_col(linear::fc1);
+  auto const kept = ops.fc1_output_kept();
+  auto const W1 = o.w1_row.size();
+  for (std::size_t i = 0; i < o.x_row.size(); ++i) {
+    ref::vec row(W1);
+    for (std::size_t c = 0; c < W1; ++c)
+      row[c] = pr::from_bf16_bits(kept[(static_cast<std::size_t>(first_row) + i) * W1 + c]);
+    o.h.push_back(row);
+  }
+  return o;
+}
+
+/// How far a recipe's quantized gradient may sit from the value it quantizes (relative L2).
+constexpr double quantization_tolerance(pr::settings const& s) {
+  switch (s.recipe) {
+    case pr::recipe_id::bf16: return 1e-2;
+    case pr::recipe_id::fp8_delayed:
+    case pr::recipe_id::fp8_current: return 0.1;  // E5M2 gradients
+    case pr::recipe_id::nvfp4: return 0.4;        // E2M1 with stochastic rounding
+    default: return 0.06;
+  }
+}
+
+/// One training step of the layer against the reference on the layer's own codes.
+template <class Precision>
+void expect_matches_codes_reference() {
+  using layer_type = mm::moe_layer<recipe_config<Precision>>;
+  mm::context ctx(2);
+  layer_type layer(0);
+  layer.keep_all_operand_codes(true);
+  layer.initialize(21, 0.1);
+  int const S = 16, B = 6, T = S * B, H = layer.hidden_size();
+  double const loss_scale = 0.5;
+  ctx.step.loss_backward_scale = loss_scale;
+  // Two steps: the second runs on the scales delayed scaling derived from the first.
+  for (int step = 0; step < 2; ++step) {
+    layer.zero_grad();
+    auto const x = random_matrix<float>(T, H, 300 + step);
+    auto const dy = random_matrix<float>(T, H, 400 + step, 0.01);
+    mm::row_matrix<float> const y = layer.forward(ctx, x, S, B).y;
+    mm::row_matrix<float> const dx = layer.backward(ctx, dy);
+
+    auto const& perm = layer.permutation();
+    auto const& probs = layer.router().output().probs;
+    ref::recipe_rows rows{perm.source_token, perm.row_expert, {}};
+    for (int j = 0; j < perm.rows(); ++j)
+      rows.row_prob.push_back(
+          static_cast<double>(probs(perm.source_token[static_cast<std::size_t>(j)],
+                                    perm.row_expert[static_cast<std::size_t>(j)])));
+    std::vector<ref::expert_operands> ops;
+    std::int64_t first_row = 0;
+    for (int e = 0; e < layer.num_experts(); ++e) {
+      ops.push_back(operands_of(layer, e, first_row));
+      first_row += perm.tokens_per_expert[static_cast<std::size_t>(e)];
+    }
+    ref::mat router_weight;
+    layer.for_each_parameter([&](std::string_view name, auto value, auto, mm::parameter_kind) {
+      if (name.ends_with("router.weight")) router_weight = to_mat(value);
+    });
+    auto const want = ref::recipe_forward_backward(
+        layer_type::activation, router_weight, layer.router().config(),
+        layer.router().state().expert_bias, to_mat(x), B, loss_scale, rows, ops);
+    auto const& map = layer.router().output().routing_map;
+    for (int t = 0; t < T; ++t)
+      for (int e = 0; e < layer.num_experts(); ++e)
+        ASSERT_EQ(map(t, e),
+                  want.routing.map[static_cast<std::size_t>(t)][static_cast<std::size_t>(e)]);
+    std::string const at = std::string(Precision::name) + ", step " + std::to_string(step);
+    EXPECT_LT(relative_error(y, want.y), 1e-5) << "output, " << at;
+    EXPECT_LT(relative_error(dx, want.grad.x), 1e-5) << "dx, " << at;
+    layer.for_each_parameter([&](std::string_view name, auto, auto grad, mm::parameter_kind) {
+      ref::mat const* expected = nullptr;
+      if (name.ends_with("router.weight")) expected = &want.grad.router;
+      if (name.find("linear_fc1.weight") != std::string_view::npos)
+        expected =
+            &want.grad.fc1[static_cast<std::size_t>(trailing_index(name, "linear_fc1.weight"))];
+      if (name.find("linear_fc2.weight") != std::string_view::npos)
+        expected =
+            &want.grad.fc2[static_cast<std::size_t>(trailing_index(name, "linear_fc2.weight"))];
+      ASSERT_NE(expected, nullptr) << name;
+      EXPECT_LT(relative_error(grad, *expected), 1e-5) << name << ", " << at;
+    });
+    // Around the codes: fc1's product (kept in BF16) and the gradient that fc1's dgrad quantized.
+    ref::mat h_kept, dh_used;
+    for (auto const& o : ops) {
+      h_kept.insert(h_kept.end(), o.h.begin(), o.h.end());
+      dh_used.insert(dh_used.end(), o.g1_row.begin(), o.g1_row.end());
+    }
+    auto const as_matrix = [](ref::mat const& m) {
+      mm::row_matrix<double> out(static_cast<Eigen::Index>(m.size()),
+                                 static_cast<Eigen::Index>(m.empty() ? 0 : m[0].size()));
+      for (std::size_t r = 0; r < m.size(); ++r)
+        for (std::size_t c = 0; c < m[r].size(); ++c)
+          out(static_cast<Eigen::Index>(r), static_cast<Eigen::Index>(c)) = m[r][c];
+      return out;
+    };
+    EXPECT_LT(relative_error(as_matrix(h_kept), want.h_fprop), 5e-3) << "fc1 output, " << at;
+    EXPECT_LT(relative_l2_error(as_matrix(dh_used), want.dh),
+              quantization_tolerance(Precision::value))
+        << "fc1 output gradient, " << at;
+  }
+}
+
+TEST(RecipeLayer, Bf16MatchesItsCodes) {
+  expect_matches_codes_reference<pr::bf16>();
+}
+TEST(RecipeLayer, Fp8DelayedMatchesItsCodes) {
+  expect_matches_codes_reference<pr::fp8_tensorwise<pr::delayed>>();
+}
+TEST(RecipeLayer, Fp8CurrentMatchesItsCodes) {
+  expect_matches_codes_reference<pr::fp8_tensorwise<pr::current>>();
+}
+TEST(RecipeLayer, Fp8BlockwiseMatchesItsCodes) {
+  expect_matches_codes_reference<pr::fp8_blockwise>();
+}
+TEST(RecipeLayer, Mxfp8MatchesItsCodes) {
+  expect_matches_codes_reference<pr::mxfp8>();
+}
+TEST(RecipeLayer, Nvfp4MatchesItsCodes) {
+  expect_matches_codes_reference<pr::nvfp4>();
+}
+
+/// The recipe's layer output against the fp32 layer's on the same weights and input.
+/// Delayed scaling quantizes its first step with scale 1; `warm_up` steps first give it scales.
+template <class Precision, class Mlp = ex::mlp<ex::gelu, ex::grouped>>
+double output_error_against_fp32(int warm_up = 0) {
+  mm::context ctx(2);
+  mm::moe_layer<recipe_config<mm::precision::fp32, Mlp>> exact(0);
+  mm::moe_layer<recipe_config<Precision, Mlp>> layer(0);
+  exact.initialize(5, 0.05);
+  layer.initialize(5, 0.05);
+  auto const x = random_matrix<float>(128, exact.hidden_size(), 77);
+  for (int i = 0; i < warm_up; ++i) {
+    layer.forward(ctx, x, 32, 4);
+    layer.backward(ctx, random_matrix<float>(128, exact.hidden_size(), 79, 0.01));
+  }
+  mm::row_matrix<float> const want = exact.forward(ctx, x, 32, 4).y;
+  mm::row_matrix<float> const got = layer.forward(ctx, x, 32, 4).y;
+  return (got - want).norm() / want.norm();
+}
+
+TEST(RecipeLayer, OutputCloseToFp32) {
+  EXPECT_LT(output_error_against_fp32<pr::bf16>(), 1e-2);
+  EXPECT_LT(output_error_against_fp32<pr::fp8_tensorwise<pr::delayed>>(1), 6e-2);
+  EXPECT_LT(output_error_against_fp32<pr::fp8_tensorwise<pr::current>>(), 6e-2);
+  EXPECT_LT(output_error_against_fp32<pr::fp8_blockwise>(), 6e-2);
+  EXPECT_LT(output_error_against_fp32<pr::mxfp8>(), 6e-2);
+  // E2M1 leaves 0.096 (1x16) and 0.111 (16x16 weights) relative L2 on Gaussian values; the four
+  // quantized operands of the two GEMMs compose to about 0.21.
+  EXPECT_LT(output_error_against_fp32<pr::nvfp4>(), 0.25);
+  EXPECT_GT(output_error_against_fp32<pr::fp8_tensorwise<pr::current>>(), 1e-4)
+      << "the FP8 recipe rounds nothing";
+  using swiglu = ex::mlp<ex::swiglu, ex::grouped>;
+  std::cout << "SwiGLU output error against fp32: bf16 "
+            << output_error_against_fp32<pr::bf16, swiglu>() << ", fp8 current "
+            << output_error_against_fp32<pr::fp8_tensorwise<pr::current>, swiglu>() << ", mxfp8 "
+            << output_error_against_fp32<pr::mxfp8, swiglu>() << ", nvfp4 "
+            << output_error_against_fp32<pr::nvfp4, swiglu>() << "\n";
+}
+
+TEST(RecipeLayer, RouterSidePaddingGivesEveryExpertAMultiple) {
+  // The router marks extra (token, expert) pairs with prob 0 so that each expert's count is the
+  // recipe's multiple; the expert side then pads nothing, and the pairs add nothing to the output.
+  using padded =
+      mm::make_config<recipe_shape, rt::top_k<2, rt::aux_loss<1e-2>, rt::pad_for_quantization<>>,
+                      mm::dispatch::local, ex::mlp<ex::gelu, ex::grouped>,
+                      pr::fp8_tensorwise<pr::current>>;
+  mm::context ctx(2);
+  mm::moe_layer<padded> layer(0);
+  mm::moe_layer<recipe_config<pr::fp32, ex::mlp<ex::gelu, ex::grouped>>> exact(0);
+  layer.initialize(5, 0.05);
+  exact.initialize(5, 0.05);
+  auto const x = random_matrix<float>(100, layer.hidden_size(), 90);
+  mm::row_matrix<float> const y = layer.forward(ctx, x, 25, 4).y;
+  mm::row_matrix<float> const want = exact.forward(ctx, x, 25, 4).y;
+  int extra = 0;
+  for (auto n : layer.permutation().tokens_per_expert) {
+    EXPECT_EQ(n % 16, 0) << n;
+    extra += static_cast<int>(n);
+  }
+  EXPECT_GT(extra, 200) << "padding added pairs";
+  EXPECT_LT((y - want).norm() / want.norm(), 6e-2);
+  layer.backward(ctx, random_matrix<float>(100, layer.hidden_size(), 91, 0.01));
+}
+
+TEST(RecipeLayer, SavedActivationsAreCodes) {
+  mm::context ctx(2);
+  int rows = 0;
+  auto saved = [&](auto& layer) {
+    layer.initialize(5, 0.05);
+    auto const x = random_matrix<float>(128, layer.hidden_size(), 78);
+    layer.forward(ctx, x, 32, 4);
+    rows = layer.permutation().rows();
+    return static_cast<double>(layer.saved_activation_bytes());
+  };
+  mm::moe_layer<recipe_config<pr::fp32>> fp32(0);
+  mm::moe_layer<recipe_config<pr::bf16>> bf16(0);
+  mm::moe_layer<recipe_config<pr::fp8_tensorwise<pr::current>>> fp8(0);
+  mm::moe_layer<recipe_config<pr::mxfp8>> mx(0);
+  mm::moe_layer<recipe_config<pr::nvfp4>> fp4(0);
+  double const base = saved(fp32);
+  int const H = fp32.hidden_size(), F = fp32.local_ffn(), W1 = 2 * F, E = fp32.num_experts();
+  // fp32 keeps the expert rows [N,H], fc1's output [N,W1] and the activation [N,F] in 4 bytes
+  // each; the rest (input copy, routing) is the same for every recipe.
+  double const fixed = base - 4.0 * rows * (H + W1 + F);
+  EXPECT_EQ(saved(bf16) - fixed, 2.0 * rows * (H + W1 + F));
+  // Per-tensor FP8: both GEMM inputs in 1 byte plus one fp32 scale per expert, fc1's output BF16.
+  EXPECT_EQ(saved(fp8) - fixed, 1.0 * rows * (H + F) + 2.0 * E * 4 + 2.0 * rows * W1);
+  // Block scales add at most one byte per 32 (MXFP8) or per 16 (NVFP4, half a byte per code).
+  double const mx_bytes = saved(mx) - fixed;
+  EXPECT_GE(mx_bytes, 1.0 * rows * (H + F) + 2.0 * rows * W1);
+  EXPECT_LE(mx_bytes, (1.0 + 1.0 / 32) * rows * (H + F) + 2.0 * rows * W1 + 2.0 * E * (H + F));
+  // NVFP4's wgrad copies hold each expert's rows padded to 128 (zero rows before the transform).
+  double const fp4_bytes = saved(fp4) - fixed;
+  double padded_rows = 0;
+  for (auto n : fp4.permutation().tokens_per_expert)
+    padded_rows += static_cast<double>(pr::pad_rows(n, 128));
+  EXPECT_GE(fp4_bytes, 0.5 * padded_rows * (H + F) + 2.0 * rows * W1);
+  EXPECT_LE(fp4_bytes, (0.5 + 1.0 / 16) * padded_rows * (H + F) + 2.0 * rows * W1 + 8.0 * E);
+}
+
+/// The bytes a second layer holds after one training step, by the allocation counter (the first
+/// layer grew the context's shared scratch): weights, gradients, kept activations and codes.
+template <class Precision>
+std::size_t layer_heap_bytes() {
+  mm::context ctx(2);
+  auto const x = random_matrix<float>(1024, 160, 80);
+  auto const dy = random_matrix<float>(1024, 160, 81, 0.01);
+  mm::moe_layer<recipe_config<Precision>> warm(0);
+  warm.initialize(5, 0.05);
+  warm.forward(ctx, x, 256, 4);
+  warm.backward(ctx, dy);
+  auto const before = mm::testing::allocations().live_bytes;
+  mm::moe_layer<recipe_config<Precision>> layer(0);
+  layer.initialize(5, 0.05);
+  layer.forward(ctx, x, 256, 4);
+  return mm::testing::allocations().live_bytes - before;
+}
+
+TEST(RecipeLayer, HeapBytesFollowTheCodes) {
+  auto const fp32 = layer_heap_bytes<pr::fp32>();
+  auto const bf16 = layer_heap_bytes<pr::bf16>();
+  auto const fp8 = layer_heap_bytes<pr::fp8_tensorwise<pr::current>>();
+  auto const fp4 = layer_heap_bytes<pr::nvfp4>();
+  std::cout << "heap bytes of a layer after a forward of 2048 rows: fp32 " << fp32 << ", bf16 "
+            << bf16 << ", fp8 " << fp8 << ", nvfp4 " << fp4 << "\n";
+  EXPECT_LT(bf16, fp32);
+  EXPECT_LT(fp8, bf16);
+  EXPECT_LT(fp4, fp8);
+}
+
+/// A short run on a fixed regression task (y* = tanh(x A) / 4): Adam on the mean squared error,
+/// the mean loss of the first and of the last 10 steps.
+struct losses {
+  double first = 0.0, last = 0.0;
+};
+template <class Precision>
+losses regression_loss() {
+  using layer_type = mm::moe_layer<recipe_config<Precision>>;
+  mm::context ctx(2);
+  layer_type layer(0);
+  layer.initialize(9, 0.05);
+  int const S = 16, B = 4, T = S * B, H = layer.hidden_size();
+  mm::row_matrix<float> const a = random_matrix<float>(H, H, 4242, 1.0 / std::sqrt(H));
+  std::vector<mm::row_matrix<float>> m1, m2;
+  layer.for_each_parameter([&](std::string_view, auto value, auto, mm::parameter_kind) {
+    m1.emplace_back(mm::row_matrix<float>::Zero(value.rows(), value.cols()));
+    m2.emplace_back(mm::row_matrix<float>::Zero(value.rows(), value.cols()));
+  });
+  losses out;
+  int const steps = 60;
+  for (int step = 0; step < steps; ++step) {
+    auto const x = random_matrix<float>(T, H, 5000 + static_cast<std::uint64_t>(step % 8));
+    mm::row_matrix<float> const target = ((x * a).array().tanh() * 0.25F).matrix();
+    layer.zero_grad();
+    mm::row_matrix<float> const y = layer.forward(ctx, x, S, B).y;
+    mm::row_matrix<float> const diff = y - target;
+    double const loss = diff.squaredNorm() / static_cast<double>(diff.size());
+    if (step < 10) out.first += loss / 10.0;
+    if (step >= steps - 10) out.last += loss / 10.0;
+    layer.backward(ctx, (2.0F / static_cast<float>(diff.size())) * diff);
+    std::size_t i = 0;
+    float const lr = 3e-3F, b1 = 0.9F, b2 = 0.999F;
+    float const c1 = 1.0F - std::pow(b1, static_cast<float>(step + 1));
+    float const c2 = 1.0F - std::pow(b2, static_cast<float>(step + 1));
+    layer.for_each_parameter([&](std::string_view, auto value, auto grad, mm::parameter_kind) {
+      auto& u = m1[i];
+      auto& v = m2[i++];
+      u = b1 * u + (1.0F - b1) * grad;
+      v = (b2 * v.array() + (1.0F - b2) * grad.array().square()).matrix();
+      value.array() -= lr * (u.array() / c1) / ((v.array() / c2).sqrt() + 1e-8F);
+    });
+  }
+  return out;
+}
+
+TEST(RecipeLayer, TrainsLikeFp32) {
+  auto const fp32 = regression_loss<pr::fp32>();
+  double const base = fp32.last;
+  EXPECT_LT(base, 0.7 * fp32.first) << "the task is learnt, not met from the start";
+  auto within = [&](double loss, double fraction) {
+    return std::abs(loss - base) <= fraction * base;
+  };
+  double const bf16 = regression_loss<pr::bf16>().last;
+  double const delayed = regression_loss<pr::fp8_tensorwise<pr::delayed>>().last;
+  double const current = regression_loss<pr::fp8_tensorwise<pr::current>>().last;
+  double const blockwise = regression_loss<pr::fp8_blockwise>().last;
+  double const mx = regression_loss<pr::mxfp8>().last;
+  double const fp4 = regression_loss<pr::nvfp4>().last;
+  std::cout << "regression loss after 60 steps: fp32 " << base << ", bf16 " << bf16
+            << ", fp8 delayed " << delayed << ", fp8 current " << current << ", fp8 blockwise "
+            << blockwise << ", mxfp8 " << mx << ", nvfp4 " << fp4 << "\n";
+  EXPECT_TRUE(within(bf16, 0.05)) << bf16 << " vs " << base;
+  EXPECT_TRUE(within(delayed, 0.15)) << delayed << " vs " << base;
+  EXPECT_TRUE(within(current, 0.15)) << current << " vs " << base;
+  EXPECT_TRUE(within(blockwise, 0.15)) << blockwise << " vs " << base;
+  EXPECT_TRUE(within(mx, 0.15)) << mx << " vs " << base;
+  EXPECT_TRUE(within(fp4, 0.40)) << fp4 << " vs " << base;
+}
+
+}  // namespace
