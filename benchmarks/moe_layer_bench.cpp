@@ -3,7 +3,8 @@
 // (BENCHMARKS.md).
 //
 //   moe_layer_bench --shape A|B|C --threads N [--backend per_expert|grouped|tensor]
-//                   [--precision fp32] [--iters N] [--warmup W]
+//                   [--precision fp32|bf16|fp8_delayed|fp8_current|fp8_blockwise|mxfp8|nvfp4]
+//                   [--iters N] [--warmup W]
 //
 // Runs W untimed then N timed steps, each from the router GEMM through every weight gradient on
 // fresh input, checks step 1 against the plain reference of the tests (relative error < 1e-4, else
@@ -52,11 +53,22 @@ struct options {
 };
 
 /// Sizes and k are read at start-up, so one layer type per backend serves every shape.
-template <class Backend>
+template <class Backend, class Precision = mm::precision::fp32>
 using bench_config = mm::make_config<
     mm::shape<mm::hidden<mm::dynamic>, mm::ffn<mm::dynamic>, mm::experts<mm::dynamic>>,
     mm::router::runtime, mm::dispatch::local, mm::expert::mlp<mm::expert::swiglu, Backend>,
-    mm::precision::fp32>;
+    Precision>;
+
+/// How far step 1 may sit from the fp32 reference (max error over max value, per quantity): fp32
+/// to rounding; a recipe to its quantization (the unit tests check recipes on their own codes).
+constexpr double check_tolerance(mm::precision::recipe_id r) {
+  switch (r) {
+    case mm::precision::recipe_id::fp32: return 1e-4;
+    case mm::precision::recipe_id::bf16: return 3e-2;
+    case mm::precision::recipe_id::nvfp4: return 0.6;
+    default: return 0.2;
+  }
+}
 
 mm::row_matrix<float> random_tokens(int rows, int cols, std::uint64_t seed) {
   mm::row_matrix<float> m(rows, cols);
@@ -216,9 +228,9 @@ double check_first_step(Layer& layer, first_step const& s) {
   return errors.worst();
 }
 
-template <class Backend>
+template <class Backend, class Precision = mm::precision::fp32>
 int run(options const& o, bench_shape const& shape, std::string const& backend_name) {
-  using layer_type = mm::moe_layer<bench_config<Backend>>;
+  using layer_type = mm::moe_layer<bench_config<Backend, Precision>>;
   mm::router::settings router;
   router.top_k = shape.top_k;
   mm::testing::reset_peak();
@@ -275,6 +287,17 @@ int run(options const& o, bench_shape const& shape, std::string const& backend_n
   j["bwd_ms"] = median(bwd);
   j["check_rel_err"] = err;
   j["peak_bytes"] = peak;
+  // Kept from forward to backward, and the experts' weights: fp32 masters plus the recipe's
+  // quantized copies (both orientations where they differ).
+  j["saved_activation_bytes"] = layer.saved_activation_bytes();
+  std::size_t const master_bytes =
+      std::size_t{4} * shape.experts *
+      (std::size_t{2} * shape.ffn * shape.hidden + std::size_t(shape.hidden) * shape.ffn);
+  std::size_t code_bytes = 0;
+  if constexpr (layer_type::rounds_operands)
+    code_bytes = layer.routed_operands().weight_code_bytes();
+  j["weight_bytes_master"] = master_bytes;
+  j["weight_bytes_codes"] = code_bytes;
   std::cout << j.dump() << std::endl;
   // The share of each stage in the timed steps, on stderr (stdout holds only the JSON line).
   double total = 0.0;
@@ -285,9 +308,10 @@ int run(options const& o, bench_shape const& shape, std::string const& backend_n
   for (std::size_t i = 0; i < ctx.stages.seconds.size(); ++i)
     std::cerr << " " << names[i] << " " << 100.0 * ctx.stages.seconds[i] / total << "%";
   std::cerr << "\n";
-  if (!(err < 1e-4)) {
+  double const tolerance = check_tolerance(Precision::value.recipe);
+  if (!(err < tolerance)) {
     std::cerr << "moe_layer_bench: step 1 differs from the plain reference (relative error " << err
-              << " >= 1e-4)\n";
+              << " >= " << tolerance << ")\n";
     return 1;
   }
   return 0;
@@ -303,7 +327,9 @@ int main(int argc, char** argv) {
       ->required()
       ->check(CLI::PositiveNumber);
   app.add_option("--backend", o.backend, "per_expert, grouped or tensor (default: grouped)");
-  app.add_option("--precision", o.precision, "fp32");
+  app.add_option("--precision", o.precision,
+                 "fp32 (default), bf16, fp8_delayed, fp8_current, fp8_blockwise, mxfp8 or nvfp4 "
+                 "(the recipes run on the grouped backend)");
   app.add_option("--iters", o.iters, "timed steps")->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup, "untimed steps before them (at least 1: step 1 is checked)")
       ->check(CLI::PositiveNumber);
@@ -318,14 +344,30 @@ int main(int argc, char** argv) {
     std::cerr << "moe_layer_bench: unknown --shape '" << o.shape << "' (A, B or C)\n";
     return 2;
   }
-  if (o.precision != "fp32") {
-    std::cerr << "moe_layer_bench: --precision " << o.precision
-              << " is not available yet (fp32; the other recipes come with the precision work)\n";
-    return 2;
-  }
   // The default backend, chosen once here: grouped (docs/design.md says why).
   std::string const backend = o.backend.empty() ? "grouped" : o.backend;
+  namespace pr = mm::precision;
+  using grouped = mm::expert::grouped;
   try {
+    if (o.precision != "fp32") {
+      if (backend != "grouped") {
+        std::cerr << "moe_layer_bench: --precision " << o.precision
+                  << " runs on --backend grouped (fp32 runs on every backend)\n";
+        return 2;
+      }
+      auto const& p = o.precision;
+      if (p == "bf16") return run<grouped, pr::bf16>(o, shape->second, backend);
+      if (p == "fp8_delayed")
+        return run<grouped, pr::fp8_tensorwise<pr::delayed>>(o, shape->second, backend);
+      if (p == "fp8_current")
+        return run<grouped, pr::fp8_tensorwise<pr::current>>(o, shape->second, backend);
+      if (p == "fp8_blockwise") return run<grouped, pr::fp8_blockwise>(o, shape->second, backend);
+      if (p == "mxfp8") return run<grouped, pr::mxfp8>(o, shape->second, backend);
+      if (p == "nvfp4") return run<grouped, pr::nvfp4>(o, shape->second, backend);
+      std::cerr << "moe_layer_bench: unknown --precision '" << p
+                << "' (fp32, bf16, fp8_delayed, fp8_current, fp8_blockwise, mxfp8, nvfp4)\n";
+      return 2;
+    }
     if (backend == "per_expert") return run<mm::expert::per_expert>(o, shape->second, backend);
     if (backend == "grouped") return run<mm::expert::grouped>(o, shape->second, backend);
     if (backend == "tensor") return run<mm::expert::tensor_contraction>(o, shape->second, backend);
