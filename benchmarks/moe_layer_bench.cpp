@@ -13,6 +13,7 @@
 // 2. The backend is chosen once here, at start-up; nothing is dispatched at run time in a step.
 #include "reference/moe_reference.hpp"
 #include "support/allocation_counter.hpp"
+#include "support/layer_helpers.hpp"
 
 #include "standard_shapes.hpp"
 
@@ -77,14 +78,7 @@ mm::row_matrix<float> random_tokens(int rows, int cols, std::uint64_t seed) {
   return m;
 }
 
-template <class M>
-ref::mat to_mat(M const& m) {
-  ref::mat out(static_cast<std::size_t>(m.rows()), ref::vec(static_cast<std::size_t>(m.cols())));
-  for (Eigen::Index r = 0; r < m.rows(); ++r)
-    for (Eigen::Index c = 0; c < m.cols(); ++c)
-      out[static_cast<std::size_t>(r)][static_cast<std::size_t>(c)] = m(r, c);
-  return out;
-}
+using mm::testing::to_mat;
 
 /// Worst relative error of sampled values: per quantity max|a - b| / max|b|, then the max.
 class error_tracker {

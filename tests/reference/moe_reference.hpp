@@ -125,6 +125,22 @@ struct moe_result {
   moe_gradients grad;
 };
 
+/// The router's forward for the plain layers: logits z = x Wr^T (returned), the routing, and the
+/// router / input / prob gradients set to zero.
+inline mat start_routing(mat const& router_weight, router::settings const& s,
+                         std::vector<float> const& expert_bias, mat const& x, int B,
+                         router_result& routing, moe_gradients& g) {
+  std::size_t const T = x.size(), H = x[0].size(), E = router_weight.size();
+  mat z(T, vec(E, 0.0));
+  for (std::size_t t = 0; t < T; ++t) z[t] = times(router_weight, x[t]);
+  router_memory memory;
+  routing = route(z, s, B, expert_bias, {}, memory);
+  g.router = zeros(E, H);
+  g.x = zeros(T, H);
+  g.probs = zeros(T, E);
+  return z;
+}
+
 /// Router: d/dz of sum(g.probs .* probs(z)) + loss_scale * losses(z), by central differences,
 /// added into g.router and g.x.
 inline void router_backward(mat const& z, router::settings const& s, int B,
@@ -163,15 +179,8 @@ inline moe_result moe_forward_backward(moe_weights const& w, router::settings co
   std::size_t const T = x.size(), H = x[0].size(), E = w.router.size();
   bool const bias = !w.fc1_bias.empty();
   moe_result r;
-  mat z(T, vec(E, 0.0));
-  for (std::size_t t = 0; t < T; ++t) z[t] = times(w.router, x[t]);
-  router_memory memory;
-  r.routing = route(z, s, B, expert_bias, {}, memory);
-
+  mat const z = start_routing(w.router, s, expert_bias, x, B, r.routing, r.grad);
   auto& g = r.grad;
-  g.router = zeros(E, H);
-  g.x = zeros(T, H);
-  g.probs = zeros(T, E);
   for (std::size_t e = 0; e < E; ++e) {
     g.fc1.push_back(zeros(w.fc1[e].size(), H));
     g.fc2.push_back(zeros(H, w.fc2[e][0].size()));

@@ -64,14 +64,8 @@ inline recipe_result recipe_forward_backward(expert::activation_function activat
   std::size_t const T = x.size(), H = x[0].size(), E = router_weight.size();
   std::size_t const N = rows.source_token.size();
   recipe_result r;
-  mat z(T, vec(E, 0.0));
-  for (std::size_t t = 0; t < T; ++t) z[t] = times(router_weight, x[t]);
-  router_memory memory;
-  r.routing = route(z, s, B, expert_bias, {}, memory);
+  mat const z = start_routing(router_weight, s, expert_bias, x, B, r.routing, r.grad);
   auto& g = r.grad;
-  g.router = zeros(E, H);
-  g.x = zeros(T, H);
-  g.probs = zeros(T, E);
   r.y = zeros(T, H);
   r.h_fprop.resize(N);
   r.dh.resize(N);
