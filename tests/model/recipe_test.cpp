@@ -289,6 +289,53 @@ TEST(RecipeLayer, RouterSidePaddingGivesEveryExpertAMultiple) {
   layer.backward(ctx, random_matrix<float>(100, layer.hidden_size(), 91, 0.01));
 }
 
+/// Output, dx and every gradient of two steps, for comparing memory policies.
+template <class Config>
+std::vector<mm::row_matrix<float>> two_steps() {
+  mm::context ctx(2);
+  mm::moe_layer<Config> layer(0);
+  layer.initialize(31, 0.1);
+  std::vector<mm::row_matrix<float>> out;
+  for (int step = 0; step < 2; ++step) {
+    auto const x = random_matrix<float>(96, layer.hidden_size(), 600 + step);
+    out.emplace_back(layer.forward(ctx, x, 24, 4).y);
+    out.emplace_back(layer.backward(ctx, random_matrix<float>(96, layer.hidden_size(), 700, 0.01)));
+  }
+  layer.for_each_parameter(
+      [&](std::string_view, auto, auto grad, mm::parameter_kind) { out.emplace_back(grad); });
+  return out;
+}
+
+template <class Precision, class Memory>
+using shared_config =
+    mm::make_config<mm::shape<mm::hidden<160>, mm::ffn<48>, mm::experts<4>, mm::shared_ffn<32>>,
+                    rt::top_k<2, rt::aux_loss<1e-2>>, mm::dispatch::local,
+                    ex::mlp<ex::swiglu, ex::grouped, ex::shared_expert_gate>, Precision, Memory>;
+
+/// Recomputing the activation, the shared expert or the whole layer gives the kept codes again:
+/// the same bits as keeping everything (stochastic rounding included: its draws depend on the step,
+/// not on how often forward ran).
+template <class Precision>
+void expect_recomputation_changes_nothing() {
+  namespace mem = mm::memory;
+  auto const kept = two_steps<shared_config<Precision, mem::keep_all>>();
+  auto const act =
+      two_steps<shared_config<Precision, mem::recompute<mem::moe_act, mem::shared_experts>>>();
+  auto const whole = two_steps<shared_config<Precision, mem::recompute<mem::moe_layer>>>();
+  ASSERT_EQ(kept.size(), act.size());
+  for (std::size_t i = 0; i < kept.size(); ++i) {
+    EXPECT_EQ(kept[i], act[i]) << Precision::name << ", result " << i;
+    EXPECT_EQ(kept[i], whole[i]) << Precision::name << ", result " << i;
+  }
+}
+
+TEST(RecipeLayer, RecomputationChangesNothing) {
+  expect_recomputation_changes_nothing<pr::bf16>();
+  expect_recomputation_changes_nothing<pr::fp8_tensorwise<pr::delayed>>();
+  expect_recomputation_changes_nothing<pr::mxfp8>();
+  expect_recomputation_changes_nothing<pr::nvfp4>();
+}
+
 TEST(RecipeLayer, SavedActivationsAreCodes) {
   mm::context ctx(2);
   int rows = 0;

@@ -395,6 +395,7 @@ class moe_layer {
         problem_(1) {
     if (groups != nullptr) {
       first_expert_ = groups->ep().rank() * local_experts();
+      if constexpr (rounds_operands) routed_ops_.number_experts_from(first_expert_);
       ffn_offset_ = groups->expert_tp().rank() * local_ffn();
       tp_cp_ = parallel::communicator_sum(groups->tp_cp());
       tp_dp_cp_ = parallel::communicator_sum(groups->tp_dp_cp());

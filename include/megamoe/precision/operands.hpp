@@ -256,6 +256,10 @@ class grouped_operands {
         per_role.assign(static_cast<std::size_t>(experts), delayed_scaling_state::of(recipe));
   }
 
+  /// Numbers the experts from `first` (the global number of local expert 0), so that stochastic
+  /// rounding draws the same numbers for an expert on whichever rank holds it.
+  void number_experts_from(int first) noexcept { first_expert_ = first; }
+
   /// The workspaces the dequantized operands go to (shared by the layers of a model): two of
   /// rows x columns, one of weights. Call before every forward and backward.
   void bind(thread_pool& pool, buffer<float>& rows_a, buffer<float>& rows_b,
@@ -505,7 +509,7 @@ class grouped_operands {
     return splitmix64(
         seed_ ^
         splitmix64(step_ * 0x9e3779b97f4a7c15ULL + l * 4 + static_cast<std::uint64_t>(copy)) ^
-        static_cast<std::uint64_t>(e) * 0xd1b54a32d192ed03ULL);
+        static_cast<std::uint64_t>(first_expert_ + e) * 0xd1b54a32d192ed03ULL);
   }
 
   /// The per-tensor scale of expert e's tensor (1 for formats without one): current scaling from
@@ -569,6 +573,7 @@ class grouped_operands {
   std::uint64_t seed_;
   std::uint64_t step_ = 0;
   bool keep_all_ = false;
+  int first_expert_ = 0;
   thread_pool* pool_ = nullptr;
   buffer<float>* rows_a_ = nullptr;
   buffer<float>* rows_b_ = nullptr;
