@@ -14,7 +14,8 @@
 // Tolerance: 1e-9 relative in fp64, 1e-5 of the tensor's largest entry in fp32.
 //
 //   mpiexec -n 8 megamoe_layer_mpi_tests --tp 2 --ep 8 --etp 1 --dispatcher all_to_all
-//       [--precision fp32] [--router aux|plain|capacity|pad|seq_aux] [--skew one_rank|few_experts]
+//       [--precision fp32|fp8_current|mxfp8] [--router aux|plain|capacity|pad|seq_aux] [--skew
+//       one_rank|few_experts]
 //       [--memory moe_layer] [--bad-input-on-rank R] [--nan-on-rank R]
 #include "support/sequence_shard.hpp"
 #include "support/tally.hpp"
@@ -329,6 +330,22 @@ int main(int argc, char** argv) {
       return run<layer_config<mm::dispatch::all_to_all, P, dynamic_mapping>,
                  layer_config<local, P, one_rank>>(env, o);
     }
+    // Recipes on all-to-all with DP = 1: each expert sees the same rows as on one rank, and the
+    // per-tensor amaxes are reduced over the ETP shards and the shared expert's sequence shards,
+    // so the codes are the same. (With DP > 1 an expert quantizes all replicas' rows at once,
+    // which one rank running the replicas in turn does not.)
+    if (o.precision == "fp8_current") {
+      using P = mm::precision::fp8_tensorwise<mm::precision::current>;
+      return run<layer_config<mm::dispatch::all_to_all, P, dynamic_mapping>,
+                 layer_config<local, P, one_rank>>(env, o);
+    }
+    if (o.precision == "mxfp8") {
+      using P = mm::precision::mxfp8;
+      return run<layer_config<mm::dispatch::all_to_all, P, dynamic_mapping>,
+                 layer_config<local, P, one_rank>>(env, o);
+    }
+    if (o.precision != "fp32")
+      throw mm::parallel::agreed_input_error("--precision fp64, fp32, fp8_current or mxfp8");
     using P = mm::precision::fp32;
     if (o.dispatcher == "all_gather")
       return run<layer_config<mm::dispatch::all_gather, P, dynamic_mapping>,

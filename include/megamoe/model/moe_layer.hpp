@@ -114,9 +114,13 @@ class moe_layer {
   /// expert GEMMs (routed and shared) read its quantized operands, and backward keeps codes.
   static constexpr precision::settings recipe = Config::precision::value;
   static constexpr bool rounds_operands = precision::rounds_operands(recipe);
-  using operands_type =
-      std::conditional_t<rounds_operands, precision::grouped_operands<typename Config::precision>,
-                         expert::exact_operands>;
+  /// A recipe's per-tensor amaxes are reduced over the ranks holding parts of one tensor: the
+  /// expert-tensor-parallel shards of an expert, the sequence-parallel shards of the shared
+  /// expert's tokens.
+  using operands_type = std::conditional_t<
+      rounds_operands,
+      precision::grouped_operands<typename Config::precision, parallel::communicator_max>,
+      expert::exact_operands>;
   static_assert(!rounds_operands || std::is_same_v<scalar, float>,
                 "megamoe: the bf16, FP8 and FP4 recipes keep fp32 master weights");
   static_assert(!memory_settings.quantized_activations && !memory_settings.quantized_weights,
@@ -387,8 +391,10 @@ class moe_layer {
         routed_mlp_(routed_sizes(values_)),
         shared_(shared_sizes(values_)),
         shared_mlp_(shared_sizes(values_)),
-        routed_ops_(make_operands(routed_sizes(values_).experts, 2 * layer_number + 1)),
-        shared_ops_(make_operands(1, 2 * layer_number + 2)),
+        routed_ops_(make_operands(routed_sizes(values_).experts, 2 * layer_number + 1,
+                                  groups == nullptr ? nullptr : &groups->expert_tp())),
+        shared_ops_(
+            make_operands(1, 2 * layer_number + 2, groups == nullptr ? nullptr : &groups->tp_cp())),
         dispatcher_(make_dispatcher(groups, values_)),
         router_weight_(values_.shape.experts, values_.shape.hidden),
         router_weight_grad_(row_matrix<scalar>::Zero(values_.shape.experts, values_.shape.hidden)),
@@ -479,9 +485,12 @@ class moe_layer {
   }
   static constexpr int fc1_width(int ffn) { return expert::fc1_width(activation, ffn); }
 
-  static operands_type make_operands(int experts, std::uint64_t seed) {
+  static operands_type make_operands(int experts, std::uint64_t seed,
+                                     boost::mpi::communicator const* amax_group) {
     if constexpr (rounds_operands) {
-      return operands_type(experts, splitmix64(seed));
+      return operands_type(experts, splitmix64(seed),
+                           amax_group == nullptr ? parallel::communicator_max()
+                                                 : parallel::communicator_max(*amax_group));
     } else {
       return {};
     }

@@ -54,6 +54,25 @@ class communicator_sum {
   boost::mpi::communicator const* comm_ = nullptr;
 };
 
+/// The largest value of each entry over a group, in place (the amax reduction of per-tensor
+/// scaling: every rank of a sequence-parallel group quantizes with one scale). One rank alone by
+/// default.
+class communicator_max {
+ public:
+  communicator_max() = default;
+  explicit communicator_max(boost::mpi::communicator const& comm) : comm_(&comm) {}
+
+  void operator()(std::span<float> values) const {
+    if (values.empty() || comm_ == nullptr || comm_->size() == 1) return;
+    watched_collective const watch(MPI_Comm(*comm_), "max", std::ssize(values));
+    MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_FLOAT, MPI_MAX,
+                  MPI_Comm(*comm_));
+  }
+
+ private:
+  boost::mpi::communicator const* comm_ = nullptr;
+};
+
 /// The MPI datatype of a native element type.
 template <class T>
 MPI_Datatype mpi_type() {

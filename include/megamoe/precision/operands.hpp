@@ -223,9 +223,17 @@ std::vector<double> dequantized(quantized_matrix const& q) {
   return out;
 }
 
+/// The amax reduction of a rank alone (see grouped_operands).
+struct no_amax_reduction {
+  void operator()(std::span<float>) const noexcept {}
+};
+
 /// A recipe's operands for E grouped experts (rows grouped by expert, weights [E, out, in]). The
-/// hooks are the ones expert::grouped_mlp calls; each returns what its GEMM reads.
-template <class Recipe>
+/// hooks are the ones expert::grouped_mlp calls; each returns what its GEMM reads. Per-tensor
+/// scales come from each expert's amax after `AmaxReduction` (called on the calling thread with
+/// one amax per expert) took the largest over the ranks that quantize parts of one tensor, as the
+/// reference reduces amaxes over a sequence-parallel group.
+template <class Recipe, class AmaxReduction = no_amax_reduction>
 class grouped_operands {
  public:
   static constexpr settings recipe = Recipe::value;
@@ -246,8 +254,14 @@ class grouped_operands {
   static constexpr int padding = recipe.padding_multiple > 1 ? recipe.padding_multiple : 1;
 
   /// `experts` experts; `seed` drives stochastic rounding.
-  explicit grouped_operands(int experts, std::uint64_t seed = 0)
-      : experts_(experts), seed_(seed), padded_offsets_(static_cast<std::size_t>(experts) + 1, 0) {
+  explicit grouped_operands(int experts, std::uint64_t seed = 0,
+                            AmaxReduction reduction = AmaxReduction{})
+      : experts_(experts),
+        seed_(seed),
+        reduction_(reduction),
+        scales_(static_cast<std::size_t>(experts), 1.0F),
+        amax_(static_cast<std::size_t>(experts), 0.0F),
+        padded_offsets_(static_cast<std::size_t>(experts) + 1, 0) {
     for (auto& per_linear : codes_)
       for (auto& per_role : per_linear)
         for (auto& per_usage : per_role) per_usage.resize(static_cast<std::size_t>(experts));
@@ -278,9 +292,10 @@ class grouped_operands {
                      std::span<std::int64_t const> offsets, int first, int last) {
     auto const l = index(layer);
     float* out = rows_a_->reserve(rows_of(offsets, last) * static_cast<std::size_t>(cols));
+    prepare_scales<input_row>(l, role::input, first, last, rows_of_expert(x, cols, offsets));
     for_experts(first, last, [&](int e) {
       auto [off, n] = slice(offsets, e);
-      float const scale = tensor_scale<input_row>(l, role::input, e, x + off * cols, n * cols);
+      float const scale = scales_[static_cast<std::size_t>(e)];
       auto& row = held(l, role::input, usage::rowwise, e);
       quantize<input_row>(x + off * cols, static_cast<int>(n), cols, scale, 0, row);
       dequantize_rows<input_row>(row, out + off * cols);
@@ -300,11 +315,15 @@ class grouped_operands {
     auto const size = static_cast<std::ptrdiff_t>(rows) * cols;
     float* out =
         weights_->reserve(static_cast<std::size_t>(experts_) * static_cast<std::size_t>(size));
+    if (u == usage::rowwise)
+      prepare_scales<weight_row>(l, role::weight, first, last, [&](int e) {
+        return std::span<float const>(w + e * size, static_cast<std::size_t>(size));
+      });
     for_experts(first, last, [&](int e) {
       float const* we = w + e * size;
       float* oe = out + e * size;
       if (u == usage::rowwise) {
-        float const scale = tensor_scale<weight_row>(l, role::weight, e, we, size);
+        float const scale = scales_[static_cast<std::size_t>(e)];
         auto& row = codes(l, role::weight, usage::rowwise, e);
         quantize<weight_row>(we, rows, cols, scale, 0, row);
         dequantize_rows<weight_row>(row, oe);
@@ -350,9 +369,10 @@ class grouped_operands {
                     std::span<std::int64_t const> offsets, int first, int last) {
     auto const l = index(layer);
     float* out = rows_a_->reserve(rows_of(offsets, last) * static_cast<std::size_t>(cols));
+    prepare_scales<grad_row>(l, role::grad, first, last, rows_of_expert(g, cols, offsets));
     for_experts(first, last, [&](int e) {
       auto [off, n] = slice(offsets, e);
-      float const scale = tensor_scale<grad_row>(l, role::grad, e, g + off * cols, n * cols);
+      float const scale = scales_[static_cast<std::size_t>(e)];
       auto& row = held(l, role::grad, usage::rowwise, e);
       quantize<grad_row>(g + off * cols, static_cast<int>(n), cols, scale, seed_of(l, e, 0), row);
       dequantize_rows<grad_row>(row, out + off * cols);
@@ -382,12 +402,13 @@ class grouped_operands {
     }
     float* grad_out = rows_a_->reserve(rows_of(rows, last) * static_cast<std::size_t>(grad_cols));
     float* input_out = rows_b_->reserve(rows_of(rows, last) * static_cast<std::size_t>(input_cols));
+    prepare_scales<grad_row>(l, role::grad, first, last, rows_of_expert(g, grad_cols, offsets));
     for_experts(first, last, [&](int e) {
       auto const off = rows[static_cast<std::size_t>(e)];
       auto const n = static_cast<int>(rows[static_cast<std::size_t>(e) + 1] - off);
       auto [source_off, source_n] = slice(offsets, e);
       float const* ge = g + source_off * grad_cols;
-      float const scale = tensor_scale<grad_row>(l, role::grad, e, ge, source_n * grad_cols);
+      float const scale = scales_[static_cast<std::size_t>(e)];
       if constexpr (same_copies(recipe, role::grad)) {
         auto& q = held(l, role::grad, usage::rowwise, e);
         quantize<grad_row>(ge, static_cast<int>(source_n), grad_cols, scale, seed_of(l, e, 0), q);
@@ -512,20 +533,34 @@ class grouped_operands {
         static_cast<std::uint64_t>(first_expert_ + e) * 0xd1b54a32d192ed03ULL);
   }
 
-  /// The per-tensor scale of expert e's tensor (1 for formats without one): current scaling from
-  /// its amax; delayed scaling from the stored state, recording this amax.
-  template <operand_format F>
-  float tensor_scale(std::size_t l, role r, int e, float const* v, std::ptrdiff_t n) {
-    if constexpr (F.scale != scale_kind::per_tensor) {
-      return 1.0F;
-    } else {
-      float const amax = amax_of(std::span<float const>(v, static_cast<std::size_t>(n)));
-      if constexpr (recipe.recipe == recipe_id::fp8_delayed) {
-        auto& state = delayed_[l][static_cast<std::size_t>(r)][static_cast<std::size_t>(e)];
-        state.record(amax);
-        return state.scale;
-      } else {
-        return scale_from_amax(amax, max_of(F.element));
+  /// Expert e's rows of a grouped [N, cols] tensor.
+  static auto rows_of_expert(float const* v, int cols, std::span<std::int64_t const> offsets) {
+    return [=](int e) {
+      auto [off, n] = slice(offsets, e);
+      return std::span<float const>(v + off * cols, static_cast<std::size_t>(n * cols));
+    };
+  }
+
+  /// scales_[e] for experts [first, last) of a tensor in format F, `values(e)` being expert e's
+  /// part: for per-tensor formats the amaxes (over the pool), reduced over the group on the calling
+  /// thread, then current scaling's fp8_max / amax or delayed scaling's stored scale (recording the
+  /// amax); nothing for the other formats.
+  template <operand_format F, class Values>
+  void prepare_scales(std::size_t l, role r, int first, int last, Values const& values) {
+    if constexpr (F.scale == scale_kind::per_tensor) {
+      for_experts(first, last,
+                  [&](int e) { amax_[static_cast<std::size_t>(e)] = amax_of(values(e)); });
+      reduction_(std::span<float>(amax_).subspan(static_cast<std::size_t>(first),
+                                                 static_cast<std::size_t>(last - first)));
+      for (int e = first; e < last; ++e) {
+        float const amax = amax_[static_cast<std::size_t>(e)];
+        if constexpr (recipe.recipe == recipe_id::fp8_delayed) {
+          auto& state = delayed_[l][static_cast<std::size_t>(r)][static_cast<std::size_t>(e)];
+          state.record(amax);
+          scales_[static_cast<std::size_t>(e)] = state.scale;
+        } else {
+          scales_[static_cast<std::size_t>(e)] = scale_from_amax(amax, max_of(F.element));
+        }
       }
     }
   }
@@ -574,6 +609,8 @@ class grouped_operands {
   std::uint64_t step_ = 0;
   bool keep_all_ = false;
   int first_expert_ = 0;
+  AmaxReduction reduction_;
+  std::vector<float> scales_, amax_;  // [E]: of the tensor being quantized
   thread_pool* pool_ = nullptr;
   buffer<float>* rows_a_ = nullptr;
   buffer<float>* rows_b_ = nullptr;
