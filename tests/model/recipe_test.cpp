@@ -35,9 +35,15 @@ namespace rt = mm::router;
 
 // 160 = 128 + 32 columns: partial 1x128 and 128x128 blocks, whole 1x32 and 1x16 ones.
 using recipe_shape = mm::shape<mm::hidden<160>, mm::ffn<48>, mm::experts<4>>;
-template <class Precision, class Mlp = ex::mlp<ex::swiglu, ex::grouped>>
+template <class Precision, class Mlp = ex::mlp<ex::swiglu, ex::grouped>,
+          class Memory = mm::memory::keep_all>
 using recipe_config = mm::make_config<recipe_shape, rt::top_k<2, rt::aux_loss<1e-2>>,
-                                      mm::dispatch::local, Mlp, Precision>;
+                                      mm::dispatch::local, Mlp, Precision, Memory>;
+/// fc1's output kept as codes (memory::quantized_activations).
+template <class Precision>
+using quantized_activations_config =
+    recipe_config<Precision, ex::mlp<ex::swiglu, ex::grouped>,
+                  mm::memory::plan<mm::memory::quantized_activations>>;
 
 /// The dequantized values of q, [q.rows][q.cols] or transposed.
 template <pr::operand_format F>
@@ -105,13 +111,17 @@ ref::expert_operands operands_of(Layer const& layer, int e, std::int64_t first_r
   o.ap_col_t = input_col(linear::fc2);
   o.g1_col_t = grad_col(linear::fc1);
   o.x_col_t = input_col(linear::fc1);
-  auto const kept = ops.fc1_output_kept();
-  auto const W1 = o.w1_row.size();
-  for (std::size_t i = 0; i < o.x_row.size(); ++i) {
-    ref::vec row(W1);
-    for (std::size_t c = 0; c < W1; ++c)
-      row[c] = pr::from_bf16_bits(kept[(static_cast<std::size_t>(first_row) + i) * W1 + c]);
-    o.h.push_back(row);
+  if constexpr (Layer::memory_settings.quantized_activations) {
+    o.h = dequantized_mat<ops_type::input_row>(ops.fc1_output_codes(e));
+  } else {
+    auto const kept = ops.fc1_output_kept();
+    auto const W1 = o.w1_row.size();
+    for (std::size_t i = 0; i < o.x_row.size(); ++i) {
+      ref::vec row(W1);
+      for (std::size_t c = 0; c < W1; ++c)
+        row[c] = pr::from_bf16_bits(kept[(static_cast<std::size_t>(first_row) + i) * W1 + c]);
+      o.h.push_back(row);
+    }
   }
   return o;
 }
@@ -128,9 +138,9 @@ constexpr double quantization_tolerance(pr::settings const& s) {
 }
 
 /// One training step of the layer against the reference on the layer's own codes.
-template <class Precision>
+template <class Precision, class Config = recipe_config<Precision>>
 void expect_matches_codes_reference() {
-  using layer_type = mm::moe_layer<recipe_config<Precision>>;
+  using layer_type = mm::moe_layer<Config>;
   mm::context ctx(2);
   layer_type layer(0);
   layer.keep_all_operand_codes(true);
@@ -200,7 +210,14 @@ void expect_matches_codes_reference() {
           out(static_cast<Eigen::Index>(r), static_cast<Eigen::Index>(c)) = m[r][c];
       return out;
     };
-    EXPECT_LT(relative_error(as_matrix(h_kept), want.h_fprop), 5e-3) << "fc1 output, " << at;
+    // The kept fc1 output is fc1's product in BF16, or in the recipe's input format.
+    if constexpr (layer_type::memory_settings.quantized_activations) {
+      EXPECT_LT(relative_l2_error(as_matrix(h_kept), want.h_fprop),
+                quantization_tolerance(Precision::value))
+          << "fc1 output, " << at;
+    } else {
+      EXPECT_LT(relative_error(as_matrix(h_kept), want.h_fprop), 5e-3) << "fc1 output, " << at;
+    }
     EXPECT_LT(relative_l2_error(as_matrix(dh_used), want.dh),
               quantization_tolerance(Precision::value))
         << "fc1 output gradient, " << at;
@@ -221,6 +238,14 @@ TEST(RecipeLayer, Fp8BlockwiseMatchesItsCodes) {
 }
 TEST(RecipeLayer, Mxfp8MatchesItsCodes) {
   expect_matches_codes_reference<pr::mxfp8>();
+}
+TEST(RecipeLayer, QuantizedActivationsMatchTheirCodes) {
+  // fc1's output kept as codes: backward's activation reads the dequantized codes.
+  expect_matches_codes_reference<pr::fp8_tensorwise<pr::delayed>,
+                                 quantized_activations_config<pr::fp8_tensorwise<pr::delayed>>>();
+  expect_matches_codes_reference<pr::fp8_blockwise,
+                                 quantized_activations_config<pr::fp8_blockwise>>();
+  expect_matches_codes_reference<pr::nvfp4, quantized_activations_config<pr::nvfp4>>();
 }
 TEST(RecipeLayer, Nvfp4MatchesItsCodes) {
   expect_matches_codes_reference<pr::nvfp4>();
@@ -370,6 +395,9 @@ TEST(RecipeLayer, SavedActivationsAreCodes) {
     padded_rows += static_cast<double>(pr::pad_rows(n, 128));
   EXPECT_GE(fp4_bytes, 0.5 * padded_rows * (H + F) + 2.0 * rows * W1);
   EXPECT_LE(fp4_bytes, (0.5 + 1.0 / 16) * padded_rows * (H + F) + 2.0 * rows * W1 + 8.0 * E);
+  // memory::quantized_activations: fc1's output in 1 byte per element instead of 2.
+  mm::moe_layer<quantized_activations_config<pr::fp8_tensorwise<pr::current>>> fp8_act(0);
+  EXPECT_EQ(saved(fp8_act) - fixed, 1.0 * rows * (H + F + W1) + 3.0 * E * 4);
 }
 
 /// The bytes a second layer holds after one training step, by the allocation counter (the first
@@ -407,9 +435,9 @@ TEST(RecipeLayer, HeapBytesFollowTheCodes) {
 struct losses {
   double first = 0.0, last = 0.0;
 };
-template <class Precision>
+template <class Precision, class Config = recipe_config<Precision>>
 losses regression_loss() {
-  using layer_type = mm::moe_layer<recipe_config<Precision>>;
+  using layer_type = mm::moe_layer<Config>;
   mm::context ctx(2);
   layer_type layer(0);
   layer.initialize(9, 0.05);
@@ -460,13 +488,17 @@ TEST(RecipeLayer, TrainsLikeFp32) {
   double const blockwise = regression_loss<pr::fp8_blockwise>().last;
   double const mx = regression_loss<pr::mxfp8>().last;
   double const fp4 = regression_loss<pr::nvfp4>().last;
+  double const blockwise_act =
+      regression_loss<pr::fp8_blockwise, quantized_activations_config<pr::fp8_blockwise>>().last;
   std::cout << "regression loss after 60 steps: fp32 " << base << ", bf16 " << bf16
             << ", fp8 delayed " << delayed << ", fp8 current " << current << ", fp8 blockwise "
-            << blockwise << ", mxfp8 " << mx << ", nvfp4 " << fp4 << "\n";
+            << blockwise << " (fc1 output as codes: " << blockwise_act << "), mxfp8 " << mx
+            << ", nvfp4 " << fp4 << "\n";
   EXPECT_TRUE(within(bf16, 0.05)) << bf16 << " vs " << base;
   EXPECT_TRUE(within(delayed, 0.15)) << delayed << " vs " << base;
   EXPECT_TRUE(within(current, 0.15)) << current << " vs " << base;
   EXPECT_TRUE(within(blockwise, 0.15)) << blockwise << " vs " << base;
+  EXPECT_TRUE(within(blockwise_act, 0.15)) << blockwise_act << " vs " << base;
   EXPECT_TRUE(within(mx, 0.15)) << mx << " vs " << base;
   EXPECT_TRUE(within(fp4, 0.40)) << fp4 << " vs " << base;
 }

@@ -116,17 +116,18 @@ class moe_layer {
   static constexpr bool rounds_operands = precision::rounds_operands(recipe);
   /// A recipe's per-tensor amaxes are reduced over the ranks holding parts of one tensor: the
   /// expert-tensor-parallel shards of an expert, the sequence-parallel shards of the shared
-  /// expert's tokens.
+  /// expert's tokens. memory::quantized_activations keeps fc1's output as codes too.
   using operands_type = std::conditional_t<
       rounds_operands,
-      precision::grouped_operands<typename Config::precision, parallel::communicator_max>,
+      precision::grouped_operands<typename Config::precision, parallel::communicator_max,
+                                  memory_settings.quantized_activations>,
       expert::exact_operands>;
   static_assert(!rounds_operands || std::is_same_v<scalar, float>,
                 "megamoe: the bf16, FP8 and FP4 recipes keep fp32 master weights");
-  static_assert(!memory_settings.quantized_activations && !memory_settings.quantized_weights,
-                "megamoe: memory::quantized_activations and memory::quantized_weights are not "
-                "implemented yet (under an FP8/FP4 recipe the saved GEMM inputs are codes + scales "
-                "already)");
+  static_assert(!memory_settings.quantized_weights,
+                "megamoe: memory::quantized_weights (primary weights held only as codes, the fp32 "
+                "master in the optimizer) is not implemented yet; the FP8/FP4 recipes quantize "
+                "their weights from the fp32 masters at every forward");
 
   /// One rank (dispatch::local): `layer_number` names the parameters (decoder.layers.{i}); `given`
   /// supplies what the type left to start-up (sizes, a run-time router). Every configuration rule

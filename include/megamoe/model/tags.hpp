@@ -49,7 +49,9 @@ struct moe_layer : megamoe::detail::set_flag<option::moe_layer_kind, &settings::
 /// Recompute the shared expert ("shared_experts").
 struct shared_experts
     : megamoe::detail::set_flag<option::shared_experts_kind, &settings::shared_experts> {};
-/// Store saved activations as the recipe's codes + scales (needs an FP8/FP4 recipe, R030).
+/// Keep fc1's output (the activation's input) as the recipe's codes + scales instead of BF16, as
+/// DeepSeek-V3 caches the SwiGLU input in FP8; the GEMM inputs are codes under any FP8/FP4 recipe
+/// already (needs an FP8/FP4 recipe, R030).
 struct quantized_activations : megamoe::detail::set_flag<option::quantized_activations_kind,
                                                          &settings::quantized_activations> {};
 /// Store the primary expert weights as the recipe's codes + scales (needs an FP8/FP4 recipe, R030).

@@ -232,8 +232,10 @@ struct no_amax_reduction {
 /// hooks are the ones expert::grouped_mlp calls; each returns what its GEMM reads. Per-tensor
 /// scales come from each expert's amax after `AmaxReduction` (called on the calling thread with
 /// one amax per expert) took the largest over the ranks that quantize parts of one tensor, as the
-/// reference reduces amaxes over a sequence-parallel group.
-template <class Recipe, class AmaxReduction = no_amax_reduction>
+/// reference reduces amaxes over a sequence-parallel group. With `QuantizedActivations` fc1's
+/// output (the activation's input, kept for backward) is kept in the recipe's rowwise input format
+/// instead of BF16, as DeepSeek-V3 caches the SwiGLU input in FP8 (memory::quantized_activations).
+template <class Recipe, class AmaxReduction = no_amax_reduction, bool QuantizedActivations = false>
 class grouped_operands {
  public:
   static constexpr settings recipe = Recipe::value;
@@ -265,6 +267,7 @@ class grouped_operands {
     for (auto& per_linear : codes_)
       for (auto& per_role : per_linear)
         for (auto& per_usage : per_role) per_usage.resize(static_cast<std::size_t>(experts));
+    fc1_output_codes_.resize(static_cast<std::size_t>(experts));
     for (auto& per_linear : delayed_)
       for (auto& per_role : per_linear)
         per_role.assign(static_cast<std::size_t>(experts), delayed_scaling_state::of(recipe));
@@ -340,26 +343,49 @@ class grouped_operands {
   }
 
   /// fc1's output [N, cols] after its bias: rounded to BF16 in place (what the reference's BF16
-  /// GEMM output holds) and kept as BF16 for backward.
+  /// GEMM output holds) and kept for backward, as BF16 or (QuantizedActivations) as codes.
   void fc1_output(float* h, int cols, std::span<std::int64_t const> offsets, int first, int last) {
     auto const from = static_cast<std::size_t>(offsets[static_cast<std::size_t>(first)]) * cols;
     auto const to = static_cast<std::size_t>(offsets[static_cast<std::size_t>(last)]) * cols;
-    fc1_bf16_.resize(std::max(fc1_bf16_.size(), rows_of(offsets, last) * cols));
+    if constexpr (!QuantizedActivations)
+      fc1_bf16_.resize(std::max(fc1_bf16_.size(), rows_of(offsets, last) * cols));
     parallel_rows(*pool_, static_cast<int>(to - from) / std::max(cols, 1), [&](int b, int e) {
       for (auto i = from + static_cast<std::size_t>(b) * cols;
            i < from + static_cast<std::size_t>(e) * cols; ++i) {
-        fc1_bf16_[i] = to_bf16_bits(h[i]);
-        h[i] = from_bf16_bits(fc1_bf16_[i]);
+        std::uint16_t const bits = to_bf16_bits(h[i]);
+        if constexpr (!QuantizedActivations) fc1_bf16_[i] = bits;
+        h[i] = from_bf16_bits(bits);
       }
     });
+    if constexpr (QuantizedActivations) {
+      prepare_scales<input_row>(fc1_output_slot, role::input, first, last,
+                                rows_of_expert(h, cols, offsets));
+      for_experts(first, last, [&](int e) {
+        auto [off, n] = slice(offsets, e);
+        quantize<input_row>(h + off * cols, static_cast<int>(n), cols,
+                            scales_[static_cast<std::size_t>(e)], 0,
+                            fc1_output_codes_[static_cast<std::size_t>(e)]);
+      });
+    }
   }
 
   /// The kept fc1 output, restored into `h` [N, cols].
   float* saved_fc1_output(float* h, int cols, std::span<std::int64_t const> offsets, int first,
                           int last) {
-    auto const from = static_cast<std::size_t>(offsets[static_cast<std::size_t>(first)]) * cols;
-    auto const to = static_cast<std::size_t>(offsets[static_cast<std::size_t>(last)]) * cols;
-    for (auto i = from; i < to; ++i) h[i] = from_bf16_bits(fc1_bf16_[i]);
+    if constexpr (QuantizedActivations) {
+      for_experts(first, last, [&](int e) {
+        dequantize_rows<input_row>(fc1_output_codes_[static_cast<std::size_t>(e)],
+                                   h + slice(offsets, e).first * cols);
+      });
+    } else {
+      auto const from = static_cast<std::size_t>(offsets[static_cast<std::size_t>(first)]) * cols;
+      auto const to = static_cast<std::size_t>(offsets[static_cast<std::size_t>(last)]) * cols;
+      parallel_rows(*pool_, static_cast<int>(to - from) / std::max(cols, 1), [&](int b, int e) {
+        for (auto i = from + static_cast<std::size_t>(b) * cols;
+             i < from + static_cast<std::size_t>(e) * cols; ++i)
+          h[i] = from_bf16_bits(fc1_bf16_[i]);
+      });
+    }
     return h;
   }
 
@@ -435,7 +461,7 @@ class grouped_operands {
   void end_of_step() {
     ++step_;
     if constexpr (recipe.recipe == recipe_id::fp8_delayed) {
-      for (int l = 0; l < 2; ++l)
+      for (std::size_t l = 0; l < delayed_.size(); ++l)
         for (auto r : {role::input, role::weight, role::grad}) {
           float const fp8_max = max_of(format_of(recipe, r, usage::rowwise).element);
           for (auto& state : delayed_[static_cast<std::size_t>(l)][static_cast<std::size_t>(r)])
@@ -460,9 +486,15 @@ class grouped_operands {
     return codes_[index(layer)][static_cast<std::size_t>(r)][static_cast<std::size_t>(use)]
                  [static_cast<std::size_t>(e)];
   }
-  /// fc1's output as kept for backward (BF16 bits, rows of the last forward).
-  [[nodiscard]] std::span<std::uint16_t const> fc1_output_kept() const noexcept {
+  /// fc1's output as kept for backward: BF16 bits of the last forward's rows, or (with
+  /// QuantizedActivations) expert e's codes in the rowwise input format.
+  [[nodiscard]] std::span<std::uint16_t const> fc1_output_kept() const noexcept
+      requires(!QuantizedActivations) {
     return fc1_bf16_;
+  }
+  [[nodiscard]] quantized_matrix const& fc1_output_codes(int e) const requires
+      QuantizedActivations {
+    return fc1_output_codes_[static_cast<std::size_t>(e)];
   }
   /// The delayed-scaling state of expert e's `r` in `layer`.
   [[nodiscard]] delayed_scaling_state const& delayed_state(expert::linear layer, role r,
@@ -477,8 +509,13 @@ class grouped_operands {
       for (int e = 0; e < experts_; ++e)
         bytes +=
             codes_of(static_cast<expert::linear>(l), role::input, usage::columnwise, e).bytes();
-    return bytes + static_cast<std::size_t>(rows) * static_cast<std::size_t>(fc1_cols) *
-                       sizeof(std::uint16_t);
+    if constexpr (QuantizedActivations) {
+      for (auto const& q : fc1_output_codes_) bytes += q.bytes();
+      return bytes;
+    } else {
+      return bytes + static_cast<std::size_t>(rows) * static_cast<std::size_t>(fc1_cols) *
+                         sizeof(std::uint16_t);
+    }
   }
   /// Bytes of the weights' quantized copies.
   [[nodiscard]] std::size_t weight_code_bytes() const {
@@ -617,8 +654,10 @@ class grouped_operands {
   buffer<float>* weights_ = nullptr;
   // [linear][role][usage][expert]
   std::array<std::array<std::array<std::vector<quantized_matrix>, 2>, 3>, 2> codes_;
-  // [linear][role][expert]
-  std::array<std::array<std::vector<delayed_scaling_state>, 3>, 2> delayed_;
+  // [linear or fc1_output_slot][role][expert]
+  static constexpr std::size_t fc1_output_slot = 2;
+  std::array<std::array<std::vector<delayed_scaling_state>, 3>, 3> delayed_;
+  std::vector<quantized_matrix> fc1_output_codes_;  // [E], with QuantizedActivations
   std::vector<std::uint16_t> fc1_bf16_;
   std::vector<std::int64_t> padded_offsets_;
 };
