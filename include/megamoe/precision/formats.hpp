@@ -114,6 +114,34 @@ constexpr std::uint8_t encode(float x, bool saturate = true) {
       return static_cast<std::uint8_t>(sign | F::nan_code);
     }
   };
+  // Normal target values (the common case): round the fp32 significand to M bits with ties to
+  // even on the bit pattern and move the exponent to the target's bias. Exact for magnitudes in
+  // [min normal, max finite); the carry of a rounding up lands in the exponent by itself.
+  constexpr std::uint32_t min_normal_bits = static_cast<std::uint32_t>(127 + 1 - F::bias) << 23;
+  constexpr std::uint32_t max_finite_bits =
+      (static_cast<std::uint32_t>(127 + (F::max_code >> F::mantissa_bits) - F::bias) << 23) |
+      (static_cast<std::uint32_t>(F::max_code & ((1u << F::mantissa_bits) - 1u))
+       << (23 - F::mantissa_bits));
+  if (saturate && magnitude >= min_normal_bits && magnitude < max_finite_bits) {
+    constexpr int shift = 23 - F::mantissa_bits;
+    std::uint32_t const rounded =
+        (magnitude + ((1u << (shift - 1)) - 1u) + ((magnitude >> shift) & 1u)) >> shift;
+    std::uint32_t const code =
+        rounded - (static_cast<std::uint32_t>(127 - F::bias) << F::mantissa_bits);
+    return static_cast<std::uint8_t>(sign | (code > F::max_code ? F::max_code : code));
+  }
+  if (saturate && magnitude >= max_finite_bits && magnitude <= 0x7F800000u)
+    return sign | F::max_code;
+  // Below the smallest normal the codes are multiples of the quantum 2^(1 - bias - M): scale by
+  // its inverse (a power of two: exact) and round to an integer, ties to even, by adding and
+  // subtracting 2^23 (one rounding, in the default mode). A product that is exact cannot change
+  // under FMA contraction.
+  if (saturate && magnitude < min_normal_bits) {
+    constexpr float inverse_quantum = static_cast<float>(1ull << (F::bias + F::mantissa_bits - 1));
+    float const units = std::bit_cast<float>(magnitude) * inverse_quantum;
+    float const rounded = (units + 0x1p23F) - 0x1p23F;
+    return static_cast<std::uint8_t>(sign | static_cast<std::uint8_t>(rounded));
+  }
   if (magnitude > 0x7F800000u) {
     if constexpr (F::kind == special_values::none) {
       return F::max_code;  // E2M1 has no NaN; quantizers clamp their inputs before the cast

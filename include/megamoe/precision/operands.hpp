@@ -74,25 +74,49 @@ struct element_type_of<element_kind::e2m1> {
   using type = e2m1;
 };
 
+/// Calls fn(r, first, end, block) for every row r of a [rows, cols] matrix in blocks of br x bc and
+/// every block the row crosses: columns [first, end) of row r lie in block `block` (row-major
+/// block numbering). The loops the quantizers run, without a division per element.
+template <class Fn>
+void for_each_row_segment(int rows, int cols, int br, int bc, Fn&& fn) {
+  int const col_blocks = (cols + bc - 1) / bc;
+  for (int r = 0; r < rows; ++r) {
+    auto const first_block =
+        static_cast<std::size_t>(r / br) * static_cast<std::size_t>(col_blocks);
+    for (int cb = 0; cb < col_blocks; ++cb)
+      fn(r, cb * bc, std::min(cols, (cb + 1) * bc), first_block + static_cast<std::size_t>(cb));
+  }
+}
+
+/// dst[c * dst_ld + r] = src[r * src_ld + c] for a [rows, cols] source, in 32 x 32 tiles so that
+/// both sides stay in cache.
+inline void transpose_into(float const* src, int rows, int cols, std::ptrdiff_t src_ld, float* dst,
+                           std::ptrdiff_t dst_ld) {
+  constexpr int tile = 32;
+  for (int r0 = 0; r0 < rows; r0 += tile)
+    for (int c0 = 0; c0 < cols; c0 += tile) {
+      int const r1 = std::min(rows, r0 + tile), c1 = std::min(cols, c0 + tile);
+      for (int r = r0; r < r1; ++r)
+        for (int c = c0; c < c1; ++c) dst[c * dst_ld + r] = src[r * src_ld + c];
+    }
+}
+
 /// The amax of each block of a [rows, cols] matrix in blocks of br x bc (NaN propagates).
 inline void block_amax_into(float const* v, int rows, int cols, int br, int bc,
                             std::vector<float>& amax) {
   int const col_blocks = (cols + bc - 1) / bc;
   amax.assign(static_cast<std::size_t>((rows + br - 1) / br) * col_blocks, 0.0F);
-  for (int r = 0; r < rows; ++r) {
+  for_each_row_segment(rows, cols, br, bc, [&](int r, int first, int end, std::size_t b) {
     float const* row = v + static_cast<std::ptrdiff_t>(r) * cols;
-    float* out = amax.data() + static_cast<std::ptrdiff_t>(r / br) * col_blocks;
-    for (int c = 0; c < cols; ++c) {
+    float m = amax[b];
+    bool nan = std::isnan(m);
+    for (int c = first; c < end; ++c) {
       float const a = std::fabs(row[c]);
-      float& m = out[c / bc];
-      m = std::isnan(a) || std::isnan(m) ? std::numeric_limits<float>::quiet_NaN() : std::max(m, a);
+      nan |= a != a;
+      m = a > m ? a : m;
     }
-  }
-}
-
-inline std::size_t block_index(int r, int c, int cols, int br, int bc) {
-  return static_cast<std::size_t>(r / br) * static_cast<std::size_t>((cols + bc - 1) / bc) +
-         static_cast<std::size_t>(c / bc);
+    amax[b] = nan ? std::numeric_limits<float>::quiet_NaN() : m;
+  });
 }
 
 }  // namespace detail
@@ -137,11 +161,13 @@ void quantize(float const* v, int rows, int cols, float tensor_scale, std::uint6
       detail::block_amax_into(v, rows, cols, br, bc, q.scale_inv);
       for (float& s : q.scale_inv) s = scale_from_amax(s, max_finite<E>, F.power_of_2);
       q.codes.resize(n);
-      for (int r = 0; r < rows; ++r)
-        for (int c = 0; c < cols; ++c) {
-          auto const i = static_cast<std::size_t>(r) * cols + c;
-          q.codes[i] = encode<E>(v[i] * q.scale_inv[detail::block_index(r, c, cols, br, bc)]);
-        }
+      detail::for_each_row_segment(rows, cols, br, bc,
+                                   [&](int r, int first, int end, std::size_t b) {
+                                     float const scale = q.scale_inv[b];
+                                     auto const row = static_cast<std::size_t>(r) * cols;
+                                     for (auto i = row + first; i < row + end; ++i)
+                                       q.codes[i] = encode<E>(v[i] * scale);
+                                   });
       for (float& s : q.scale_inv) s = 1.0F / s;
     } else if constexpr (F.scale == scale_kind::e8m0_blocks) {
       std::vector<float> amax;
@@ -149,12 +175,13 @@ void quantize(float const* v, int rows, int cols, float tensor_scale, std::uint6
       q.scale_codes.resize(amax.size());
       for (std::size_t b = 0; b < amax.size(); ++b) q.scale_codes[b] = mxfp8_scale<E>(amax[b]);
       q.codes.resize(n);
-      for (int r = 0; r < rows; ++r)
-        for (int c = 0; c < cols; ++c) {
-          auto const i = static_cast<std::size_t>(r) * cols + c;
-          q.codes[i] = encode<E>(
-              v[i] * e8m0_reciprocal(q.scale_codes[detail::block_index(r, c, cols, br, bc)]));
-        }
+      detail::for_each_row_segment(rows, cols, br, bc,
+                                   [&](int r, int first, int end, std::size_t b) {
+                                     float const factor = e8m0_reciprocal(q.scale_codes[b]);
+                                     auto const row = static_cast<std::size_t>(r) * cols;
+                                     for (auto i = row + first; i < row + end; ++i)
+                                       q.codes[i] = encode<E>(v[i] * factor);
+                                   });
     } else {
       static_assert(F.scale == scale_kind::nvfp4_blocks);
       q.global_amax = amax_of(std::span<float const>(v, n));
@@ -169,18 +196,21 @@ void quantize(float const* v, int rows, int cols, float tensor_scale, std::uint6
         s_enc_b[b] = scale.s_enc_b;
       }
       q.codes.assign((n + 1) / 2, 0);
-      for (int r = 0; r < rows; ++r)
-        for (int c = 0; c < cols; ++c) {
-          auto const i = static_cast<std::size_t>(r) * cols + c;
-          float const y = nvfp4_scaled(v[i], s_enc_b[detail::block_index(r, c, cols, br, bc)]);
-          std::uint8_t code = 0;
-          if constexpr (F.stochastic) {
-            code = encode_e2m1_stochastic(y, uniform_of(seed, i));
-          } else {
-            code = encode<e2m1>(y);
-          }
-          q.codes[i / 2] |= static_cast<std::uint8_t>(code << (4 * (i % 2)));
-        }
+      detail::for_each_row_segment(
+          rows, cols, br, bc, [&](int r, int first, int end, std::size_t b) {
+            float const factor = s_enc_b[b];
+            auto const row = static_cast<std::size_t>(r) * cols;
+            for (auto i = row + first; i < row + end; ++i) {
+              float const y = nvfp4_scaled(v[i], factor);
+              std::uint8_t code = 0;
+              if constexpr (F.stochastic) {
+                code = encode_e2m1_stochastic(y, uniform_of(seed, i));
+              } else {
+                code = encode<e2m1>(y);
+              }
+              q.codes[i / 2] |= static_cast<std::uint8_t>(code << (4 * (i % 2)));
+            }
+          });
     }
   }
 }
@@ -189,29 +219,39 @@ void quantize(float const* v, int rows, int cols, float tensor_scale, std::uint6
 template <operand_format F, class Store>
 void dequantize(quantized_matrix const& q, Store&& store) {
   int const rows = q.rows, cols = q.cols;
-  constexpr int br = F.block_rows, bc = F.block_cols;
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < cols; ++c) {
-      auto const i = static_cast<std::size_t>(r) * cols + c;
-      if constexpr (F.element == element_kind::bf16) {
-        std::uint16_t bits = 0;
-        std::memcpy(&bits, q.codes.data() + 2 * i, 2);
-        store(r, c, from_bf16_bits(bits));
-      } else {
-        using E = typename detail::element_type_of<F.element>::type;
-        auto const b = detail::block_index(r, c, cols, br, bc);
-        if constexpr (F.scale == scale_kind::per_tensor) {
-          store(r, c, decode<E>(q.codes[i]) * q.scale_inv[0]);
-        } else if constexpr (F.scale == scale_kind::fp32_blocks) {
-          store(r, c, decode<E>(q.codes[i]) * q.scale_inv[b]);
-        } else if constexpr (F.scale == scale_kind::e8m0_blocks) {
-          store(r, c, decode<E>(q.codes[i]) * e8m0_value(q.scale_codes[b]));
+  // Formats without blocks walk whole rows.
+  constexpr bool blocked = F.scale == scale_kind::fp32_blocks ||
+                           F.scale == scale_kind::e8m0_blocks ||
+                           F.scale == scale_kind::nvfp4_blocks;
+  detail::for_each_row_segment(
+      rows, cols, blocked ? F.block_rows : 1, blocked ? F.block_cols : std::max(cols, 1),
+      [&](int r, int first, int end, std::size_t b) {
+        auto const row = static_cast<std::size_t>(r) * cols;
+        if constexpr (F.element == element_kind::bf16) {
+          for (int c = first; c < end; ++c) {
+            std::uint16_t bits = 0;
+            std::memcpy(&bits, q.codes.data() + 2 * (row + c), 2);
+            store(r, c, from_bf16_bits(bits));
+          }
         } else {
-          auto const code = static_cast<std::uint8_t>((q.codes[i / 2] >> (4 * (i % 2))) & 0xF);
-          store(r, c, decode<e2m1>(code) * nvfp4_dequant_factor(q.scale_codes[b], q.global_amax));
+          using E = typename detail::element_type_of<F.element>::type;
+          float factor = 1.0F;
+          if constexpr (F.scale == scale_kind::per_tensor) factor = q.scale_inv[0];
+          if constexpr (F.scale == scale_kind::fp32_blocks) factor = q.scale_inv[b];
+          if constexpr (F.scale == scale_kind::e8m0_blocks) factor = e8m0_value(q.scale_codes[b]);
+          if constexpr (F.scale == scale_kind::nvfp4_blocks)
+            factor = nvfp4_dequant_factor(q.scale_codes[b], q.global_amax);
+          for (int c = first; c < end; ++c) {
+            auto const i = row + static_cast<std::size_t>(c);
+            if constexpr (F.scale == scale_kind::nvfp4_blocks) {
+              auto const code = static_cast<std::uint8_t>((q.codes[i / 2] >> (4 * (i % 2))) & 0xF);
+              store(r, c, decode<e2m1>(code) * factor);
+            } else {
+              store(r, c, decode<E>(q.codes[i]) * factor);
+            }
+          }
         }
-      }
-    }
+      });
 }
 
 /// The dequantized values of q as a row-major vector (for tests and tools).
@@ -618,10 +658,7 @@ class grouped_operands {
     int const padded = static_cast<int>(pad_rows(n, F.hadamard ? std::max(padding, 16) : 1));
     thread_local std::vector<float> source;
     source.assign(static_cast<std::size_t>(padded) * static_cast<std::size_t>(cols), 0.0F);
-    for (int i = 0; i < n; ++i)
-      for (int c = 0; c < cols; ++c)
-        source[static_cast<std::size_t>(c) * padded + i] =
-            x[static_cast<std::ptrdiff_t>(i) * cols + c];
+    detail::transpose_into(x, n, cols, cols, source.data(), padded);
     if constexpr (F.hadamard) {
       for (std::size_t start = 0; start < source.size(); start += 16) {
         auto const y = rht16(std::span<float const, 16>(source.data() + start, 16));
@@ -636,9 +673,13 @@ class grouped_operands {
   template <operand_format F>
   static void dequantize_columnwise(quantized_matrix const& q, int rows, float* out) {
     int const cols = q.rows;
+    thread_local std::vector<float> values;
+    values.resize(static_cast<std::size_t>(q.rows) * static_cast<std::size_t>(q.cols));
     dequantize<F>(q, [&](int c, int r, float v) {
-      if (r < rows) out[static_cast<std::ptrdiff_t>(r) * cols + c] = v;
+      values[static_cast<std::size_t>(c) * static_cast<std::size_t>(q.cols) +
+             static_cast<std::size_t>(r)] = v;
     });
+    detail::transpose_into(values.data(), cols, rows, q.cols, out, cols);
   }
 
   int experts_;

@@ -403,17 +403,27 @@ inline std::vector<float> dequantize(nvfp4_tensor const& q) {
 inline constexpr std::array<int, 16> rht_signs{1,  1,  1,  -1, 1,  -1, -1, -1,
                                                -1, -1, -1, 1,  -1, 1,  -1, -1};
 
-/// y = x M with M[i][j] = signs[i] * H16[i][j] / 4 (Sylvester H16), accumulated in fp32 in i order.
-/// Each product is exact (a power-of-two multiple), so fusing it into an FMA changes nothing.
+/// M[i][j] = signs[i] * H16[i][j] / 4 (Sylvester H16: +1 where popcount(i & j) is even).
+inline constexpr auto rht_matrix = [] {
+  std::array<std::array<float, 16>, 16> m{};
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) {
+      int const h = (std::popcount(static_cast<unsigned>(i & j)) % 2) == 0 ? 1 : -1;
+      m[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)] =
+          0.25F * static_cast<float>(rht_signs[static_cast<std::size_t>(i)] * h);
+    }
+  return m;
+}();
+
+/// y = x M, accumulated in fp32 in i order. Each product is exact (a power-of-two multiple), so
+/// fusing it into an FMA changes nothing.
 inline std::array<float, 16> rht16(std::span<float const, 16> x) {
   std::array<float, 16> y{};
   for (int j = 0; j < 16; ++j) {
     float acc = 0.0F;
-    for (int i = 0; i < 16; ++i) {
-      int const h = (std::popcount(static_cast<unsigned>(i & j)) % 2) == 0 ? 1 : -1;
+    for (int i = 0; i < 16; ++i)
       acc = acc + x[static_cast<std::size_t>(i)] *
-                      (0.25F * static_cast<float>(rht_signs[static_cast<std::size_t>(i)] * h));
-    }
+                      rht_matrix[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)];
     y[static_cast<std::size_t>(j)] = acc;
   }
   return y;
