@@ -436,6 +436,7 @@ class grouped_operands {
     auto const l = index(layer);
     float* out = rows_a_->reserve(rows_of(offsets, last) * static_cast<std::size_t>(cols));
     prepare_scales<grad_row>(l, role::grad, first, last, rows_of_expert(g, cols, offsets));
+    grad_scales_[l] = scales_;  // wgrad's copy of this gradient takes the same scales
     for_experts(first, last, [&](int e) {
       auto [off, n] = slice(offsets, e);
       float const scale = scales_[static_cast<std::size_t>(e)];
@@ -446,8 +447,9 @@ class grouped_operands {
     return out;
   }
 
-  /// wgrad's two operands of `layer`: the gradient's wgrad copy, quantized from `g` [N,
-  /// grad_cols] (the same codes as grad() where the copies are the same), and the input's copy
+  /// wgrad's two operands of `layer` (after its grad()): the gradient's wgrad copy, quantized from
+  /// `g` [N, grad_cols] with grad()'s scales (the same codes where the copies are the same), and
+  /// the input's copy
   /// kept since forward; each grouped by expert with the returned offsets (padded where the
   /// transform needs whole chunks).
   struct wgrad_operands {
@@ -468,13 +470,12 @@ class grouped_operands {
     }
     float* grad_out = rows_a_->reserve(rows_of(rows, last) * static_cast<std::size_t>(grad_cols));
     float* input_out = rows_b_->reserve(rows_of(rows, last) * static_cast<std::size_t>(input_cols));
-    prepare_scales<grad_row>(l, role::grad, first, last, rows_of_expert(g, grad_cols, offsets));
     for_experts(first, last, [&](int e) {
       auto const off = rows[static_cast<std::size_t>(e)];
       auto const n = static_cast<int>(rows[static_cast<std::size_t>(e) + 1] - off);
       auto [source_off, source_n] = slice(offsets, e);
       float const* ge = g + source_off * grad_cols;
-      float const scale = scales_[static_cast<std::size_t>(e)];
+      float const scale = grad_scales_[l][static_cast<std::size_t>(e)];
       if constexpr (same_copies(recipe, role::grad)) {
         auto& q = held(l, role::grad, usage::rowwise, e);
         quantize<grad_row>(ge, static_cast<int>(source_n), grad_cols, scale, seed_of(l, e, 0), q);
@@ -688,7 +689,8 @@ class grouped_operands {
   bool keep_all_ = false;
   int first_expert_ = 0;
   AmaxReduction reduction_;
-  std::vector<float> scales_, amax_;  // [E]: of the tensor being quantized
+  std::vector<float> scales_, amax_;               // [E]: of the tensor being quantized
+  std::array<std::vector<float>, 2> grad_scales_;  // [linear][E]: from grad(), for wgrad()
   thread_pool* pool_ = nullptr;
   buffer<float>* rows_a_ = nullptr;
   buffer<float>* rows_b_ = nullptr;
