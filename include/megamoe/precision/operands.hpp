@@ -385,17 +385,12 @@ class grouped_operands {
   /// fc1's output [N, cols] after its bias: rounded to BF16 in place (what the reference's BF16
   /// GEMM output holds) and kept for backward, as BF16 or (QuantizedActivations) as codes.
   void fc1_output(float* h, int cols, std::span<std::int64_t const> offsets, int first, int last) {
-    auto const from = static_cast<std::size_t>(offsets[static_cast<std::size_t>(first)]) * cols;
-    auto const to = static_cast<std::size_t>(offsets[static_cast<std::size_t>(last)]) * cols;
     if constexpr (!QuantizedActivations)
       fc1_bf16_.resize(std::max(fc1_bf16_.size(), rows_of(offsets, last) * cols));
-    parallel_rows(*pool_, static_cast<int>(to - from) / std::max(cols, 1), [&](int b, int e) {
-      for (auto i = from + static_cast<std::size_t>(b) * cols;
-           i < from + static_cast<std::size_t>(e) * cols; ++i) {
-        std::uint16_t const bits = to_bf16_bits(h[i]);
-        if constexpr (!QuantizedActivations) fc1_bf16_[i] = bits;
-        h[i] = from_bf16_bits(bits);
-      }
+    for_elements_of_rows(offsets, cols, first, last, [&](std::size_t i) {
+      std::uint16_t const bits = to_bf16_bits(h[i]);
+      if constexpr (!QuantizedActivations) fc1_bf16_[i] = bits;
+      h[i] = from_bf16_bits(bits);
     });
     if constexpr (QuantizedActivations) {
       prepare_scales<input_row>(fc1_output_slot, role::input, first, last,
@@ -418,13 +413,8 @@ class grouped_operands {
                                    h + slice(offsets, e).first * cols);
       });
     } else {
-      auto const from = static_cast<std::size_t>(offsets[static_cast<std::size_t>(first)]) * cols;
-      auto const to = static_cast<std::size_t>(offsets[static_cast<std::size_t>(last)]) * cols;
-      parallel_rows(*pool_, static_cast<int>(to - from) / std::max(cols, 1), [&](int b, int e) {
-        for (auto i = from + static_cast<std::size_t>(b) * cols;
-             i < from + static_cast<std::size_t>(e) * cols; ++i)
-          h[i] = from_bf16_bits(fc1_bf16_[i]);
-      });
+      for_elements_of_rows(offsets, cols, first, last,
+                           [&](std::size_t i) { h[i] = from_bf16_bits(fc1_bf16_[i]); });
     }
     return h;
   }
@@ -447,10 +437,10 @@ class grouped_operands {
     return out;
   }
 
-  /// wgrad's two operands of `layer` (after its grad()): the gradient's wgrad copy, quantized from
-  /// `g` [N, grad_cols] with grad()'s scales (the same codes where the copies are the same), and
-  /// the input's copy
-  /// kept since forward; each grouped by expert with the returned offsets (padded where the
+  /// wgrad's two operands of `layer`, called after its grad() with only weight() between: the
+  /// gradient's wgrad copy (where the recipe's copies are the same, the values grad() left in the
+  /// first workspace; else quantized from `g` [N, grad_cols] with grad()'s scales) and the input's
+  /// copy kept since forward; each grouped by expert with the returned offsets (padded where the
   /// transform needs whole chunks).
   struct wgrad_operands {
     float const* grad;
@@ -468,19 +458,16 @@ class grouped_operands {
             padded_offsets_[e] + pad_rows(offsets[e + 1] - offsets[e], padding);
       rows = padded_offsets_;
     }
+    // Same copies: grad() already left the dequantized gradient here, in this layout.
     float* grad_out = rows_a_->reserve(rows_of(rows, last) * static_cast<std::size_t>(grad_cols));
     float* input_out = rows_b_->reserve(rows_of(rows, last) * static_cast<std::size_t>(input_cols));
     for_experts(first, last, [&](int e) {
       auto const off = rows[static_cast<std::size_t>(e)];
       auto const n = static_cast<int>(rows[static_cast<std::size_t>(e) + 1] - off);
-      auto [source_off, source_n] = slice(offsets, e);
-      float const* ge = g + source_off * grad_cols;
-      float const scale = grad_scales_[l][static_cast<std::size_t>(e)];
-      if constexpr (same_copies(recipe, role::grad)) {
-        auto& q = held(l, role::grad, usage::rowwise, e);
-        quantize<grad_row>(ge, static_cast<int>(source_n), grad_cols, scale, seed_of(l, e, 0), q);
-        dequantize_rows<grad_row>(q, grad_out + off * grad_cols);
-      } else {
+      if constexpr (!same_copies(recipe, role::grad)) {
+        auto [source_off, source_n] = slice(offsets, e);
+        float const* ge = g + source_off * grad_cols;
+        float const scale = grad_scales_[l][static_cast<std::size_t>(e)];
         auto& q = held(l, role::grad, usage::columnwise, e);
         quantize_columnwise<grad_col>(ge, static_cast<int>(source_n), grad_cols, scale,
                                       seed_of(l, e, 1), q);
@@ -597,6 +584,21 @@ class grouped_operands {
     auto const off = offsets[static_cast<std::size_t>(e)];
     return {static_cast<std::ptrdiff_t>(off),
             static_cast<std::ptrdiff_t>(offsets[static_cast<std::size_t>(e) + 1] - off)};
+  }
+
+  /// body(i) for every element i of the rows of experts [first, last) of an [N, cols] tensor,
+  /// split over the pool by rows.
+  template <class Body>
+  void for_elements_of_rows(std::span<std::int64_t const> offsets, int cols, int first, int last,
+                            Body const& body) {
+    auto const from = static_cast<std::size_t>(offsets[static_cast<std::size_t>(first)]);
+    auto const count = static_cast<int>(rows_of(offsets, last) - from);
+    auto const width = static_cast<std::size_t>(cols);
+    parallel_rows(*pool_, count, [&](int b, int e) {
+      for (auto i = (from + static_cast<std::size_t>(b)) * width;
+           i < (from + static_cast<std::size_t>(e)) * width; ++i)
+        body(i);
+    });
   }
 
   template <class Body>
