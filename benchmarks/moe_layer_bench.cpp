@@ -4,13 +4,17 @@
 //
 //   moe_layer_bench --shape A|B|C --threads N [--backend per_expert|grouped|tensor]
 //                   [--precision fp32|bf16|fp8_delayed|fp8_current|fp8_blockwise|mxfp8|nvfp4]
-//                   [--iters N] [--warmup W]
+//                   [--quantized-weights] [--iters N] [--warmup W]
 //
 // Runs W untimed then N timed steps, each from the router GEMM through every weight gradient on
 // fresh input, checks step 1 against the plain reference of the tests (relative error < 1e-4, else
 // exit 1), and prints exactly one stdout line, a JSON object. An unknown or unavailable choice
 // exits
 // 2. The backend is chosen once here, at start-up; nothing is dispatched at run time in a step.
+// --quantized-weights (with an FP8 or FP4 recipe) holds the experts' weights as codes
+// (memory::quantized_weights): steps only dequantize them, and quantizing them once per optimizer
+// step (moe_layer::refresh_weight_codes, what the optimizer's hand-back costs) is timed apart as
+// weight_store_ms.
 #include "reference/moe_reference.hpp"
 #include "support/allocation_counter.hpp"
 #include "support/layer_helpers.hpp"
@@ -49,16 +53,17 @@ struct options {
   int threads = 1;
   std::string backend;  // empty: the default
   std::string precision = "fp32";
+  bool quantized_weights = false;
   int iters = 5;
   int warmup = 1;
 };
 
 /// Sizes and k are read at start-up, so one layer type per backend serves every shape.
-template <class Backend, class Precision = mm::precision::fp32>
+template <class Backend, class Precision = mm::precision::fp32, class Memory = mm::memory::keep_all>
 using bench_config = mm::make_config<
     mm::shape<mm::hidden<mm::dynamic>, mm::ffn<mm::dynamic>, mm::experts<mm::dynamic>>,
     mm::router::runtime, mm::dispatch::local, mm::expert::mlp<mm::expert::swiglu, Backend>,
-    Precision>;
+    Precision, Memory>;
 
 /// How far step 1 may sit from the fp32 reference (max error over max value, per quantity): fp32
 /// to rounding; a recipe to its quantization (the unit tests check recipes on their own codes).
@@ -222,9 +227,9 @@ double check_first_step(Layer& layer, first_step const& s) {
   return errors.worst();
 }
 
-template <class Backend, class Precision = mm::precision::fp32>
+template <class Backend, class Precision = mm::precision::fp32, class Memory = mm::memory::keep_all>
 int run(options const& o, bench_shape const& shape, std::string const& backend_name) {
-  using layer_type = mm::moe_layer<bench_config<Backend, Precision>>;
+  using layer_type = mm::moe_layer<bench_config<Backend, Precision, Memory>>;
   mm::router::settings router;
   router.top_k = shape.top_k;
   mm::testing::reset_peak();
@@ -233,7 +238,7 @@ int run(options const& o, bench_shape const& shape, std::string const& backend_n
       0, {.hidden = shape.hidden, .ffn = shape.ffn, .experts = shape.experts, .router = router});
   layer.initialize(2024);
   int const S = shape.tokens, B = 1, H = shape.hidden;
-  std::vector<double> fwd, bwd;
+  std::vector<double> fwd, bwd, store;
   double err = 0.0;
   std::size_t peak = 0;
   for (int step = 0; step < o.warmup + o.iters; ++step) {
@@ -260,6 +265,13 @@ int run(options const& o, bench_shape const& shape, std::string const& backend_n
       fwd.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
       bwd.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
     }
+    if constexpr (layer_type::quantized_weights) {
+      auto const s0 = std::chrono::steady_clock::now();
+      layer.refresh_weight_codes();
+      auto const s1 = std::chrono::steady_clock::now();
+      if (step >= o.warmup)
+        store.push_back(std::chrono::duration<double, std::milli>(s1 - s0).count());
+    }
   }
   peak = std::max(peak, mm::testing::allocations().peak_bytes);
   std::vector<double> steps(fwd.size());
@@ -272,6 +284,7 @@ int run(options const& o, bench_shape const& shape, std::string const& backend_n
   j["backend"] = backend_name;
   j["kernel"] = mm::expert::name_of(mm::expert::kernel_for<float>());
   j["precision"] = o.precision;
+  j["quantized_weights"] = layer_type::quantized_weights;
   j["tokens_per_s"] = shape.tokens / (step_ms / 1e3);
   j["gflops"] = flops / (step_ms / 1e3) / 1e9;
   j["step_ms_median"] = step_ms;
@@ -279,10 +292,12 @@ int run(options const& o, bench_shape const& shape, std::string const& backend_n
   j["step_ms_max"] = *std::max_element(steps.begin(), steps.end());
   j["fwd_ms"] = median(fwd);
   j["bwd_ms"] = median(bwd);
+  if constexpr (layer_type::quantized_weights) j["weight_store_ms"] = median(store);
   j["check_rel_err"] = err;
   j["peak_bytes"] = peak;
-  // Kept from forward to backward, and the experts' weights: fp32 masters plus the recipe's
-  // quantized copies (both orientations where they differ).
+  // Kept from forward to backward, and the experts' weights: fp32 masters (with quantized weights
+  // an optimizer's, 1/EDP of them per rank on a job) plus the recipe's quantized copies (both
+  // orientations where they differ).
   j["saved_activation_bytes"] = layer.saved_activation_bytes();
   std::size_t const master_bytes =
       std::size_t{4} * shape.experts *
@@ -324,6 +339,8 @@ int main(int argc, char** argv) {
   app.add_option("--precision", o.precision,
                  "fp32 (default), bf16, fp8_delayed, fp8_current, fp8_blockwise, mxfp8 or nvfp4 "
                  "(the recipes run on the grouped backend)");
+  app.add_flag("--quantized-weights", o.quantized_weights,
+               "hold the experts' weights as codes (FP8 and FP4 recipes)");
   app.add_option("--iters", o.iters, "timed steps")->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup, "untimed steps before them (at least 1: step 1 is checked)")
       ->check(CLI::PositiveNumber);
@@ -343,6 +360,10 @@ int main(int argc, char** argv) {
   namespace pr = mm::precision;
   using grouped = mm::expert::grouped;
   try {
+    if (o.quantized_weights && o.precision == "fp32") {
+      std::cerr << "moe_layer_bench: --quantized-weights needs an FP8 or FP4 --precision\n";
+      return 2;
+    }
     if (o.precision != "fp32") {
       if (backend != "grouped") {
         std::cerr << "moe_layer_bench: --precision " << o.precision
@@ -350,6 +371,21 @@ int main(int argc, char** argv) {
         return 2;
       }
       auto const& p = o.precision;
+      if (o.quantized_weights) {
+        using codes = mm::memory::plan<mm::memory::quantized_weights>;
+        if (p == "fp8_delayed")
+          return run<grouped, pr::fp8_tensorwise<pr::delayed>, codes>(o, shape->second, backend);
+        if (p == "fp8_current")
+          return run<grouped, pr::fp8_tensorwise<pr::current>, codes>(o, shape->second, backend);
+        if (p == "fp8_blockwise")
+          return run<grouped, pr::fp8_blockwise, codes>(o, shape->second, backend);
+        if (p == "mxfp8") return run<grouped, pr::mxfp8, codes>(o, shape->second, backend);
+        if (p == "nvfp4") return run<grouped, pr::nvfp4, codes>(o, shape->second, backend);
+        std::cerr << "moe_layer_bench: --quantized-weights needs an FP8 or FP4 --precision "
+                     "(fp8_delayed, fp8_current, fp8_blockwise, mxfp8, nvfp4), not '"
+                  << p << "'\n";
+        return 2;
+      }
       if (p == "bf16") return run<grouped, pr::bf16>(o, shape->second, backend);
       if (p == "fp8_delayed")
         return run<grouped, pr::fp8_tensorwise<pr::delayed>>(o, shape->second, backend);

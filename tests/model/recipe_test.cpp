@@ -8,6 +8,7 @@
 
 #include <megamoe/config/config.hpp>
 #include <megamoe/model/moe_layer.hpp>
+#include <megamoe/optim/adamw.hpp>
 #include <megamoe/precision/operands.hpp>
 
 #include <gtest/gtest.h>
@@ -15,8 +16,10 @@
 #include <cmath>
 #include <cstdint>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace mm = megamoe;
@@ -500,6 +503,150 @@ TEST(RecipeLayer, TrainsLikeFp32) {
   EXPECT_TRUE(within(blockwise_act, 0.15)) << blockwise_act << " vs " << base;
   EXPECT_TRUE(within(mx, 0.15)) << mx << " vs " << base;
   EXPECT_TRUE(within(fp4, 0.40)) << fp4 << " vs " << base;
+}
+
+}  // namespace
+
+namespace {
+
+// --- memory::quantized_weights -------------------------------------------------------------------
+
+template <class Precision>
+using quantized_weights_config = recipe_config<Precision, ex::mlp<ex::swiglu, ex::grouped>,
+                                               mm::memory::plan<mm::memory::quantized_weights>>;
+
+/// Whether two code sets are the same bits and scales.
+bool same_codes(pr::quantized_matrix const& a, pr::quantized_matrix const& b) {
+  return a.rows == b.rows && a.cols == b.cols && a.codes == b.codes && a.scale_inv == b.scale_inv &&
+         a.scale_codes == b.scale_codes && a.global_amax == b.global_amax;
+}
+
+/// Codes as the primary weights change nothing: a layer whose weights are codes, with the fp32
+/// masters in the optimizer, trains bit for bit as the same recipe quantizing its fp32 weights at
+/// every forward (outputs, input gradients, the norms the optimizer sees, the codes).
+template <class Precision>
+void quantized_weights_train_as_quantizing_every_forward(char const* recipe) {
+  SCOPED_TRACE(recipe);
+  mm::context ctx(2);
+  mm::moe_layer<recipe_config<Precision>> plain(0);
+  mm::moe_layer<quantized_weights_config<Precision>> codes(0);
+  plain.initialize(9, 0.05);
+  codes.initialize(9, 0.05);
+  mm::optim::adamw_settings settings;
+  settings.weight_decay = 0.01;
+  mm::optim::distributed_adamw<float> plain_opt(plain, settings), codes_opt(codes, settings);
+  EXPECT_FALSE(codes.holds_weight_values());
+  EXPECT_EQ(plain_opt.state_elements(), codes_opt.state_elements());
+  int const S = 16, B = 4, H = plain.hidden_size();
+  for (int step = 0; step < 4; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    auto const x = random_matrix<float>(S * B, H, 700 + static_cast<std::uint64_t>(step));
+    auto const dy = random_matrix<float>(S * B, H, 900 + static_cast<std::uint64_t>(step));
+    plain.zero_grad();
+    codes.zero_grad();
+    mm::row_matrix<float> const y_plain = plain.forward(ctx, x, S, B).y;
+    mm::row_matrix<float> const y_codes = codes.forward(ctx, x, S, B).y;
+    EXPECT_EQ((y_plain - y_codes).cwiseAbs().maxCoeff(), 0.0F);
+    mm::row_matrix<float> const dx_plain = plain.backward(ctx, dy);
+    mm::row_matrix<float> const dx_codes = codes.backward(ctx, dy);
+    EXPECT_EQ((dx_plain - dx_codes).cwiseAbs().maxCoeff(), 0.0F);
+    auto const a = plain_opt.step(1e-2);
+    auto const b = codes_opt.step(1e-2, codes);
+    EXPECT_EQ(a.grad_norm, b.grad_norm);
+  }
+  // The codes the optimizer's last update gave the layer are the ones the plain layer quantizes
+  // at its next forward.
+  auto const x = random_matrix<float>(S * B, H, 1234);
+  mm::row_matrix<float> const y_plain = plain.forward(ctx, x, S, B).y;
+  mm::row_matrix<float> const y_codes = codes.forward(ctx, x, S, B).y;
+  EXPECT_EQ((y_plain - y_codes).cwiseAbs().maxCoeff(), 0.0F);
+  using role = pr::operand_role;
+  for (auto l : {ex::linear::fc1, ex::linear::fc2})
+    for (auto u : {pr::operand_usage::rowwise, pr::operand_usage::columnwise})
+      for (int e = 0; e < plain.local_experts(); ++e)
+        EXPECT_TRUE(same_codes(plain.routed_operands().codes_of(l, role::weight, u, e),
+                               codes.routed_operands().codes_of(l, role::weight, u, e)))
+            << "expert " << e;
+}
+
+TEST(RecipeLayer, QuantizedWeightsTrainAsQuantizingEveryForward) {
+  quantized_weights_train_as_quantizing_every_forward<pr::fp8_tensorwise<pr::delayed>>(
+      "fp8 delayed");
+  quantized_weights_train_as_quantizing_every_forward<pr::fp8_tensorwise<pr::current>>(
+      "fp8 current");
+  quantized_weights_train_as_quantizing_every_forward<pr::fp8_blockwise>("fp8 blockwise");
+  quantized_weights_train_as_quantizing_every_forward<pr::mxfp8>("mxfp8");
+  quantized_weights_train_as_quantizing_every_forward<pr::nvfp4>("nvfp4");
+}
+
+/// The heap bytes a layer gives back on destruction after an optimizer was built on it and a
+/// forward ran, and the optimizer's master bytes.
+template <class Config>
+std::pair<std::size_t, std::size_t> heap_bytes_with_optimizer() {
+  mm::context ctx(2);
+  auto const x = random_matrix<float>(1024, 160, 80);
+  std::optional<mm::moe_layer<Config>> layer(std::in_place, 0);
+  layer->initialize(5, 0.05);
+  mm::optim::distributed_adamw<float> optimizer(*layer, mm::optim::adamw_settings{});
+  layer->forward(ctx, x, 256, 4);
+  std::size_t const held = mm::testing::allocations().live_bytes;
+  layer.reset();
+  return {held - mm::testing::allocations().live_bytes, optimizer.master_bytes()};
+}
+
+TEST(RecipeLayer, QuantizedWeightsHoldOnlyCodes) {
+  using precision = pr::fp8_tensorwise<pr::current>;
+  auto const [plain, plain_master] = heap_bytes_with_optimizer<recipe_config<precision>>();
+  auto const [codes, master] = heap_bytes_with_optimizer<quantized_weights_config<precision>>();
+  // Four experts of fc1 [96, 160] and fc2 [160, 48] in fp32.
+  std::size_t const fp32_weights = 4 * (96 * 160 + 160 * 48) * sizeof(float);
+  std::cout << "layer heap bytes after a forward, FP8 current: fp32 masters in the layer " << plain
+            << ", weights as codes only " << codes << " (the optimizer's masters " << master
+            << ")\n";
+  EXPECT_EQ(plain_master, 0U);
+  EXPECT_EQ(master, fp32_weights);  // one rank: the shard is everything
+  // The counter sees usable sizes, which glibc rounds to pages or not depending on its dynamic
+  // mmap threshold (moved by the frees before): the two layers' other buffers may differ by a few
+  // pages.
+  EXPECT_NEAR(static_cast<double>(plain) - static_cast<double>(codes),
+              static_cast<double>(fp32_weights), 0.1 * static_cast<double>(fp32_weights));
+
+  mm::context ctx(2);
+  mm::moe_layer<quantized_weights_config<precision>> layer(0);
+  auto const x = random_matrix<float>(64, 160, 81);
+  EXPECT_THROW(layer.forward(ctx, x, 16, 4), mm::input_error);  // no codes before initialize()
+  layer.initialize(5, 0.05);
+  mm::optim::distributed_adamw<float> optimizer(layer, mm::optim::adamw_settings{});
+  int quantized = 0;
+  layer.for_each_parameter([&](std::string_view name, auto value, auto grad, mm::parameter_kind k) {
+    if (k != mm::parameter_kind::quantized_expert) return;
+    ++quantized;
+    EXPECT_EQ(value.rows(), 0) << name;
+    EXPECT_GT(grad.size(), 0) << name;
+  });
+  EXPECT_EQ(quantized, 8);
+  EXPECT_THROW(layer.initialize(5), mm::input_error);
+  EXPECT_THROW(layer.refresh_weight_codes(), mm::input_error);
+  EXPECT_THROW((mm::optim::distributed_adamw<float>(layer, mm::optim::adamw_settings{})),
+               mm::input_error);
+  layer.forward(ctx, x, 16, 4);
+  layer.backward(ctx, x);
+  EXPECT_THROW(optimizer.step(1e-3), mm::input_error);  // the weights would not reach the layer
+  EXPECT_TRUE(optimizer.step(1e-3, layer).finite);
+
+  // Weights written through for_each_parameter without refresh_weight_codes(): the optimizer
+  // takes them as its masters and the codes follow them.
+  mm::moe_layer<recipe_config<precision>> quantized_every_forward(0);
+  mm::moe_layer<quantized_weights_config<precision>> written(0);
+  quantized_every_forward.initialize(6, 0.05);
+  written.initialize(6, 0.05);
+  auto twice = [](std::string_view, auto value, auto, mm::parameter_kind) { value *= 2.0F; };
+  quantized_every_forward.for_each_parameter(twice);
+  written.for_each_parameter(twice);
+  mm::optim::distributed_adamw<float> takes(written, mm::optim::adamw_settings{});
+  mm::row_matrix<float> const y_plain = quantized_every_forward.forward(ctx, x, 16, 4).y;
+  mm::row_matrix<float> const y_written = written.forward(ctx, x, 16, 4).y;
+  EXPECT_EQ((y_plain - y_written).cwiseAbs().maxCoeff(), 0.0F);
 }
 
 }  // namespace

@@ -3,11 +3,15 @@
 //   - fp64, clipping every step (threshold 1e-3): the loss of every step and, after the last,
 //     every parameter this rank holds equal the one-rank run's (1e-9 relative);
 //   - fp32: the first micro-batch's loss and every gradient after reduce_gradients equal one
-//     rank's on the same global batch (1e-5 of the tensor's largest entry).
+//     rank's on the same global batch (1e-5 of the tensor's largest entry);
+//   - FP8 (current scaling) with memory::quantized_weights against the same job keeping fp32
+//     expert weights: every step's loss and the expert weights' codes after the last are the
+//     same bits, and the optimizer keeps this rank's 1/EDP of the expert weights in fp32 (with
+//     --etp 2 only this one: the amaxes of an expert's shards are reduced over ETP).
 // The one-rank run uses micro_batches x DP micro-batches of the same size, which hold exactly the
 // same sequences (train/trainer.hpp).
 //
-//   mpiexec -n 4 megamoe_training_mpi --ep 2 [--steps 3]
+//   mpiexec -n 4 megamoe_training_mpi --ep 2 [--etp 2] [--steps 3]
 #include "support/tally.hpp"
 
 #include <megamoe/config/config.hpp>
@@ -26,11 +30,11 @@ namespace rt = megamoe::router;
 
 namespace {
 
-template <class Dispatch, class Precision, class Parallel>
+template <class Dispatch, class Precision, class Parallel, class Memory = mm::memory::keep_all>
 using config = mm::make_config<mm::shape<mm::hidden<16>, mm::ffn<12>, mm::experts<4>>,
                                rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>, Dispatch,
-                               mm::expert::mlp<mm::expert::swiglu>, Precision, Parallel>;
-using mapped = mm::parallel::mapping<mm::parallel::etp<1>, mm::parallel::ep<mm::dynamic>>;
+                               mm::expert::mlp<mm::expert::swiglu>, Precision, Parallel, Memory>;
+using mapped = mm::parallel::mapping<mm::parallel::etp<mm::dynamic>, mm::parallel::ep<mm::dynamic>>;
 using one_rank = mm::parallel::mapping<>;
 
 mm::transformer_sizes sizes() {
@@ -85,6 +89,8 @@ int main(int argc, char** argv) {
           d.ep = std::stoi(argv[i + 1]);
         else if (key == "--tp")
           d.tp = std::stoi(argv[i + 1]);
+        else if (key == "--etp")
+          d.etp = std::stoi(argv[i + 1]);
         else if (key == "--steps")
           steps = std::stoi(argv[i + 1]);
         else
@@ -99,8 +105,10 @@ int main(int argc, char** argv) {
     mm::context ctx(1);
     mm::testing::tally result;
 
+    // The one-rank comparisons name whole tensors: with ETP > 1 only the job-to-job one runs.
+    bool const one_rank_twin = d.etp == 1;
     // fp64, whole steps through the trainer, clipping every step.
-    {
+    if (one_rank_twin) {
       using job_config = config<mm::dispatch::all_to_all, mm::precision::fp64, mapped>;
       using one_config = config<mm::dispatch::local, mm::precision::fp64, one_rank>;
       mt::train_settings s;
@@ -128,7 +136,7 @@ int main(int argc, char** argv) {
               1e-9, false);
     }
     // fp32, the first global batch's gradients.
-    {
+    if (one_rank_twin) {
       using job_config = config<mm::dispatch::all_to_all, mm::precision::fp32, mapped>;
       using one_config = config<mm::dispatch::local, mm::precision::fp32, one_rank>;
       mm::transformer<job_config> model(groups, sizes());
@@ -157,6 +165,64 @@ int main(int argc, char** argv) {
       }
       result.close("fp32 loss of the first global batch", loss[0] / DP, total / DP, 1.0, 1e-5);
       compare(result, "fp32 gradient", tensors(model, true), tensors(one, true), 1e-5, true);
+    }
+    // FP8 with the expert weights held as codes, against the same job keeping them in fp32.
+    {
+      using fp8 = mm::precision::fp8_tensorwise<mm::precision::current>;
+      using plain_config = config<mm::dispatch::all_to_all, fp8, mapped>;
+      using codes_config = config<mm::dispatch::all_to_all, fp8, mapped,
+                                  mm::memory::plan<mm::memory::quantized_weights>>;
+      mt::train_settings s;
+      s.seq_length = seq;
+      s.micro_batch = micro;
+      s.micro_batches = 2;
+      s.steps = steps;
+      s.schedule = {1e-2, 1e-3, 1, steps};
+      mm::transformer<plain_config> plain(groups, sizes());
+      mm::transformer<codes_config> codes(groups, sizes());
+      plain.initialize(3, 0.3);
+      codes.initialize(3, 0.3);
+      mt::trainer<plain_config> plain_job(groups, plain, corpus, s);
+      mt::trainer<codes_config> codes_job(groups, codes, corpus, s);
+      for (int k = 1; k <= steps; ++k) {
+        auto const a = plain_job.step(ctx);
+        auto const b = codes_job.step(ctx);
+        result.close("quantized weights: loss of step " + std::to_string(k), b.loss, a.loss, 1.0,
+                     0.0);
+      }
+      // One more forward: the plain job quantizes its updated fp32 weights.
+      std::vector<std::int32_t> tokens(seq * micro), targets(tokens.size());
+      corpus.training_batch(77, 1, static_cast<std::uint64_t>(groups.dp().rank() * micro), seq,
+                            micro, tokens, targets);
+      result.close("quantized weights: loss after the last update",
+                   codes.forward(ctx, tokens, targets, seq, micro).cross_entropy,
+                   plain.forward(ctx, tokens, targets, seq, micro).cross_entropy, 1.0, 0.0);
+      std::int64_t expert_elements = 0;
+      std::size_t layers = 0;
+      using role = mm::precision::operand_role;
+      for (auto const& m : codes.moe_layers()) {
+        auto const& p = *plain.moe_layers()[layers++];
+        int const L = m->local_experts(), H = m->hidden_size(), F = m->local_ffn();
+        expert_elements += std::int64_t{L} * (2 * F * H + H * F);
+        for (auto l : {mm::expert::linear::fc1, mm::expert::linear::fc2})
+          for (int e = 0; e < L; ++e) {
+            auto const& mine = m->routed_operands().codes_of(
+                l, role::weight, mm::precision::operand_usage::rowwise, e);
+            auto const& theirs = p.routed_operands().codes_of(
+                l, role::weight, mm::precision::operand_usage::rowwise, e);
+            result.close("quantized weights: codes of expert " + std::to_string(e),
+                         mine.codes == theirs.codes && mine.scale_inv == theirs.scale_inv ? 1 : 0,
+                         1, 1, 0);
+          }
+      }
+      int const edp = groups.expert_dp().size(), me = groups.expert_dp().rank();
+      double const shard =
+          static_cast<double>(expert_elements * (me + 1) / edp - expert_elements * me / edp);
+      result.close("quantized weights: fp32 master elements",
+                   static_cast<double>(codes_job.optimizer().master_bytes()) / sizeof(float), shard,
+                   1.0, 0.0);
+      result.close("quantized weights: no fp32 master in a layer",
+                   codes.moe_layers().front()->holds_weight_values() ? 1 : 0, 0, 1, 0);
     }
     return result.finish(world,
                          "training on " + std::to_string(world.size()) + " ranks (DP " +

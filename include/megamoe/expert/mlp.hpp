@@ -65,8 +65,22 @@ class expert_parameters {
 
   [[nodiscard]] mlp_sizes const& sizes() const noexcept { return sizes_; }
 
-  [[nodiscard]] row_matrix_map<T> fc1(int e) { return {fc1_.data() + e * fc1_size(), w1(), h()}; }
-  [[nodiscard]] row_matrix_map<T> fc2(int e) { return {fc2_.data() + e * fc2_size(), h(), f()}; }
+  /// The weights as [out, in] maps; with 0 rows once release_weights() gave their values away.
+  [[nodiscard]] row_matrix_map<T> fc1(int e) {
+    if (fc1_.empty()) return {nullptr, 0, h()};
+    return {fc1_.data() + e * fc1_size(), w1(), h()};
+  }
+  [[nodiscard]] row_matrix_map<T> fc2(int e) {
+    if (fc2_.empty()) return {nullptr, 0, f()};
+    return {fc2_.data() + e * fc2_size(), h(), f()};
+  }
+  /// Frees the fc1 and fc2 weight values (biases and gradients stay): for weights whose primary
+  /// copy is quantized codes kept elsewhere, once an optimizer holds their fp32 masters.
+  void release_weights() {
+    std::vector<T>().swap(fc1_);
+    std::vector<T>().swap(fc2_);
+  }
+  [[nodiscard]] bool holds_weights() const noexcept { return !fc1_.empty(); }
   [[nodiscard]] row_matrix_map<T> grad_fc1(int e) {
     return {grad_fc1_.data() + e * fc1_size(), w1(), h()};
   }
@@ -79,8 +93,13 @@ class expert_parameters {
   [[nodiscard]] row_matrix_map<T> grad_fc1_bias(int e) { return bias_row(grad_fc1_bias_, e, w1()); }
   [[nodiscard]] row_matrix_map<T> grad_fc2_bias(int e) { return bias_row(grad_fc2_bias_, e, h()); }
 
-  [[nodiscard]] T const* fc1_data(int e) const { return fc1_.data() + e * fc1_size(); }
-  [[nodiscard]] T const* fc2_data(int e) const { return fc2_.data() + e * fc2_size(); }
+  /// nullptr once released.
+  [[nodiscard]] T const* fc1_data(int e) const {
+    return fc1_.empty() ? nullptr : fc1_.data() + e * fc1_size();
+  }
+  [[nodiscard]] T const* fc2_data(int e) const {
+    return fc2_.empty() ? nullptr : fc2_.data() + e * fc2_size();
+  }
   [[nodiscard]] T* grad_fc1_data(int e) { return grad_fc1_.data() + e * fc1_size(); }
   [[nodiscard]] T* grad_fc2_data(int e) { return grad_fc2_.data() + e * fc2_size(); }
   [[nodiscard]] T const* fc1_bias_data(int e) const {

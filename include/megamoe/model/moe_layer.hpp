@@ -116,18 +116,22 @@ class moe_layer {
   static constexpr bool rounds_operands = precision::rounds_operands(recipe);
   /// A recipe's per-tensor amaxes are reduced over the ranks holding parts of one tensor: the
   /// expert-tensor-parallel shards of an expert, the sequence-parallel shards of the shared
-  /// expert's tokens. memory::quantized_activations keeps fc1's output as codes too.
-  using operands_type = std::conditional_t<
+  /// expert's tokens. memory::quantized_activations keeps fc1's output as codes too;
+  /// memory::quantized_weights makes the routed experts' weight codes their primary copy.
+  static constexpr bool quantized_weights = memory_settings.quantized_weights;
+  template <bool QuantizedWeights>
+  using operands_for = std::conditional_t<
       rounds_operands,
       precision::grouped_operands<typename Config::precision, parallel::communicator_max,
-                                  memory_settings.quantized_activations>,
+                                  memory_settings.quantized_activations, QuantizedWeights>,
       expert::exact_operands>;
+  using operands_type = operands_for<quantized_weights>;  // the routed experts'
+  using shared_operands_type = operands_for<false>;
   static_assert(!rounds_operands || std::is_same_v<scalar, float>,
                 "megamoe: the bf16, FP8 and FP4 recipes keep fp32 master weights");
-  static_assert(!memory_settings.quantized_weights,
-                "megamoe: memory::quantized_weights (primary weights held only as codes, the fp32 "
-                "master in the optimizer) is not implemented yet; the FP8/FP4 recipes quantize "
-                "their weights from the fp32 masters at every forward");
+  static_assert(!quantized_weights || rounds_operands,
+                "megamoe: memory::quantized_weights needs a precision recipe that quantizes "
+                "weights (rule R030)");
 
   /// One rank (dispatch::local): `layer_number` names the parameters (decoder.layers.{i}); `given`
   /// supplies what the type left to start-up (sizes, a run-time router). Every configuration rule
@@ -170,6 +174,11 @@ class moe_layer {
   /// Parameters and elements are numbered as on one rank, so every parallel mapping starts from
   /// the same weights.
   void initialize(std::uint64_t seed, double std = 0.02) {
+    if constexpr (quantized_weights)
+      if (!experts_.holds_weights())
+        throw input_error(
+            "moe_layer: initialize() draws fp32 expert weights, and an optimizer already holds "
+            "them (memory::quantized_weights): initialize before constructing the optimizer");
     visit_parameters([&](std::string_view name, row_matrix_map<scalar> value,
                          row_matrix_map<scalar>, parameter_kind, std::uint64_t index,
                          element_numbering const& numbering) {
@@ -180,6 +189,7 @@ class moe_layer {
                              : static_cast<scalar>(
                                    std * standard_normal(seed + index, numbering.global(r, c)));
     });
+    if constexpr (quantized_weights) refresh_weight_codes();
   }
 
   /// Calls f(name, value, grad, kind) for every parameter this rank holds, with value and grad as
@@ -190,6 +200,46 @@ class moe_layer {
     visit_parameters([&](std::string_view name, row_matrix_map<scalar> value,
                          row_matrix_map<scalar> grad, parameter_kind kind, std::uint64_t,
                          element_numbering const&) { f(name, value, grad, kind); });
+  }
+
+  // --- memory::quantized_weights: the routed experts' weights held as codes ---------------------
+  //
+  // The recipe's codes (both copies where they differ) are the routed experts' primary weights:
+  // forward and backward dequantize them, nothing re-quantizes them per micro-batch. The fp32
+  // values drawn by initialize() (or written through for_each_parameter) stay until an optimizer
+  // takes its shard of them as the fp32 master (optim::distributed_adamw does, then calls
+  // release_weight_values()); after each update the optimizer hands every whole tensor back
+  // through for_each_quantized_weight, which quantizes it. With per-tensor scales both calls that
+  // quantize are collective over the expert-tensor-parallel group (the amax reduction).
+
+  /// Quantizes the codes from the fp32 values the layer holds: initialize() calls it; call it after
+  /// writing weights through for_each_parameter.
+  void refresh_weight_codes() requires quantized_weights {
+    if (!experts_.holds_weights())
+      throw input_error(
+          "moe_layer: refresh_weight_codes() needs the fp32 expert weights, which an optimizer "
+          "holds now");
+    int const L = local_experts(), H = hidden_size(), F = local_ffn();
+    routed_ops_.store_weights(expert::linear::fc1, experts_.fc1_data(0), fc1_width(F), H, 0, L);
+    routed_ops_.store_weights(expert::linear::fc2, experts_.fc2_data(0), H, F, 0, L);
+  }
+  /// Frees the fp32 values of the routed experts' weights (their codes stay): for_each_parameter
+  /// then shows them as 0-row maps.
+  void release_weight_values() requires quantized_weights { experts_.release_weights(); }
+  [[nodiscard]] bool holds_weight_values() const noexcept { return experts_.holds_weights(); }
+  /// Calls f(name, store) for every parameter of kind quantized_expert, in for_each_parameter's
+  /// order; store(w) quantizes that tensor's codes from w, its whole fp32 values row-major.
+  template <class F>
+  void for_each_quantized_weight(F&& f) requires quantized_weights {
+    int const L = local_experts(), H = hidden_size(), Fl = local_ffn(), W1 = fc1_width(Fl);
+    for (int e = 0; e < L; ++e)
+      f(std::string_view(names_[static_cast<std::size_t>(1 + e)]), [&, e](scalar const* w) {
+        routed_ops_.store_weights(expert::linear::fc1, w, W1, H, e, e + 1);
+      });
+    for (int e = 0; e < L; ++e)
+      f(std::string_view(names_[static_cast<std::size_t>(1 + L + e)]), [&, e](scalar const* w) {
+        routed_ops_.store_weights(expert::linear::fc2, w, H, Fl, e, e + 1);
+      });
   }
 
   void zero_grad() {
@@ -223,6 +273,11 @@ class moe_layer {
       if (mode == router::pass::recompute)
         throw input_error(
             "moe_layer: pass::recompute is the layer's own; forward in training or eval");
+      if constexpr (quantized_weights)
+        if (!routed_ops_.holds_weights(fc1_width(local_ffn()), H, local_ffn()))
+          throw input_error(
+              "moe_layer: memory::quantized_weights: the expert weights have no codes yet; call "
+              "initialize(), or refresh_weight_codes() after writing the weights");
     });
     tokens_ = static_cast<int>(x.rows());
     batch_ = {seq_length, micro_batch_size};
@@ -320,7 +375,8 @@ class moe_layer {
   [[nodiscard]] operands_type const& routed_operands() const noexcept requires rounds_operands {
     return routed_ops_;
   }
-  [[nodiscard]] operands_type const& shared_operands() const noexcept requires rounds_operands {
+  [[nodiscard]] shared_operands_type const& shared_operands() const noexcept requires
+      rounds_operands {
     return shared_ops_;
   }
   /// Keeps every operand copy's codes of the last step for inspection (precision::
@@ -392,10 +448,11 @@ class moe_layer {
         routed_mlp_(routed_sizes(values_)),
         shared_(shared_sizes(values_)),
         shared_mlp_(shared_sizes(values_)),
-        routed_ops_(make_operands(routed_sizes(values_).experts, 2 * layer_number + 1,
-                                  groups == nullptr ? nullptr : &groups->expert_tp())),
-        shared_ops_(
-            make_operands(1, 2 * layer_number + 2, groups == nullptr ? nullptr : &groups->tp_cp())),
+        routed_ops_(
+            make_operands<operands_type>(routed_sizes(values_).experts, 2 * layer_number + 1,
+                                         groups == nullptr ? nullptr : &groups->expert_tp())),
+        shared_ops_(make_operands<shared_operands_type>(
+            1, 2 * layer_number + 2, groups == nullptr ? nullptr : &groups->tp_cp())),
         dispatcher_(make_dispatcher(groups, values_)),
         router_weight_(values_.shape.experts, values_.shape.hidden),
         router_weight_grad_(row_matrix<scalar>::Zero(values_.shape.experts, values_.shape.hidden)),
@@ -486,12 +543,13 @@ class moe_layer {
   }
   static constexpr int fc1_width(int ffn) { return expert::fc1_width(activation, ffn); }
 
-  static operands_type make_operands(int experts, std::uint64_t seed,
-                                     boost::mpi::communicator const* amax_group) {
+  template <class Operands>
+  static Operands make_operands(int experts, std::uint64_t seed,
+                                boost::mpi::communicator const* amax_group) {
     if constexpr (rounds_operands) {
-      return operands_type(experts, splitmix64(seed),
-                           amax_group == nullptr ? parallel::communicator_max()
-                                                 : parallel::communicator_max(*amax_group));
+      return Operands(experts, splitmix64(seed),
+                      amax_group == nullptr ? parallel::communicator_max()
+                                            : parallel::communicator_max(*amax_group));
     } else {
       return {};
     }
@@ -566,11 +624,13 @@ class moe_layer {
             : element_numbering{H, 0, 0, ffn_offset_, 0};
     element_numbering const fc2{Ffull, ffn_offset_};
     int const L = local_experts();
+    constexpr parameter_kind weights =
+        quantized_weights ? parameter_kind::quantized_expert : parameter_kind::expert;
     for (int e = 0; e < L; ++e)
-      visit(experts_.fc1(e), experts_.grad_fc1(e), parameter_kind::expert,
+      visit(experts_.fc1(e), experts_.grad_fc1(e), weights,
             static_cast<std::uint64_t>(2 + first + e), fc1);
     for (int e = 0; e < L; ++e)
-      visit(experts_.fc2(e), experts_.grad_fc2(e), parameter_kind::expert,
+      visit(experts_.fc2(e), experts_.grad_fc2(e), weights,
             static_cast<std::uint64_t>(2 + E + first + e), fc2);
     std::uint64_t next = static_cast<std::uint64_t>(2 + 2 * E);
     if (expert_settings.bias) {  // ETP = 1 (R014): whole vectors
@@ -806,7 +866,8 @@ class moe_layer {
   mlp_type routed_mlp_;
   expert::expert_parameters<scalar> shared_;
   mlp_type shared_mlp_;
-  operands_type routed_ops_, shared_ops_;
+  operands_type routed_ops_;
+  shared_operands_type shared_ops_;
   dispatcher_type dispatcher_;
   int first_expert_ = 0, ffn_offset_ = 0;
   parallel::communicator_sum tp_cp_, tp_dp_cp_;  // the router's reduction groups

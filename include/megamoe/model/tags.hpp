@@ -26,6 +26,7 @@ struct settings {
   bool moe_layer = false;
   bool shared_experts = false;
   bool quantized_activations = false;
+  /// The routed experts' weights held as the recipe's codes, their fp32 master in the optimizer.
   bool quantized_weights = false;
   /// True when any module is recomputed.
   [[nodiscard]] constexpr bool recomputes() const { return moe_act || moe_layer || shared_experts; }

@@ -251,6 +251,16 @@ class transformer {
         "h", [&](auto const&, auto value, auto) { fill(value, seed, ++index, std); });
   }
 
+  /// With memory::quantized_weights, for an optimizer holding the MoE layers' fp32 masters
+  /// (moe_layer::release_weight_values, moe_layer::for_each_quantized_weight), layer by layer.
+  void release_weight_values() requires moe_type::quantized_weights {
+    for (auto& m : moe_) m->release_weight_values();
+  }
+  template <class F>
+  void for_each_quantized_weight(F&& f) requires moe_type::quantized_weights {
+    for (auto& m : moe_) m->for_each_quantized_weight(f);
+  }
+
  private:
   struct block {
     rms_norm<scalar> input_norm;

@@ -11,6 +11,13 @@
 // each rank updates its shards; an all-gather per group gives every rank the whole updated
 // parameters. On one rank (no groups) the shard is everything.
 //
+// Weights of kind quantized_expert (memory::quantized_weights: the layer's primary copy is a
+// recipe's codes) are sharded over EDP like expert weights, but this optimizer keeps the fp32
+// master of its shard itself: it copies the shard at construction (then collective over EDP) and
+// has the model free its fp32 values. After each update every whole tensor is gathered from the
+// shards, one tensor at a time, and handed to the model, which quantizes it (step(lr, model)). So a
+// rank holds 1/EDP of those weights in fp32 and all of them as codes.
+//
 //   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
 //   p -= lr * (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + wd * p)   (wd on matrices only)
 #pragma once
@@ -61,6 +68,15 @@ inline bool decays(std::string_view name, Eigen::Index rows) {
          name.find(".bias") == std::string_view::npos;
 }
 
+/// Models whose quantized_expert weights an optimizer holds the fp32 masters of: they free their
+/// fp32 values and take whole updated tensors back (megamoe::moe_layer with
+/// memory::quantized_weights, transformer with such layers).
+template <class Model>
+concept holds_quantized_weights = requires(Model& m) {
+  m.release_weight_values();
+  m.for_each_quantized_weight([](std::string_view, auto&&) {});
+};
+
 /// What one step did.
 struct step_report {
   double grad_norm = 0.0;  // global L2 norm before clipping
@@ -78,8 +94,8 @@ class distributed_adamw {
   template <class Model>
   distributed_adamw(Model& model, adamw_settings const& settings) : settings_(settings) {
     collect(model);
-    place(kinds_[0], 0, 1);
-    place(kinds_[1], 0, 1);
+    for (auto& k : kinds_) place(k, 0, 1);
+    take_masters(model);
   }
 
   /// On a job: dense state sharded over TPxDPxCP, expert state over EDP; the norm over the world.
@@ -90,13 +106,20 @@ class distributed_adamw {
     collect(model);
     kinds_[0].group = &groups.tp_dp_cp();
     kinds_[1].group = &groups.expert_dp();
-    place(kinds_[0], kinds_[0].group->rank(), kinds_[0].group->size());
-    place(kinds_[1], kinds_[1].group->rank(), kinds_[1].group->size());
+    kinds_[2].group = &groups.expert_dp();
+    for (auto& k : kinds_) place(k, k.group->rank(), k.group->size());
+    take_masters(model);
   }
 
   /// Elements whose moments this rank keeps (dense + expert).
   [[nodiscard]] std::int64_t state_elements() const noexcept {
-    return (kinds_[0].end - kinds_[0].begin) + (kinds_[1].end - kinds_[1].begin);
+    std::int64_t n = 0;
+    for (auto const& k : kinds_) n += k.end - k.begin;
+    return n;
+  }
+  /// Bytes of the fp32 masters this optimizer keeps for quantized_expert weights (its shard).
+  [[nodiscard]] std::size_t master_bytes() const noexcept {
+    return kinds_[quantized].master.size() * sizeof(T);
   }
   [[nodiscard]] std::size_t state_bytes() const noexcept {
     return static_cast<std::size_t>(2 * state_elements()) * sizeof(state_type);
@@ -105,7 +128,14 @@ class distributed_adamw {
 
   /// Clips by the global norm and applies one AdamW step with learning rate `lr`. A non-finite
   /// gradient norm (on any rank: the norm is summed over the world) skips the step on every rank.
-  step_report step(double lr) {
+  /// `models` are the ones given at construction where they hold quantized weights: their updated
+  /// tensors go back to them (collective over EDP, and over ETP inside the model).
+  template <class... Models>
+  step_report step(double lr, Models&... models) {
+    if (kinds_[quantized].total > 0 && sizeof...(Models) == 0)
+      throw input_error(
+          "distributed_adamw: this optimizer holds the fp32 masters of quantized weights; call "
+          "step(lr, model) so that the updated weights reach the model");
     double squares = 0.0;
     for (auto const& k : kinds_) squares += shard_squares(k);
     if (world_) parallel::all_reduce_sum(*world_, std::span<double>(&squares, 1));
@@ -118,10 +148,10 @@ class distributed_adamw {
     ++step_;
     double const c1 = 1.0 - std::pow(settings_.beta1, step_);
     double const c2 = 1.0 - std::pow(settings_.beta2, step_);
-    for (auto& k : kinds_) {
-      update(k, lr, report.clip_factor, c1, c2);
-      gather(k);
-    }
+    for (auto& k : kinds_) update(k, lr, report.clip_factor, c1, c2);
+    gather(kinds_[0]);
+    gather(kinds_[1]);
+    (hand_back(models), ...);
     return report;
   }
 
@@ -132,24 +162,90 @@ class distributed_adamw {
     std::int64_t offset;
     bool decay;
   };
-  /// All parameters of one kind (dense or expert), flattened, and this rank's shard of them.
+  /// All parameters of one kind (dense, expert, quantized expert), flattened, and this rank's
+  /// shard of them.
   struct kind_state {
     std::vector<entry> entries;
     std::int64_t total = 0, begin = 0, end = 0;
     std::vector<std::int64_t> shard_sizes;  // per group rank
     std::vector<state_type> m, v;
-    std::vector<T> flat, mine;  // gather buffers
+    std::vector<T> flat, mine;               // gather buffers
+    std::vector<T> master;                   // quantized experts: the shard's fp32 values
+    std::vector<std::int64_t> shard_pieces;  // per group rank: its part of one tensor
     boost::mpi::communicator const* group = nullptr;
   };
+  static constexpr std::size_t quantized = 2;  // kinds_[quantized]: quantized_expert weights
 
   template <class Model>
   void collect(Model& model) {
     model.for_each_parameter([&](std::string_view name, row_matrix_map<T> value,
                                  row_matrix_map<T> grad, parameter_kind kind) {
-      auto& k = kinds_[kind == parameter_kind::expert ? 1 : 0];
-      k.entries.push_back({value, grad, k.total, decays(name, value.rows())});
-      k.total += value.size();
+      auto& k = kinds_[static_cast<std::size_t>(kind)];
+      if (kind == parameter_kind::quantized_expert && value.size() != grad.size())
+        throw input_error("distributed_adamw: " + std::string(name) +
+                          " has no fp32 values: another optimizer holds its master already");
+      k.entries.push_back({value, grad, k.total, decays(name, grad.rows())});
+      k.total += grad.size();
     });
+  }
+
+  /// Copies this rank's shard of the quantized weights' values into the masters, hands them back
+  /// once (so the codes follow the values taken, even ones written without refreshing the codes;
+  /// collective over EDP) and has the model free the values.
+  template <class Model>
+  void take_masters(Model& model) {
+    auto& k = kinds_[quantized];
+    if (k.total == 0) return;
+    if constexpr (holds_quantized_weights<Model>) {
+      k.master.resize(static_cast<std::size_t>(k.end - k.begin));
+      for_shard(k, [&](entry const& e, std::int64_t first, std::int64_t count, std::int64_t at) {
+        std::copy_n(e.value.data() + first, count, k.master.begin() + at);
+      });
+      hand_back(model);
+      model.release_weight_values();
+    } else {
+      throw input_error(
+          "distributed_adamw: the model has quantized_expert weights but cannot release them");
+    }
+  }
+
+  /// Gathers each quantized weight from the group's shards and gives it to the model, one tensor
+  /// at a time (so one tensor's fp32 values are the most this needs at once).
+  template <class Model>
+  void hand_back(Model& model) {
+    if constexpr (holds_quantized_weights<Model>) {
+      auto& k = kinds_[quantized];
+      std::size_t i = 0;
+      model.for_each_quantized_weight([&](std::string_view name, auto&& store) {
+        if (i >= k.entries.size())
+          throw input_error("distributed_adamw: " + std::string(name) +
+                            " is not a weight this optimizer was built with");
+        entry const& e = k.entries[i++];
+        std::int64_t const lo = std::max(k.begin, e.offset);
+        std::int64_t const hi = std::max(lo, std::min(k.end, e.offset + e.grad.size()));
+        T const* mine = hi > lo ? k.master.data() + (lo - k.begin) : k.master.data();
+        if (k.group == nullptr || k.group->size() == 1) {
+          store(mine);
+          return;
+        }
+        auto const n = static_cast<std::size_t>(k.group->size());
+        k.shard_pieces.resize(n);
+        std::int64_t shard_begin = 0;
+        for (std::size_t r = 0; r < n; ++r) {
+          std::int64_t const shard_end = shard_begin + k.shard_sizes[r];
+          k.shard_pieces[r] = std::max<std::int64_t>(
+              0, std::min(shard_end, e.offset + e.grad.size()) - std::max(shard_begin, e.offset));
+          shard_begin = shard_end;
+        }
+        k.flat.resize(static_cast<std::size_t>(e.grad.size()));
+        parallel::all_gather_v(*k.group, mine, k.flat.data(), k.shard_pieces, 1);
+        store(static_cast<T const*>(k.flat.data()));
+      });
+      if (i != k.entries.size())
+        throw input_error(
+            "distributed_adamw: the model handed back fewer quantized weights than "
+            "this optimizer was built with");
+    }
   }
 
   static void place(kind_state& k, int rank, int size) {
@@ -167,7 +263,7 @@ class distributed_adamw {
   static void for_shard(Kind& k, F&& f) {
     for (auto& e : k.entries) {
       std::int64_t const lo = std::max(k.begin, e.offset);
-      std::int64_t const hi = std::min(k.end, e.offset + e.value.size());
+      std::int64_t const hi = std::min(k.end, e.offset + e.grad.size());
       if (lo < hi) f(e, lo - e.offset, hi - lo, lo - k.begin);
     }
   }
@@ -186,7 +282,9 @@ class distributed_adamw {
   void update(kind_state& k, double lr, double clip, double c1, double c2) {
     double const b1 = settings_.beta1, b2 = settings_.beta2, eps = settings_.eps;
     double const wd = settings_.weight_decay;
+    bool const masters = !k.master.empty();
     for_shard(k, [&](entry& e, std::int64_t first, std::int64_t count, std::int64_t at) {
+      T* const values = masters ? k.master.data() + at : e.value.data() + first;
       for (std::int64_t i = 0; i < count; ++i) {
         auto const s = static_cast<std::size_t>(at + i);
         double const g = clip * static_cast<double>(e.grad.data()[first + i]);
@@ -194,7 +292,7 @@ class distributed_adamw {
         double const v = b2 * static_cast<double>(k.v[s]) + (1.0 - b2) * g * g;
         k.m[s] = static_cast<state_type>(m);
         k.v[s] = static_cast<state_type>(v);
-        T& p = e.value.data()[first + i];
+        T& p = values[i];
         double const decay = e.decay ? wd * static_cast<double>(p) : 0.0;
         p = static_cast<T>(static_cast<double>(p) -
                            lr * ((m / c1) / (std::sqrt(v / c2) + eps) + decay));
@@ -217,7 +315,7 @@ class distributed_adamw {
 
   adamw_settings settings_;
   std::optional<boost::mpi::communicator> world_;  // on a job: the norm's sum
-  std::array<kind_state, 2> kinds_;
+  std::array<kind_state, 3> kinds_;
   int step_ = 0;
 };
 

@@ -37,6 +37,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace megamoe::precision {
@@ -275,7 +276,10 @@ struct no_amax_reduction {
 /// reference reduces amaxes over a sequence-parallel group. With `QuantizedActivations` fc1's
 /// output (the activation's input, kept for backward) is kept in the recipe's rowwise input format
 /// instead of BF16, as DeepSeek-V3 caches the SwiGLU input in FP8 (memory::quantized_activations).
-template <class Recipe, class AmaxReduction = no_amax_reduction, bool QuantizedActivations = false>
+/// With `QuantizedWeights` the weights' codes are the primary weights (memory::quantized_weights):
+/// store_weights() quantizes them once per optimizer step and forward only dequantizes them.
+template <class Recipe, class AmaxReduction = no_amax_reduction, bool QuantizedActivations = false,
+          bool QuantizedWeights = false>
 class grouped_operands {
  public:
   static constexpr settings recipe = Recipe::value;
@@ -351,35 +355,51 @@ class grouped_operands {
 
   /// The weights [E, rows, cols] of `layer` for fprop (rowwise) or dgrad (columnwise), dequantized
   /// into the weight workspace. The rowwise call (forward) quantizes both copies from the master
-  /// weights; the columnwise call (backward) dequantizes the copy kept since.
+  /// weights `w` (with QuantizedWeights: dequantizes the stored codes, `w` unused); the columnwise
+  /// call (backward) dequantizes the copy kept since.
   float const* weight(expert::linear layer, usage u, float const* w, int rows, int cols, int first,
                       int last) {
     auto const l = index(layer);
     auto const size = static_cast<std::ptrdiff_t>(rows) * cols;
     float* out =
         weights_->reserve(static_cast<std::size_t>(experts_) * static_cast<std::size_t>(size));
-    if (u == usage::rowwise)
-      prepare_scales<weight_row>(l, role::weight, first, last, [&](int e) {
-        return std::span<float const>(w + e * size, static_cast<std::size_t>(size));
-      });
-    for_experts(first, last, [&](int e) {
-      float const* we = w + e * size;
-      float* oe = out + e * size;
+    if constexpr (!QuantizedWeights) {
       if (u == usage::rowwise) {
-        float const scale = scales_[static_cast<std::size_t>(e)];
-        auto& row = codes(l, role::weight, usage::rowwise, e);
-        quantize<weight_row>(we, rows, cols, scale, 0, row);
-        dequantize_rows<weight_row>(row, oe);
-        if constexpr (!same_copies(recipe, role::weight))
-          quantize_columnwise<weight_col>(we, rows, cols, scale, 0,
-                                          codes(l, role::weight, usage::columnwise, e));
-      } else if constexpr (same_copies(recipe, role::weight)) {
+        store_weights_into(layer, w + first * size, rows, cols, first, last, out);
+        return out;
+      }
+    }
+    for_experts(first, last, [&](int e) {
+      float* oe = out + e * size;
+      if (u == usage::rowwise || same_copies(recipe, role::weight)) {
         dequantize_rows<weight_row>(codes(l, role::weight, usage::rowwise, e), oe);
       } else {
         dequantize_columnwise<weight_col>(codes(l, role::weight, usage::columnwise, e), rows, oe);
       }
     });
     return out;
+  }
+
+  /// Quantizes both copies of experts [first, last)'s weights of `layer` from their fp32 values
+  /// `w` (expert `first`'s [rows, cols], the others following); with `out`, also writes the
+  /// rowwise copy's values there, expert e at e * rows * cols. Per-tensor scales are reduced over
+  /// AmaxReduction's group, so with one that communicates every rank of it calls this together.
+  /// Runs on the calling thread (an optimizer's step may come after the bound pool is gone).
+  void store_weights(expert::linear layer, float const* w, int rows, int cols, int first,
+                     int last) {
+    thread_pool* const bound = std::exchange(pool_, nullptr);
+    store_weights_into(layer, w, rows, cols, first, last, nullptr);
+    pool_ = bound;
+  }
+
+  /// Whether every expert's rowwise copy of both layers' weights holds codes of that shape.
+  [[nodiscard]] bool holds_weights(int fc1_rows, int hidden, int ffn) const {
+    for (int e = 0; e < experts_; ++e) {
+      auto const& a = codes_of(expert::linear::fc1, role::weight, usage::rowwise, e);
+      auto const& b = codes_of(expert::linear::fc2, role::weight, usage::rowwise, e);
+      if (a.rows != fc1_rows || a.cols != hidden || b.rows != hidden || b.cols != ffn) return false;
+    }
+    return true;
   }
 
   /// fc1's output [N, cols] after its bias: rounded to BF16 in place (what the reference's BF16
@@ -559,6 +579,27 @@ class grouped_operands {
   }
 
  private:
+  /// store_weights on the bound pool, also writing the rowwise copy's values at `out` (expert e at
+  /// e * rows * cols) where given.
+  void store_weights_into(expert::linear layer, float const* w, int rows, int cols, int first,
+                          int last, float* out) {
+    auto const l = index(layer);
+    auto const size = static_cast<std::ptrdiff_t>(rows) * cols;
+    prepare_scales<weight_row>(l, role::weight, first, last, [&](int e) {
+      return std::span<float const>(w + (e - first) * size, static_cast<std::size_t>(size));
+    });
+    for_experts(first, last, [&](int e) {
+      float const* we = w + (e - first) * size;
+      float const scale = scales_[static_cast<std::size_t>(e)];
+      auto& row = codes(l, role::weight, usage::rowwise, e);
+      quantize<weight_row>(we, rows, cols, scale, 0, row);
+      if (out != nullptr) dequantize_rows<weight_row>(row, out + e * size);
+      if constexpr (!same_copies(recipe, role::weight))
+        quantize_columnwise<weight_col>(we, rows, cols, scale, 0,
+                                        codes(l, role::weight, usage::columnwise, e));
+    });
+  }
+
   static std::size_t index(expert::linear l) { return static_cast<std::size_t>(l); }
 
   quantized_matrix& codes(std::size_t l, role r, usage u, int e) {
@@ -603,6 +644,10 @@ class grouped_operands {
 
   template <class Body>
   void for_experts(int first, int last, Body const& body) {
+    if (pool_ == nullptr) {
+      for (int e = first; e < last; ++e) body(e);
+      return;
+    }
     pool_->run(last - first, [&](int i) { body(first + i); });
   }
 

@@ -130,7 +130,7 @@ class trainer {
     for (auto& layer : out.expert_load)
       for (double& v : layer) v = sums[at++];
     if (groups_) parallel::reduce_gradients(*groups_, model_);
-    auto const report = optimizer_.step(out.lr);
+    auto const report = optimizer_.step(out.lr, model_);
     out.grad_norm = report.grad_norm;
     out.clip_factor = report.clip_factor;
     if (!report.finite || !std::isfinite(out.loss)) {
