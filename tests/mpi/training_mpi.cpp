@@ -48,6 +48,16 @@ mm::transformer_sizes sizes() {
 
 constexpr int seq = 8, micro = 2;
 
+mt::train_settings settings(int steps, int micro_batches) {
+  mt::train_settings s;
+  s.seq_length = seq;
+  s.micro_batch = micro;
+  s.micro_batches = micro_batches;
+  s.steps = steps;
+  s.schedule = {1e-2, 1e-3, 1, steps};
+  return s;
+}
+
 template <class Model>
 std::map<std::string, mm::row_matrix<double>> tensors(Model& model, bool gradients) {
   std::map<std::string, mm::row_matrix<double>> out;
@@ -111,12 +121,7 @@ int main(int argc, char** argv) {
     if (one_rank_twin) {
       using job_config = config<mm::dispatch::all_to_all, mm::precision::fp64, mapped>;
       using one_config = config<mm::dispatch::local, mm::precision::fp64, one_rank>;
-      mt::train_settings s;
-      s.seq_length = seq;
-      s.micro_batch = micro;
-      s.micro_batches = 1;
-      s.steps = steps;
-      s.schedule = {1e-2, 1e-3, 1, steps};
+      mt::train_settings s = settings(steps, 1);
       s.optimizer.clip_grad = 1e-3;
       mm::transformer<job_config> model(groups, sizes());
       model.initialize(9, 0.3);
@@ -172,12 +177,7 @@ int main(int argc, char** argv) {
       using plain_config = config<mm::dispatch::all_to_all, fp8, mapped>;
       using codes_config = config<mm::dispatch::all_to_all, fp8, mapped,
                                   mm::memory::plan<mm::memory::quantized_weights>>;
-      mt::train_settings s;
-      s.seq_length = seq;
-      s.micro_batch = micro;
-      s.micro_batches = 2;
-      s.steps = steps;
-      s.schedule = {1e-2, 1e-3, 1, steps};
+      mt::train_settings const s = settings(steps, 2);
       mm::transformer<plain_config> plain(groups, sizes());
       mm::transformer<codes_config> codes(groups, sizes());
       plain.initialize(3, 0.3);
