@@ -7,7 +7,13 @@
 #pragma once
 
 #include <cstdlib>
+#include <string>
 #include <string_view>
+
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace megamoe {
 
@@ -17,9 +23,34 @@ struct cpu_features {
   /// `MEGAMOE_DISABLE_AVX512=1` was set: the portable kernels run even where AVX-512 exists.
   bool avx512_disabled_by_environment = false;
 
+  /// AMX: the tile unit and its BF16 products (CPUID), and the OS's permission to use tile data
+  /// (Linux enables the 8 KB tile state per process on request: arch_prctl ARCH_REQ_XCOMP_PERM).
+  bool amx_tile = false;
+  bool amx_bf16 = false;
+  bool amx_permitted = false;
+  /// `MEGAMOE_DISABLE_AMX=1` was set: AMX is not used even where it exists.
+  bool amx_disabled_by_environment = false;
+
   /// Whether megamoe's AVX-512 kernels are used.
   [[nodiscard]] bool use_avx512() const noexcept {
     return avx512f && !avx512_disabled_by_environment;
+  }
+  /// Whether megamoe's AMX tile kernels may run.
+  [[nodiscard]] bool use_amx() const noexcept {
+    return amx_tile && amx_bf16 && amx_permitted && !amx_disabled_by_environment;
+  }
+  /// Why they may not (empty when they may), naming what to use instead.
+  [[nodiscard]] std::string amx_unavailable_reason() const {
+    std::string why;
+    if (amx_disabled_by_environment)
+      why = "MEGAMOE_DISABLE_AMX is set";
+    else if (!amx_tile || !amx_bf16)
+      why = "this CPU has no AMX tile unit with BF16 products (CPUID lists no amx_tile/amx_bf16)";
+    else if (!amx_permitted)
+      why = "the OS refused the tile state (arch_prctl ARCH_REQ_XCOMP_PERM failed)";
+    else
+      return {};
+    return why + "; the fp32 expert backends (per_expert, grouped, tensor) run everywhere";
   }
 };
 
@@ -30,9 +61,22 @@ inline cpu_features detect_cpu_features() {
   __builtin_cpu_init();
   f.avx512f = __builtin_cpu_supports("avx512f") != 0;
 #endif
-  char const* disable = std::getenv("MEGAMOE_DISABLE_AVX512");
-  f.avx512_disabled_by_environment =
-      disable != nullptr && std::string_view(disable) != "" && std::string_view(disable) != "0";
+  auto set = [](char const* name) {
+    char const* value = std::getenv(name);
+    return value != nullptr && std::string_view(value) != "" && std::string_view(value) != "0";
+  };
+  f.avx512_disabled_by_environment = set("MEGAMOE_DISABLE_AVX512");
+  f.amx_disabled_by_environment = set("MEGAMOE_DISABLE_AMX");
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+  f.amx_tile = __builtin_cpu_supports("amx-tile") != 0;
+  f.amx_bf16 = __builtin_cpu_supports("amx-bf16") != 0;
+#if defined(__linux__)
+  // 0x1023: ARCH_REQ_XCOMP_PERM; 18: XFEATURE_XTILEDATA. Asked only where the CPU has tiles and
+  // AMX is not disabled, once per process.
+  if (f.amx_tile && f.amx_bf16 && !f.amx_disabled_by_environment)
+    f.amx_permitted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+#endif
+#endif
   return f;
 }
 }  // namespace detail

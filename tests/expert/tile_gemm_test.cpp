@@ -1,0 +1,170 @@
+// SPDX-License-Identifier: Apache-2.0
+// The BF16 tile GEMM (expert/tile_gemm.hpp) against a plain double-precision product of the same
+// BF16 values, for shapes with tails in every dimension: on the emulated tile unit everywhere, on
+// the AMX unit where this process may use it. Where /proc/cpuinfo lists amx_tile but the AMX test
+// would skip (the OS refused, or megamoe's detection is wrong), the test fails instead.
+#include <megamoe/core/cpu_features.hpp>
+#include <megamoe/core/random.hpp>
+#include <megamoe/expert/tile_gemm.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tl = megamoe::expert::tiles;
+
+namespace {
+
+struct shape {
+  int m, n, k;
+};
+
+// 1x1x1, primes, exact tiles, tails of one in each dimension, more than one panel of B, empty.
+std::vector<shape> const shapes = {{1, 1, 1},    {7, 13, 37},  {16, 16, 32},  {17, 16, 32},
+                                   {16, 17, 32}, {16, 16, 33}, {32, 32, 64},  {33, 31, 65},
+                                   {5, 200, 70}, {97, 131, 3}, {64, 257, 96}, {0, 8, 8},
+                                   {8, 0, 8},    {8, 8, 0},    {45, 160, 96}};
+
+/// A BF16 value drawn from N(0, 1): both the kernel and the reference read exactly this.
+float bf16_normal(std::uint64_t seed, std::uint64_t i) {
+  return megamoe::round_to_bf16(static_cast<float>(megamoe::standard_normal(seed, i)));
+}
+
+bool cpuinfo_lists_amx() {
+  std::ifstream in("/proc/cpuinfo");
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str().find(" amx_tile") != std::string::npos;
+}
+
+/// Runs every shape on `Tiles`, A and B packed in both orientations, and checks each entry
+/// against the double product within the fp32 summation bound (K + 2) u sum |a b|.
+template <class Tiles>
+void matches_double_product(Tiles& tiles, bool transposed) {
+  for (auto const [m, n, k] : shapes) {
+    SCOPED_TRACE(std::to_string(m) + " x " + std::to_string(n) + " x " + std::to_string(k) +
+                 (transposed ? " (transposed operands)" : ""));
+    std::vector<float> a(static_cast<std::size_t>(m) * k), b(static_cast<std::size_t>(k) * n);
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] = bf16_normal(11, i);
+    for (std::size_t i = 0; i < b.size(); ++i) b[i] = bf16_normal(12, i);
+    auto A = [&](int r, int c) { return a[static_cast<std::size_t>(r) * k + c]; };
+    auto B = [&](int r, int c) { return b[static_cast<std::size_t>(r) * n + c]; };
+    tl::packed_a pa;
+    tl::packed_b pb;
+    if (transposed) {
+      // A given as [K, M] and B as [N, K] (as wgrad and fprop read them).
+      std::vector<float> at(a.size()), bt(b.size());
+      for (int r = 0; r < m; ++r)
+        for (int c = 0; c < k; ++c) at[static_cast<std::size_t>(c) * m + r] = A(r, c);
+      for (int r = 0; r < k; ++r)
+        for (int c = 0; c < n; ++c) bt[static_cast<std::size_t>(c) * k + r] = B(r, c);
+      tl::pack_a(
+          m, k, [&](int r, int c) { return at[static_cast<std::size_t>(c) * m + r]; }, pa);
+      tl::pack_b(
+          k, n, [&](int r, int c) { return bt[static_cast<std::size_t>(c) * k + r]; }, pb);
+    } else {
+      tl::pack_a(m, k, A, pa);
+      tl::pack_b(k, n, B, pb);
+    }
+    // Accumulating onto a known C with alpha = 0.5 checks the epilogue too.
+    std::vector<float> c(static_cast<std::size_t>(m) * n);
+    for (std::size_t i = 0; i < c.size(); ++i) c[i] = static_cast<float>(i % 7) - 3.0F;
+    std::vector<float> const c0 = c;
+    tl::gemm(tiles, pa, pb, c.data(), n, 0.5F, true);
+    double const u = std::ldexp(1.0, -24);
+    for (int r = 0; r < m; ++r)
+      for (int col = 0; col < n; ++col) {
+        double sum = 0.0, magnitude = 0.0;
+        for (int i = 0; i < k; ++i) {
+          sum += static_cast<double>(A(r, i)) * B(i, col);
+          magnitude += std::abs(static_cast<double>(A(r, i)) * B(i, col));
+        }
+        auto const at = static_cast<std::size_t>(r) * n + col;
+        double const want = 0.5 * sum + c0[at];
+        double const bound = 0.5 * (k + 2) * u * magnitude + 2 * u * std::abs(want) + 1e-30;
+        ASSERT_LE(std::abs(c[at] - want), bound) << "entry (" << r << ", " << col << ")";
+      }
+  }
+}
+
+TEST(TileGemm, EmulatedTilesMatchTheDoubleProduct) {
+  tl::emulated_tiles tiles;
+  matches_double_product(tiles, false);
+  matches_double_product(tiles, true);
+  EXPECT_GT(tiles.products, 0U);
+}
+
+TEST(TileGemm, EmulatedTilesFlushDenormals) {
+  // TDPBF16PS reads BF16 denormals as zero: 2^-130 x 2^10 is 2^-120 exactly, and zero on the tiles.
+  tl::packed_a a;
+  tl::packed_b b;
+  tl::pack_a(
+      1, 1, [](int, int) { return std::ldexp(1.0F, -130); }, a);
+  tl::pack_b(
+      1, 1, [](int, int) { return std::ldexp(1.0F, 10); }, b);
+  float c = 1.0F;
+  tl::emulated_tiles tiles;
+  tl::gemm(tiles, a, b, &c, 1);
+  EXPECT_EQ(c, 0.0F);
+}
+
+TEST(TileGemm, DepthsMustAgree) {
+  tl::packed_a a;
+  tl::packed_b b;
+  tl::pack_a(
+      2, 3, [](int, int) { return 1.0F; }, a);
+  tl::pack_b(
+      4, 2, [](int, int) { return 1.0F; }, b);
+  std::vector<float> c(4);
+  tl::emulated_tiles tiles;
+  EXPECT_THROW(tl::gemm(tiles, a, b, c.data(), 2), megamoe::input_error);
+}
+
+TEST(TileGemm, AmxTilesMatchTheDoubleProduct) {
+  auto const& cpu = megamoe::cpu();
+  if (!cpu.use_amx()) {
+    if (cpuinfo_lists_amx() && !cpu.amx_disabled_by_environment)
+      FAIL() << "/proc/cpuinfo lists amx_tile, but: " << cpu.amx_unavailable_reason();
+    GTEST_SKIP() << cpu.amx_unavailable_reason();
+  }
+#if MEGAMOE_HAS_AMX_INTRINSICS
+  auto const before = tl::products_issued().load();
+  tl::hardware_tiles tiles;
+  matches_double_product(tiles, false);
+  matches_double_product(tiles, true);
+  EXPECT_GT(tiles.products, 0U);
+  EXPECT_GT(tl::products_issued().load(), before);
+#else
+  FAIL() << "AMX usable, but this compiler has no AMX intrinsics";
+#endif
+}
+
+TEST(TileGemm, AmxFollowsCpuAndEnvironment) {
+  auto const& cpu = megamoe::cpu();
+  char const* disable = std::getenv("MEGAMOE_DISABLE_AMX");
+  bool const disabled =
+      disable != nullptr && std::string_view(disable) != "" && std::string_view(disable) != "0";
+  EXPECT_EQ(cpu.amx_disabled_by_environment, disabled);
+  if (disabled) {
+    EXPECT_FALSE(cpu.use_amx());
+    EXPECT_NE(cpu.amx_unavailable_reason().find("MEGAMOE_DISABLE_AMX"), std::string::npos);
+  }
+  if (!cpu.use_amx()) {
+    EXPECT_NE(cpu.amx_unavailable_reason().find("per_expert, grouped, tensor"), std::string::npos)
+        << "the reason names the fp32 backends";
+  } else {
+    EXPECT_TRUE(cpu.amx_unavailable_reason().empty());
+  }
+  if (!cpuinfo_lists_amx()) {
+    EXPECT_FALSE(cpu.use_amx());
+  }
+}
+
+}  // namespace
