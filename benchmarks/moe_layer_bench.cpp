@@ -4,6 +4,7 @@
 //
 //   moe_layer_bench --shape A|B|C --threads N [--backend per_expert|grouped|tensor]
 //                   [--precision fp32|bf16|fp8_delayed|fp8_current|fp8_blockwise|mxfp8|nvfp4]
+//                   (--backend amx: bf16, fp8_blockwise, mxfp8 where the CPU has AMX)
 //                   [--quantized-weights] [--iters N] [--warmup W]
 //
 // Runs W untimed then N timed steps, each from the router GEMM through every weight gradient on
@@ -335,7 +336,9 @@ int main(int argc, char** argv) {
   app.add_option("--threads", o.threads, "threads of megamoe's pool")
       ->required()
       ->check(CLI::PositiveNumber);
-  app.add_option("--backend", o.backend, "per_expert, grouped or tensor (default: grouped)");
+  app.add_option("--backend", o.backend,
+                 "per_expert, grouped or tensor (default: grouped); amx with bf16, fp8_blockwise "
+                 "or mxfp8");
   app.add_option("--precision", o.precision,
                  "fp32 (default), bf16, fp8_delayed, fp8_current, fp8_blockwise, mxfp8 or nvfp4 "
                  "(the recipes run on the grouped backend)");
@@ -364,10 +367,35 @@ int main(int argc, char** argv) {
       std::cerr << "moe_layer_bench: --quantized-weights needs an FP8 or FP4 --precision\n";
       return 2;
     }
+    if (o.precision != "fp32" && backend == "amx") {
+      // The tile unit: bf16 and the recipes whose operands are BF16 values (R037).
+      auto const& p = o.precision;
+      if (p != "bf16" && p != "fp8_blockwise" && p != "mxfp8") {
+        std::cerr << "moe_layer_bench: --backend amx runs bf16, fp8_blockwise and mxfp8 (rule "
+                     "R037), not --precision "
+                  << p << "\n";
+        return 2;
+      }
+      if (!mm::cpu().use_amx()) {
+        std::cerr << "moe_layer_bench: --backend amx cannot run here: "
+                  << mm::cpu().amx_unavailable_reason() << "\n";
+        return 2;
+      }
+#if MEGAMOE_HAS_AMX_INTRINSICS
+      using amx = mm::expert::amx;
+      if (p == "bf16") return run<amx, pr::bf16>(o, shape->second, backend);
+      if (p == "fp8_blockwise") return run<amx, pr::fp8_blockwise>(o, shape->second, backend);
+      return run<amx, pr::mxfp8>(o, shape->second, backend);
+#else
+      std::cerr << "moe_layer_bench: this build has no AMX intrinsics\n";
+      return 2;
+#endif
+    }
     if (o.precision != "fp32") {
       if (backend != "grouped") {
         std::cerr << "moe_layer_bench: --precision " << o.precision
-                  << " runs on --backend grouped (fp32 runs on every backend)\n";
+                  << " runs on --backend grouped or amx (fp32 runs on grouped, per_expert and "
+                     "tensor)\n";
         return 2;
       }
       auto const& p = o.precision;

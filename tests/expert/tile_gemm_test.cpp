@@ -44,6 +44,16 @@ bool cpuinfo_lists_amx() {
   return text.str().find(" amx_tile") != std::string::npos;
 }
 
+/// Why the AMX tests cannot run here (empty: they can). Where /proc/cpuinfo lists amx_tile and AMX
+/// is not disabled on purpose, not running is a failure.
+std::string amx_skip_reason() {
+  auto const& cpu = megamoe::cpu();
+  if (cpu.use_amx()) return {};
+  if (cpuinfo_lists_amx() && !cpu.amx_disabled_by_environment)
+    ADD_FAILURE() << "/proc/cpuinfo lists amx_tile, but: " << cpu.amx_unavailable_reason();
+  return cpu.amx_unavailable_reason();
+}
+
 /// Runs every shape on `Tiles`, A and B packed in both orientations, and checks each entry
 /// against the double product within the fp32 summation bound (K + 2) u sum |a b|.
 template <class Tiles>
@@ -128,12 +138,7 @@ TEST(TileGemm, DepthsMustAgree) {
 }
 
 TEST(TileGemm, AmxTilesMatchTheDoubleProduct) {
-  auto const& cpu = megamoe::cpu();
-  if (!cpu.use_amx()) {
-    if (cpuinfo_lists_amx() && !cpu.amx_disabled_by_environment)
-      FAIL() << "/proc/cpuinfo lists amx_tile, but: " << cpu.amx_unavailable_reason();
-    GTEST_SKIP() << cpu.amx_unavailable_reason();
-  }
+  if (auto const why = amx_skip_reason(); !why.empty()) GTEST_SKIP() << why;
 #if MEGAMOE_HAS_AMX_INTRINSICS
   auto const before = tl::products_issued().load();
   tl::hardware_tiles tiles;
@@ -165,6 +170,97 @@ TEST(TileGemm, AmxFollowsCpuAndEnvironment) {
   if (!cpuinfo_lists_amx()) {
     EXPECT_FALSE(cpu.use_amx());
   }
+}
+
+}  // namespace
+
+// --- The tile backend under the experts' FFN
+// -------------------------------------------------------
+
+#include <megamoe/expert/backends.hpp>
+#include <megamoe/expert/mlp.hpp>
+#include <megamoe/precision/operands.hpp>
+
+namespace {
+
+namespace ex = megamoe::expert;
+namespace pr = megamoe::precision;
+
+/// Forward and backward of a SwiGLU FFN over three experts (one without rows) under the bf16
+/// recipe, on Backend; every output and gradient.
+template <class Backend>
+std::vector<std::vector<float>> ffn_step(megamoe::thread_pool& pool) {
+  ex::mlp_sizes const sizes{3, 40, 24, ex::activation_function::swiglu, false};
+  int const H = sizes.hidden, F = sizes.ffn, W1 = sizes.fc1_rows();
+  std::vector<std::int64_t> const per_expert{5, 0, 37};
+  int const N = 42;
+  ex::expert_parameters<float> params(sizes);
+  for (int e = 0; e < sizes.experts; ++e) {
+    auto w1 = params.fc1(e);
+    auto w2 = params.fc2(e);
+    for (Eigen::Index i = 0; i < w1.size(); ++i)
+      w1.data()[i] = 0.2F * static_cast<float>(megamoe::standard_normal(20 + e, i));
+    for (Eigen::Index i = 0; i < w2.size(); ++i)
+      w2.data()[i] = 0.2F * static_cast<float>(megamoe::standard_normal(30 + e, i));
+  }
+  auto normal = [](std::size_t n, std::uint64_t seed) {
+    std::vector<float> v(n);
+    for (std::size_t i = 0; i < n; ++i)
+      v[i] = static_cast<float>(megamoe::standard_normal(seed, i));
+    return v;
+  };
+  auto const x = normal(std::size_t(N) * H, 1), dy = normal(std::size_t(N) * H, 2);
+  std::vector<float> probs(N);
+  for (int i = 0; i < N; ++i) probs[static_cast<std::size_t>(i)] = 0.25F + 0.01F * i;
+  ex::grouped_rows<float> const rows{N, per_expert, probs.data()};
+  std::vector<float> fc1(std::size_t(N) * W1), act(std::size_t(N) * F), out(std::size_t(N) * H);
+  std::vector<float> grad_act(act.size()), grad_fc1(fc1.size()), grad_in(out.size()), grad_p(N);
+  megamoe::buffer<float> a, b, w;
+  pr::grouped_operands<pr::bf16> ops(sizes.experts);
+  ops.bind(pool, a, b, w);
+  ex::executor<float> exec(pool);
+  ex::grouped_mlp<ex::activation_function::swiglu, Backend, float> mlp(sizes);
+  mlp.forward(exec, params, rows, x.data(), fc1.data(), act.data(), out.data(), {}, ops);
+  mlp.backward(exec, params, rows, x.data(), fc1.data(), act.data(), dy.data(), grad_act.data(),
+               grad_fc1.data(), grad_in.data(), grad_p.data(), {}, ops);
+  std::vector<std::vector<float>> result{out, grad_in, grad_p};
+  for (int e = 0; e < sizes.experts; ++e) {
+    auto const g1 = params.grad_fc1(e);
+    auto const g2 = params.grad_fc2(e);
+    result.emplace_back(g1.data(), g1.data() + g1.size());
+    result.emplace_back(g2.data(), g2.data() + g2.size());
+  }
+  return result;
+}
+
+void expect_close(std::vector<std::vector<float>> const& got,
+                  std::vector<std::vector<float>> const& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t t = 0; t < got.size(); ++t) {
+    double largest = 0.0, worst = 0.0;
+    for (std::size_t i = 0; i < got[t].size(); ++i) {
+      largest = std::max(largest, std::abs(static_cast<double>(want[t][i])));
+      worst = std::max(worst, std::abs(static_cast<double>(got[t][i]) - want[t][i]));
+    }
+    EXPECT_LE(worst, 1e-5 * largest) << "tensor " << t;
+  }
+}
+
+TEST(TileBackend, EmulatedTilesRunTheBf16RecipeAsTheGroupedBackend) {
+  megamoe::thread_pool pool(2);
+  auto const before = tl::products_issued().load();
+  auto const tiles = ffn_step<ex::tile_backend<tl::emulated_tiles>>(pool);
+  EXPECT_GT(tl::products_issued().load(), before);
+  expect_close(tiles, ffn_step<ex::grouped_gemm>(pool));
+}
+
+TEST(TileBackend, AmxTilesRunTheBf16RecipeAsTheGroupedBackend) {
+  if (auto const why = amx_skip_reason(); !why.empty()) GTEST_SKIP() << why;
+#if MEGAMOE_HAS_AMX_INTRINSICS
+  megamoe::thread_pool pool(2);
+  expect_close(ffn_step<ex::backend_t<ex::gemm_backend::amx>>(pool),
+               ffn_step<ex::grouped_gemm>(pool));
+#endif
 }
 
 }  // namespace

@@ -650,3 +650,55 @@ TEST(RecipeLayer, QuantizedWeightsHoldOnlyCodes) {
 }
 
 }  // namespace
+
+namespace {
+
+// --- expert::amx ---------------------------------------------------------------------------------
+
+/// The layer on the AMX backend against the grouped backend, one step: output, dx and every weight
+/// gradient (max error over max value).
+template <class Precision>
+void amx_layer_matches_grouped(char const* recipe) {
+  SCOPED_TRACE(recipe);
+  using amx_config = recipe_config<Precision, ex::mlp<ex::swiglu, ex::amx>>;
+  mm::context ctx(2);
+  mm::moe_layer<recipe_config<Precision>> grouped(0);
+  mm::moe_layer<amx_config> tiles(0);
+  grouped.initialize(9, 0.05);
+  tiles.initialize(9, 0.05);
+  auto const x = random_matrix<float>(128, 160, 70);
+  auto const dy = random_matrix<float>(128, 160, 71);
+  mm::row_matrix<float> const y_grouped = grouped.forward(ctx, x, 32, 4).y;
+  mm::row_matrix<float> const y_tiles = tiles.forward(ctx, x, 32, 4).y;
+  EXPECT_LE(relative_error(y_tiles, to_mat(y_grouped)), 1e-5);
+  mm::row_matrix<float> const dx_grouped = grouped.backward(ctx, dy);
+  mm::row_matrix<float> const dx_tiles = tiles.backward(ctx, dy);
+  EXPECT_LE(relative_error(dx_tiles, to_mat(dx_grouped)), 1e-5);
+  std::vector<mm::row_matrix<float>> want;
+  grouped.for_each_parameter(
+      [&](std::string_view, auto, auto grad, mm::parameter_kind) { want.emplace_back(grad); });
+  std::size_t i = 0;
+  tiles.for_each_parameter([&](std::string_view name, auto, auto grad, mm::parameter_kind) {
+    EXPECT_LE(relative_error(grad, to_mat(want[i++])), 1e-5) << name;
+  });
+}
+
+TEST(RecipeLayer, AmxBackendStopsWithAReasonOrMatchesGrouped) {
+  using amx_bf16 = recipe_config<pr::bf16, ex::mlp<ex::swiglu, ex::amx>>;
+  if (!mm::cpu().use_amx()) {
+    try {
+      mm::moe_layer<amx_bf16> layer(0);
+      ADD_FAILURE() << "expert::amx constructed without a usable tile unit";
+    } catch (mm::input_error const& e) {
+      std::string const what = e.what();
+      EXPECT_NE(what.find("expert::amx cannot run here"), std::string::npos) << what;
+      EXPECT_NE(what.find("per_expert, grouped, tensor"), std::string::npos) << what;
+    }
+    GTEST_SKIP() << mm::cpu().amx_unavailable_reason();
+  }
+  amx_layer_matches_grouped<pr::bf16>("bf16");
+  amx_layer_matches_grouped<pr::fp8_blockwise>("fp8 blockwise");
+  amx_layer_matches_grouped<pr::mxfp8>("mxfp8");
+}
+
+}  // namespace

@@ -211,6 +211,15 @@ constexpr bool quantized_storage_needs_quantized_recipe(config_values const& v) 
          precision::is_quantized(v.precision.recipe);
 }
 
+/// R037: the tile unit multiplies BF16 values; a recipe whose dequantized operands carry an fp32
+/// per-tensor scale needs that scale applied after the product, which the tiles do not do yet.
+constexpr bool amx_needs_bf16_operand_recipe(config_values const& v) {
+  using precision::recipe_id;
+  auto const r = v.precision.recipe;
+  return v.expert.backend != expert::gemm_backend::amx || r == recipe_id::bf16 ||
+         r == recipe_id::fp8_blockwise || r == recipe_id::mxfp8;
+}
+
 /// R031
 constexpr bool top_k_within_chosen_groups(config_values const& v) {
   if (!v.router || !detail::group_limit_on(*v.router)) return true;
@@ -241,7 +250,7 @@ struct value_rule {
 };
 
 /// Every value rule, in id order; the start-up check runs all of them.
-inline constexpr std::array<value_rule, 26> value_rules{{
+inline constexpr std::array<value_rule, 27> value_rules{{
     {1, shape_sizes_valid},
     {2, top_k_within_experts},
     {3, ep_divides_experts},
@@ -268,6 +277,7 @@ inline constexpr std::array<value_rule, 26> value_rules{{
     {31, top_k_within_chosen_groups},
     {32, hierarchical_needs_etp_one},
     {33, overlap_needs_etp_one},
+    {37, amx_needs_bf16_operand_recipe},
 }};
 
 /// The ids of every broken rule, in id order (empty when the values are valid).
@@ -340,6 +350,7 @@ consteval bool check() {
     static_assert(top_k_within_chosen_groups(v), MEGAMOE_RULE_R031);
     static_assert(hierarchical_needs_etp_one(v), MEGAMOE_RULE_R032);
     static_assert(overlap_needs_etp_one(v), MEGAMOE_RULE_R033);
+    static_assert(amx_needs_bf16_operand_recipe(v), MEGAMOE_RULE_R037);
   }
   return true;
 }

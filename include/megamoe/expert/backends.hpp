@@ -11,16 +11,22 @@
 //                    of rows per thread by FLOPs, so small and uneven experts keep every core busy.
 // tensor_gemm        Eigen Tensor contractions on the pool's ThreadPoolDevice, expert after expert
 //                    (Eigen splits each contraction over the pool).
+// tile_backend<U>    BF16 products on tile unit U (expert::amx: the AMX unit;
+// expert/tile_gemm.hpp),
+//                    fp32 accumulation; operands rounded to BF16, so it serves the recipes whose
+//                    dequantized operands are BF16 values (rule R037).
 #pragma once
 
 #include <megamoe/core/thread_pool.hpp>
 #include <megamoe/expert/gemm.hpp>
 #include <megamoe/expert/tags.hpp>
+#include <megamoe/expert/tile_gemm.hpp>
 
 #include <algorithm>
 #include <array>
 #include <cstddef>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 namespace megamoe::expert {
@@ -162,15 +168,77 @@ struct tensor_gemm {
   }
 };
 
+/// Products on a tile unit: each problem's B packed once (one task per problem), then blocks of
+/// 64 rows of every problem as tasks over the pool, each packing its rows of A and running the tile
+/// GEMM into its rows of C.
+template <class Tiles>
+struct tile_backend {
+  static constexpr gemm_backend id = gemm_backend::amx;
+  static constexpr int row_block = 64;
+
+  template <gemm_op Op, class T>
+  static void run(executor<T>& exec, std::span<gemm_problem<T> const> problems) {
+    static_assert(std::is_same_v<T, float>, "megamoe: the tile backend multiplies fp32 operands");
+    auto const count = problems.size();
+    auto& packed = packed_b_of_problems();
+    if (packed.size() < count) packed.resize(count);
+    exec.pool().run(static_cast<int>(count), [&](int i) {
+      auto const& p = problems[static_cast<std::size_t>(i)];
+      if (p.m == 0 || p.n == 0) return;
+      // B[k, n]: stored [n, k] for nt, [k, n] otherwise.
+      tiles::pack_b(
+          p.k, p.n,
+          [&](int k, int n) {
+            return Op == gemm_op::nt ? p.b[static_cast<std::ptrdiff_t>(n) * p.ldb + k]
+                                     : p.b[static_cast<std::ptrdiff_t>(k) * p.ldb + n];
+          },
+          packed[static_cast<std::size_t>(i)]);
+    });
+    auto& blocks = row_blocks();
+    blocks.clear();
+    for (std::size_t i = 0; i < count; ++i)
+      for (int row = 0; row < problems[i].m; row += row_block)
+        if (problems[i].n > 0) blocks.push_back({static_cast<int>(i), row});
+    exec.pool().run(static_cast<int>(blocks.size()), [&](int t) {
+      auto const [i, first] = blocks[static_cast<std::size_t>(t)];
+      auto const& p = problems[static_cast<std::size_t>(i)];
+      int const rows = std::min(row_block, p.m - first);
+      thread_local tiles::packed_a a;
+      // A[m, k]: stored [k, m] for tn, [m, k] otherwise.
+      tiles::pack_a(
+          rows, p.k,
+          [&](int r, int k) {
+            int const m = first + r;
+            return Op == gemm_op::tn ? p.a[static_cast<std::ptrdiff_t>(k) * p.lda + m]
+                                     : p.a[static_cast<std::ptrdiff_t>(m) * p.lda + k];
+          },
+          a);
+      Tiles unit;
+      tiles::gemm(unit, a, packed[static_cast<std::size_t>(i)],
+                  p.c + static_cast<std::ptrdiff_t>(first) * p.ldc, p.ldc, 1.0F, p.accumulate);
+    });
+  }
+
+ private:
+  struct row_block_task {
+    int problem, first_row;
+  };
+  // Grow-only, shared by every layer (layers run one after another).
+  static std::vector<tiles::packed_b>& packed_b_of_problems() {
+    static std::vector<tiles::packed_b> packed;
+    return packed;
+  }
+  static std::vector<row_block_task>& row_blocks() {
+    static std::vector<row_block_task> blocks;
+    return blocks;
+  }
+};
+
 namespace detail {
 template <gemm_backend B>
-struct backend_for {
-  static_assert(B != gemm_backend::amx,
-                "megamoe: expert::amx has no implementation yet (it needs the precision recipes); "
-                "use expert::grouped, expert::per_expert or expert::tensor_contraction");
-};
-/// `auto` resolves to the grouped backend (docs/design.md says why); the AMX backend will join the
-/// choice once it exists.
+struct backend_for;
+/// `auto` resolves to the grouped backend (docs/design.md says why); expert::amx is chosen by name
+/// (it needs a recipe, R037, and a CPU with tiles, checked at start-up).
 template <>
 struct backend_for<gemm_backend::auto_> {
   using type = grouped_gemm;
@@ -187,6 +255,12 @@ template <>
 struct backend_for<gemm_backend::tensor_contraction> {
   using type = tensor_gemm;
 };
+#if MEGAMOE_HAS_AMX_INTRINSICS
+template <>
+struct backend_for<gemm_backend::amx> {
+  using type = tile_backend<tiles::hardware_tiles>;
+};
+#endif
 }  // namespace detail
 
 /// The backend class for a backend tag's value.

@@ -21,6 +21,7 @@
 
 #include <megamoe/config/resolve.hpp>
 #include <megamoe/core/buffer.hpp>
+#include <megamoe/core/cpu_features.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/parameter.hpp>
 #include <megamoe/core/random.hpp>
@@ -494,6 +495,9 @@ class moe_layer {
     }
     config_values v = resolve<Config>(given);
     if (!v.router) throw config_error(27, "moe_layer: give the run-time router's settings");
+    if (expert_settings.backend == expert::gemm_backend::amx && !cpu().use_amx())
+      throw input_error("moe_layer: expert::amx cannot run here: " +
+                        cpu().amx_unavailable_reason());
     if (dispatcher_kind == dispatch::dispatcher::local &&
         (v.parallel.ep != 1 || v.parallel.etp != 1))
       throw config_error(19,
