@@ -4,7 +4,7 @@
 //
 //   moe_layer_bench --shape A|B|C --threads N [--backend per_expert|grouped|tensor]
 //                   [--precision fp32|bf16|fp8_delayed|fp8_current|fp8_blockwise|mxfp8|nvfp4]
-//                   (--backend amx: bf16, fp8_blockwise, mxfp8 where the CPU has AMX)
+//                   (--backend amx: the recipes, where the CPU has AMX)
 //                   [--quantized-weights] [--iters N] [--warmup W]
 //
 // Runs W untimed then N timed steps, each from the router GEMM through every weight gradient on
@@ -337,8 +337,8 @@ int main(int argc, char** argv) {
       ->required()
       ->check(CLI::PositiveNumber);
   app.add_option("--backend", o.backend,
-                 "per_expert, grouped or tensor (default: grouped); amx with bf16, fp8_blockwise "
-                 "or mxfp8");
+                 "per_expert, grouped or tensor (default: grouped); amx with a bf16, FP8 or FP4 "
+                 "--precision");
   app.add_option("--precision", o.precision,
                  "fp32 (default), bf16, fp8_delayed, fp8_current, fp8_blockwise, mxfp8 or nvfp4 "
                  "(the recipes run on the grouped backend)");
@@ -368,14 +368,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (o.precision != "fp32" && backend == "amx") {
-      // The tile unit: bf16 and the recipes whose operands are BF16 values (R037).
-      auto const& p = o.precision;
-      if (p != "bf16" && p != "fp8_blockwise" && p != "mxfp8") {
-        std::cerr << "moe_layer_bench: --backend amx runs bf16, fp8_blockwise and mxfp8 (rule "
-                     "R037), not --precision "
-                  << p << "\n";
-        return 2;
-      }
+      // The tile unit, for every bf16 / FP8 / FP4 recipe (R037).
       if (!mm::cpu().use_amx()) {
         std::cerr << "moe_layer_bench: --backend amx cannot run here: "
                   << mm::cpu().amx_unavailable_reason() << "\n";
@@ -383,13 +376,19 @@ int main(int argc, char** argv) {
       }
 #if MEGAMOE_HAS_AMX_INTRINSICS
       using amx = mm::expert::amx;
+      auto const& p = o.precision;
       if (p == "bf16") return run<amx, pr::bf16>(o, shape->second, backend);
+      if (p == "fp8_delayed")
+        return run<amx, pr::fp8_tensorwise<pr::delayed>>(o, shape->second, backend);
+      if (p == "fp8_current")
+        return run<amx, pr::fp8_tensorwise<pr::current>>(o, shape->second, backend);
       if (p == "fp8_blockwise") return run<amx, pr::fp8_blockwise>(o, shape->second, backend);
-      return run<amx, pr::mxfp8>(o, shape->second, backend);
-#else
-      std::cerr << "moe_layer_bench: this build has no AMX intrinsics\n";
-      return 2;
+      if (p == "mxfp8") return run<amx, pr::mxfp8>(o, shape->second, backend);
+      if (p == "nvfp4") return run<amx, pr::nvfp4>(o, shape->second, backend);
 #endif
+      std::cerr << "moe_layer_bench: unknown --precision '" << o.precision
+                << "' for --backend amx\n";
+      return 2;
     }
     if (o.precision != "fp32") {
       if (backend != "grouped") {

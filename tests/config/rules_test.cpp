@@ -145,10 +145,10 @@ std::vector<breaking_case> const& breaking_cases() {
          v.parallel.etp = 2;
        }},
       {37, "amx with fp32", [](auto& v) { v.expert.backend = mm::expert::gemm_backend::amx; }},
-      {37, "amx with nvfp4",
+      {37, "amx with fp64",
        [](auto& v) {
          v.expert.backend = mm::expert::gemm_backend::amx;
-         v.precision = mm::precision::nvfp4::value;
+         v.precision = mm::precision::fp64::value;
        }},
       {27, "runtime router not given", [](auto& v) { v.router.reset(); }},
       {27, "dynamic hidden", [](auto& v) { v.shape.hidden = mm::dynamic; }},

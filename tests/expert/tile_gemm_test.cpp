@@ -186,9 +186,9 @@ namespace {
 namespace ex = megamoe::expert;
 namespace pr = megamoe::precision;
 
-/// Forward and backward of a SwiGLU FFN over three experts (one without rows) under the bf16
+/// Forward and backward of a SwiGLU FFN over three experts (one without rows) under a precision
 /// recipe, on Backend; every output and gradient.
-template <class Backend>
+template <class Backend, class Recipe>
 std::vector<std::vector<float>> ffn_step(megamoe::thread_pool& pool) {
   ex::mlp_sizes const sizes{3, 40, 24, ex::activation_function::swiglu, false};
   int const H = sizes.hidden, F = sizes.ffn, W1 = sizes.fc1_rows();
@@ -216,7 +216,7 @@ std::vector<std::vector<float>> ffn_step(megamoe::thread_pool& pool) {
   std::vector<float> fc1(std::size_t(N) * W1), act(std::size_t(N) * F), out(std::size_t(N) * H);
   std::vector<float> grad_act(act.size()), grad_fc1(fc1.size()), grad_in(out.size()), grad_p(N);
   megamoe::buffer<float> a, b, w;
-  pr::grouped_operands<pr::bf16> ops(sizes.experts);
+  pr::grouped_operands<Recipe> ops(sizes.experts);
   ops.bind(pool, a, b, w);
   ex::executor<float> exec(pool);
   ex::grouped_mlp<ex::activation_function::swiglu, Backend, float> mlp(sizes);
@@ -246,20 +246,34 @@ void expect_close(std::vector<std::vector<float>> const& got,
   }
 }
 
-TEST(TileBackend, EmulatedTilesRunTheBf16RecipeAsTheGroupedBackend) {
-  megamoe::thread_pool pool(2);
-  auto const before = tl::products_issued().load();
-  auto const tiles = ffn_step<ex::tile_backend<tl::emulated_tiles>>(pool);
-  EXPECT_GT(tl::products_issued().load(), before);
-  expect_close(tiles, ffn_step<ex::grouped_gemm>(pool));
+/// Every recipe on Backend against the grouped backend: per-tensor factors (FP8 tensorwise,
+/// NVFP4's global scale) come off before the tiles and back on after the product.
+template <class Backend>
+void every_recipe_as_the_grouped_backend(megamoe::thread_pool& pool) {
+  auto one = [&]<class Recipe>(char const* name, Recipe) {
+    SCOPED_TRACE(name);
+    expect_close(ffn_step<Backend, Recipe>(pool), ffn_step<ex::grouped_gemm, Recipe>(pool));
+  };
+  one("bf16", pr::bf16{});
+  one("fp8 delayed", pr::fp8_tensorwise<pr::delayed>{});
+  one("fp8 current", pr::fp8_tensorwise<pr::current>{});
+  one("fp8 blockwise", pr::fp8_blockwise{});
+  one("mxfp8", pr::mxfp8{});
+  one("nvfp4", pr::nvfp4{});
 }
 
-TEST(TileBackend, AmxTilesRunTheBf16RecipeAsTheGroupedBackend) {
+TEST(TileBackend, EmulatedTilesRunEveryRecipeAsTheGroupedBackend) {
+  megamoe::thread_pool pool(2);
+  auto const before = tl::products_issued().load();
+  every_recipe_as_the_grouped_backend<ex::tile_backend<tl::emulated_tiles>>(pool);
+  EXPECT_GT(tl::products_issued().load(), before);
+}
+
+TEST(TileBackend, AmxTilesRunEveryRecipeAsTheGroupedBackend) {
   if (auto const why = amx_skip_reason(); !why.empty()) GTEST_SKIP() << why;
 #if MEGAMOE_HAS_AMX_INTRINSICS
   megamoe::thread_pool pool(2);
-  expect_close(ffn_step<ex::backend_t<ex::gemm_backend::amx>>(pool),
-               ffn_step<ex::grouped_gemm>(pool));
+  every_recipe_as_the_grouped_backend<ex::backend_t<ex::gemm_backend::amx>>(pool);
 #endif
 }
 

@@ -697,8 +697,11 @@ TEST(RecipeLayer, AmxBackendStopsWithAReasonOrMatchesGrouped) {
     GTEST_SKIP() << mm::cpu().amx_unavailable_reason();
   }
   amx_layer_matches_grouped<pr::bf16>("bf16");
+  amx_layer_matches_grouped<pr::fp8_tensorwise<pr::delayed>>("fp8 delayed");
+  amx_layer_matches_grouped<pr::fp8_tensorwise<pr::current>>("fp8 current");
   amx_layer_matches_grouped<pr::fp8_blockwise>("fp8 blockwise");
   amx_layer_matches_grouped<pr::mxfp8>("mxfp8");
+  amx_layer_matches_grouped<pr::nvfp4>("nvfp4");
 }
 
 }  // namespace

@@ -211,13 +211,12 @@ constexpr bool quantized_storage_needs_quantized_recipe(config_values const& v) 
          precision::is_quantized(v.precision.recipe);
 }
 
-/// R037: the tile unit multiplies BF16 values; a recipe whose dequantized operands carry an fp32
-/// per-tensor scale needs that scale applied after the product, which the tiles do not do yet.
-constexpr bool amx_needs_bf16_operand_recipe(config_values const& v) {
+/// R037: the tile unit multiplies BF16 values, which every bf16 / FP8 / FP4 operand is over its
+/// per-tensor factor; fp32 and fp64 values are not.
+constexpr bool amx_needs_a_recipe(config_values const& v) {
   using precision::recipe_id;
-  auto const r = v.precision.recipe;
-  return v.expert.backend != expert::gemm_backend::amx || r == recipe_id::bf16 ||
-         r == recipe_id::fp8_blockwise || r == recipe_id::mxfp8;
+  return v.expert.backend != expert::gemm_backend::amx ||
+         (v.precision.recipe != recipe_id::fp32 && v.precision.recipe != recipe_id::fp64);
 }
 
 /// R031
@@ -277,7 +276,7 @@ inline constexpr std::array<value_rule, 27> value_rules{{
     {31, top_k_within_chosen_groups},
     {32, hierarchical_needs_etp_one},
     {33, overlap_needs_etp_one},
-    {37, amx_needs_bf16_operand_recipe},
+    {37, amx_needs_a_recipe},
 }};
 
 /// The ids of every broken rule, in id order (empty when the values are valid).
@@ -350,7 +349,7 @@ consteval bool check() {
     static_assert(top_k_within_chosen_groups(v), MEGAMOE_RULE_R031);
     static_assert(hierarchical_needs_etp_one(v), MEGAMOE_RULE_R032);
     static_assert(overlap_needs_etp_one(v), MEGAMOE_RULE_R033);
-    static_assert(amx_needs_bf16_operand_recipe(v), MEGAMOE_RULE_R037);
+    static_assert(amx_needs_a_recipe(v), MEGAMOE_RULE_R037);
   }
   return true;
 }

@@ -11,10 +11,10 @@
 //                    of rows per thread by FLOPs, so small and uneven experts keep every core busy.
 // tensor_gemm        Eigen Tensor contractions on the pool's ThreadPoolDevice, expert after expert
 //                    (Eigen splits each contraction over the pool).
-// tile_backend<U>    BF16 products on tile unit U (expert::amx: the AMX unit;
-// expert/tile_gemm.hpp),
-//                    fp32 accumulation; operands rounded to BF16, so it serves the recipes whose
-//                    dequantized operands are BF16 values (rule R037).
+// tile_backend<U>    BF16 products on tile unit U (expert::amx: the AMX unit, expert/tile_gemm.hpp)
+//                    with fp32 accumulation: each operand over its per-tensor factor (a_unit,
+//                    b_unit) is a BF16 value under every bf16 / FP8 / FP4 recipe and is packed
+//                    exactly; the product is scaled by a_unit * b_unit (R037: no fp32 / fp64).
 #pragma once
 
 #include <megamoe/core/thread_pool.hpp>
@@ -189,8 +189,9 @@ struct tile_backend {
       tiles::pack_b(
           p.k, p.n,
           [&](int k, int n) {
-            return Op == gemm_op::nt ? p.b[static_cast<std::ptrdiff_t>(n) * p.ldb + k]
-                                     : p.b[static_cast<std::ptrdiff_t>(k) * p.ldb + n];
+            return (Op == gemm_op::nt ? p.b[static_cast<std::ptrdiff_t>(n) * p.ldb + k]
+                                      : p.b[static_cast<std::ptrdiff_t>(k) * p.ldb + n]) /
+                   p.b_unit;
           },
           packed[static_cast<std::size_t>(i)]);
     });
@@ -209,13 +210,15 @@ struct tile_backend {
           rows, p.k,
           [&](int r, int k) {
             int const m = first + r;
-            return Op == gemm_op::tn ? p.a[static_cast<std::ptrdiff_t>(k) * p.lda + m]
-                                     : p.a[static_cast<std::ptrdiff_t>(m) * p.lda + k];
+            return (Op == gemm_op::tn ? p.a[static_cast<std::ptrdiff_t>(k) * p.lda + m]
+                                      : p.a[static_cast<std::ptrdiff_t>(m) * p.lda + k]) /
+                   p.a_unit;
           },
           a);
       Tiles unit;
       tiles::gemm(unit, a, packed[static_cast<std::size_t>(i)],
-                  p.c + static_cast<std::ptrdiff_t>(first) * p.ldc, p.ldc, 1.0F, p.accumulate);
+                  p.c + static_cast<std::ptrdiff_t>(first) * p.ldc, p.ldc, p.a_unit * p.b_unit,
+                  p.accumulate);
     });
   }
 
@@ -238,7 +241,7 @@ namespace detail {
 template <gemm_backend B>
 struct backend_for;
 /// `auto` resolves to the grouped backend (docs/design.md says why); expert::amx is chosen by name
-/// (it needs a recipe, R037, and a CPU with tiles, checked at start-up).
+/// (it needs a bf16, FP8 or FP4 recipe, R037, and a CPU with tiles, checked at start-up).
 template <>
 struct backend_for<gemm_backend::auto_> {
   using type = grouped_gemm;

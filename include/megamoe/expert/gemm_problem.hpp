@@ -23,6 +23,11 @@ struct gemm_problem {
   T* c = nullptr;
   int ldc = 0;
   bool accumulate = false;
+  /// The operands' per-tensor factors: A = a_unit A' and B = b_unit B' where a precision recipe
+  /// made A' and B' BF16 values (codes times block scales); 1 otherwise. The fp32 backends read A
+  /// and B as they are; the tile backend multiplies A' B' on the tiles and scales by
+  /// a_unit * b_unit.
+  float a_unit = 1.0F, b_unit = 1.0F;
   [[nodiscard]] double flops() const { return 2.0 * m * n * k; }
 };
 

@@ -192,6 +192,8 @@ struct exact_operands {
   T const* grad(linear, T const* g, int, std::span<std::int64_t const>, int, int) {
     return g;
   }
+  /// The per-tensor factor of expert e's values in `buffer` (gemm_problem::a_unit): none here.
+  static float unit(operand_buffer, int) { return 1.0F; }
   /// wgrad's operands of `layer`: the gradient given to grad() and the input given to input().
   template <class T>
   wgrad_operands<T> wgrad(linear, T const* g, int, T const* x, int,
@@ -225,9 +227,10 @@ class grouped_mlp {
     T const* x = ops.input(linear::fc1, in, H, offsets, first_, last_);
     T const* w1 = ops.weight(linear::fc1, precision::operand_usage::rowwise, params.fc1_data(0), W1,
                              H, first_, last_);
-    run<gemm_op::nt>(exec, [&](int e, int n, std::ptrdiff_t off) {
+    run<gemm_op::nt>(exec, ops, [&](int e, int n, std::ptrdiff_t off) {
       return gemm_problem<T>{
-          n, W1, H, x + off * H, H, w1 + e * fc1_size(), H, fc1_out + off * W1, W1, false};
+          n,  W1,    H,    x + off * H, H, w1 + e * fc1_size(), H, fc1_out + off * W1,
+          W1, false, 1.0F, 1.0F};
     });
     if (sizes_.bias) add_fc1_bias(exec, params, fc1_out);
     ops.fc1_output(fc1_out, W1, offsets, first_, last_);
@@ -235,9 +238,9 @@ class grouped_mlp {
     T const* ap = ops.input(linear::fc2, static_cast<T const*>(act_out), F, offsets, first_, last_);
     T const* w2 = ops.weight(linear::fc2, precision::operand_usage::rowwise, params.fc2_data(0), H,
                              F, first_, last_);
-    run<gemm_op::nt>(exec, [&](int e, int n, std::ptrdiff_t off) {
-      return gemm_problem<T>{n, H,    F, ap + off * F, F, w2 + e * fc2_size(), F, out + off * H,
-                             H, false};
+    run<gemm_op::nt>(exec, ops, [&](int e, int n, std::ptrdiff_t off) {
+      return gemm_problem<T>{n, H,     F,    ap + off * F, F, w2 + e * fc2_size(), F, out + off * H,
+                             H, false, 1.0F, 1.0F};
     });
     if (sizes_.bias)
       for_rows(exec, [&](int j, int e) {
@@ -274,17 +277,19 @@ class grouped_mlp {
     T const* dy = ops.grad(linear::fc2, grad_out, H, offsets, first_, last_);
     T const* w2 =
         ops.weight(linear::fc2, operand_usage::columnwise, params.fc2_data(0), H, F, first_, last_);
-    run<gemm_op::nn>(exec, [&](int e, int n, std::ptrdiff_t off) {
+    run<gemm_op::nn>(exec, ops, [&](int e, int n, std::ptrdiff_t off) {
       return gemm_problem<T>{
-          n, F, H, dy + off * H, H, w2 + e * fc2_size(), F, grad_act + off * F, F, false};
+          n, F,     H,    dy + off * H, H, w2 + e * fc2_size(), F, grad_act + off * F,
+          F, false, 1.0F, 1.0F};
     });
     auto const fc2_wgrad = ops.wgrad(linear::fc2, grad_out, H, act_out, F, offsets, first_, last_);
-    run<gemm_op::tn>(exec, fc2_wgrad.offsets, [&](int e, int n, std::ptrdiff_t off) {
-      return gemm_problem<T>{H, F,
-                             n, fc2_wgrad.grad + off * H,
-                             H, fc2_wgrad.input + off * F,
-                             F, params.grad_fc2_data(e),
-                             F, true};
+    run<gemm_op::tn>(exec, ops, fc2_wgrad.offsets, [&](int e, int n, std::ptrdiff_t off) {
+      return gemm_problem<T>{H,    F,
+                             n,    fc2_wgrad.grad + off * H,
+                             H,    fc2_wgrad.input + off * F,
+                             F,    params.grad_fc2_data(e),
+                             F,    true,
+                             1.0F, 1.0F};
     });
     // Activation: dp per row, dh = act'(h) * d(ap) * p.
     T const* h = ops.saved_fc1_output(fc1_out, W1, offsets, first_, last_);
@@ -305,10 +310,13 @@ class grouped_mlp {
     auto fc1_wgrad = [&] {
       auto const wg = ops.wgrad(linear::fc1, static_cast<T const*>(grad_fc1), W1, in, H, offsets,
                                 first_, last_);
-      run<gemm_op::tn>(exec, wg.offsets, [&](int e, int n, std::ptrdiff_t off) {
-        return gemm_problem<T>{
-            W1, H,   n, wg.grad + off * W1, W1, wg.input + off * H, H, params.grad_fc1_data(e),
-            H,  true};
+      run<gemm_op::tn>(exec, ops, wg.offsets, [&](int e, int n, std::ptrdiff_t off) {
+        return gemm_problem<T>{W1,   H,
+                               n,    wg.grad + off * W1,
+                               W1,   wg.input + off * H,
+                               H,    params.grad_fc1_data(e),
+                               H,    true,
+                               1.0F, 1.0F};
       });
     };
     if constexpr (exact) fc1_wgrad();
@@ -316,9 +324,10 @@ class grouped_mlp {
         ops.grad(linear::fc1, static_cast<T const*>(grad_fc1), W1, offsets, first_, last_);
     T const* w1 = ops.weight(linear::fc1, operand_usage::columnwise, params.fc1_data(0), W1, H,
                              first_, last_);
-    run<gemm_op::nn>(exec, [&](int e, int n, std::ptrdiff_t off) {
+    run<gemm_op::nn>(exec, ops, [&](int e, int n, std::ptrdiff_t off) {
       return gemm_problem<T>{
-          n, H, W1, dh + off * W1, W1, w1 + e * fc1_size(), H, grad_in + off * H, H, false};
+          n, H,     W1,   dh + off * W1, W1, w1 + e * fc1_size(), H, grad_in + off * H,
+          H, false, 1.0F, 1.0F};
     });
     if constexpr (!exact) fc1_wgrad();
   }
@@ -342,20 +351,27 @@ class grouped_mlp {
 
   /// Builds one problem per expert (`make(e, rows, first_row)`) and runs them. Experts without
   /// rows are skipped: they produce no rows and add nothing to their weight gradients.
-  template <gemm_op Op, class Make>
-  void run(executor<T>& exec, Make const& make) {
-    run<Op>(exec, offsets_, make);
+  /// Each problem carries its operands' per-tensor factors from `ops` (A from rows_a, B from the
+  /// weights or, for wgrad, rows_b).
+  template <gemm_op Op, class Operands, class Make>
+  void run(executor<T>& exec, Operands const& ops, Make const& make) {
+    run<Op>(exec, ops, offsets_, make);
   }
   /// The same over other row offsets (a recipe's padded wgrad rows).
-  template <gemm_op Op, class Make>
-  void run(executor<T>& exec, std::span<std::int64_t const> offsets, Make const& make) {
+  template <gemm_op Op, class Operands, class Make>
+  void run(executor<T>& exec, Operands const& ops, std::span<std::int64_t const> offsets,
+           Make const& make) {
+    constexpr operand_buffer b_buffer =
+        Op == gemm_op::tn ? operand_buffer::rows_b : operand_buffer::weights;
     std::size_t used = 0;
     for (int e = first_; e < last_; ++e) {
       auto const n = static_cast<int>(offsets[static_cast<std::size_t>(e) + 1] -
                                       offsets[static_cast<std::size_t>(e)]);
       if (n == 0) continue;
-      problems_[used++] =
-          make(e, n, static_cast<std::ptrdiff_t>(offsets[static_cast<std::size_t>(e)]));
+      auto& p = problems_[used++];
+      p = make(e, n, static_cast<std::ptrdiff_t>(offsets[static_cast<std::size_t>(e)]));
+      p.a_unit = ops.unit(operand_buffer::rows_a, e);
+      p.b_unit = ops.unit(b_buffer, e);
     }
     Backend::template run<Op>(exec, std::span<gemm_problem<T> const>(problems_.data(), used));
   }

@@ -21,6 +21,9 @@ enum class activation_function { swiglu, gelu, squared_relu };
 enum class gemm_backend { auto_, per_expert, grouped, tensor_contraction, amx };
 /// The two linear layers of an expert FFN.
 enum class linear { fc1, fc2 };
+/// Where a precision recipe's dequantized GEMM operands lie: A of every expert GEMM in rows_a, B
+/// in weights (fprop, dgrad) or in rows_b (wgrad).
+enum class operand_buffer { rows_a, rows_b, weights };
 
 /// Every choice of the expert slot, as plain values.
 struct settings {

@@ -255,6 +255,18 @@ void dequantize(quantized_matrix const& q, Store&& store) {
       });
 }
 
+/// The per-tensor part of q's dequantization (per-tensor scales, NVFP4's global scale; 1 for the
+/// others): q's values over it are codes times block scales, exact BF16 values, which is what the
+/// tile backend multiplies (expert::gemm_problem::a_unit). 1 where the tensor has no usable scale.
+template <operand_format F>
+float tensor_factor(quantized_matrix const& q) {
+  float u = 1.0F;
+  if constexpr (F.scale == scale_kind::per_tensor) u = q.scale_inv.empty() ? 1.0F : q.scale_inv[0];
+  if constexpr (F.scale == scale_kind::nvfp4_blocks)
+    u = q.global_amax * static_cast<float>(1.0 / (6.0 * 448.0));
+  return u > 0.0F && std::isfinite(u) ? u : 1.0F;
+}
+
 /// The dequantized values of q as a row-major vector (for tests and tools).
 template <operand_format F>
 std::vector<double> dequantized(quantized_matrix const& q) {
@@ -312,6 +324,7 @@ class grouped_operands {
       for (auto& per_role : per_linear)
         for (auto& per_usage : per_role) per_usage.resize(static_cast<std::size_t>(experts));
     fc1_output_codes_.resize(static_cast<std::size_t>(experts));
+    for (auto& u : units_) u.assign(static_cast<std::size_t>(experts), 1.0F);
     for (auto& per_linear : delayed_)
       for (auto& per_role : per_linear)
         per_role.assign(static_cast<std::size_t>(experts), delayed_scaling_state::of(recipe));
@@ -346,6 +359,7 @@ class grouped_operands {
       auto& row = held(l, role::input, usage::rowwise, e);
       quantize<input_row>(x + off * cols, static_cast<int>(n), cols, scale, 0, row);
       dequantize_rows<input_row>(row, out + off * cols);
+      set_unit(slot::rows_a, e, tensor_factor<input_row>(row));
       if constexpr (!same_copies(recipe, role::input))
         quantize_columnwise<input_col>(x + off * cols, static_cast<int>(n), cols, scale, 0,
                                        codes(l, role::input, usage::columnwise, e));
@@ -372,9 +386,13 @@ class grouped_operands {
     for_experts(first, last, [&](int e) {
       float* oe = out + e * size;
       if (u == usage::rowwise || same_copies(recipe, role::weight)) {
-        dequantize_rows<weight_row>(codes(l, role::weight, usage::rowwise, e), oe);
+        auto const& q = codes(l, role::weight, usage::rowwise, e);
+        dequantize_rows<weight_row>(q, oe);
+        set_unit(slot::weights, e, tensor_factor<weight_row>(q));
       } else {
-        dequantize_columnwise<weight_col>(codes(l, role::weight, usage::columnwise, e), rows, oe);
+        auto const& q = codes(l, role::weight, usage::columnwise, e);
+        dequantize_columnwise<weight_col>(q, rows, oe);
+        set_unit(slot::weights, e, tensor_factor<weight_col>(q));
       }
     });
     return out;
@@ -390,6 +408,12 @@ class grouped_operands {
     thread_pool* const bound = std::exchange(pool_, nullptr);
     store_weights_into(layer, w, rows, cols, first, last, nullptr);
     pool_ = bound;
+  }
+
+  /// The per-tensor factor (tensor_factor) of expert e's values in workspace `b` as the last hook
+  /// that wrote them left them (expert::gemm_problem::a_unit, b_unit).
+  [[nodiscard]] float unit(expert::operand_buffer b, int e) const {
+    return units_[static_cast<std::size_t>(b)][static_cast<std::size_t>(e)];
   }
 
   /// Whether every expert's rowwise copy of both layers' weights holds codes of that shape.
@@ -453,6 +477,7 @@ class grouped_operands {
       auto& row = held(l, role::grad, usage::rowwise, e);
       quantize<grad_row>(g + off * cols, static_cast<int>(n), cols, scale, seed_of(l, e, 0), row);
       dequantize_rows<grad_row>(row, out + off * cols);
+      set_unit(slot::rows_a, e, tensor_factor<grad_row>(row));
     });
     return out;
   }
@@ -492,13 +517,16 @@ class grouped_operands {
         quantize_columnwise<grad_col>(ge, static_cast<int>(source_n), grad_cols, scale,
                                       seed_of(l, e, 1), q);
         dequantize_columnwise<grad_col>(q, n, grad_out + off * grad_cols);
+        set_unit(slot::rows_a, e, tensor_factor<grad_col>(q));
       }
       if constexpr (same_copies(recipe, role::input)) {
-        dequantize_rows<input_row>(codes(l, role::input, usage::rowwise, e),
-                                   input_out + off * input_cols);
+        auto const& q = codes(l, role::input, usage::rowwise, e);
+        dequantize_rows<input_row>(q, input_out + off * input_cols);
+        set_unit(slot::rows_b, e, tensor_factor<input_row>(q));
       } else {
-        dequantize_columnwise<input_col>(codes(l, role::input, usage::columnwise, e), n,
-                                         input_out + off * input_cols);
+        auto const& q = codes(l, role::input, usage::columnwise, e);
+        dequantize_columnwise<input_col>(q, n, input_out + off * input_cols);
+        set_unit(slot::rows_b, e, tensor_factor<input_col>(q));
       }
     });
     return {grad_out, input_out, rows};
@@ -593,7 +621,10 @@ class grouped_operands {
       float const scale = scales_[static_cast<std::size_t>(e)];
       auto& row = codes(l, role::weight, usage::rowwise, e);
       quantize<weight_row>(we, rows, cols, scale, 0, row);
-      if (out != nullptr) dequantize_rows<weight_row>(row, out + e * size);
+      if (out != nullptr) {
+        dequantize_rows<weight_row>(row, out + e * size);
+        set_unit(slot::weights, e, tensor_factor<weight_row>(row));
+      }
       if constexpr (!same_copies(recipe, role::weight))
         quantize_columnwise<weight_col>(we, rows, cols, scale, 0,
                                         codes(l, role::weight, usage::columnwise, e));
@@ -601,6 +632,11 @@ class grouped_operands {
   }
 
   static std::size_t index(expert::linear l) { return static_cast<std::size_t>(l); }
+
+  using slot = expert::operand_buffer;
+  void set_unit(slot b, int e, float u) {
+    units_[static_cast<std::size_t>(b)][static_cast<std::size_t>(e)] = u;
+  }
 
   quantized_matrix& codes(std::size_t l, role r, usage u, int e) {
     return codes_[l][static_cast<std::size_t>(r)][static_cast<std::size_t>(u)]
@@ -748,6 +784,7 @@ class grouped_operands {
   static constexpr std::size_t fc1_output_slot = 2;
   std::array<std::array<std::vector<delayed_scaling_state>, 3>, 3> delayed_;
   std::vector<quantized_matrix> fc1_output_codes_;  // [E], with QuantizedActivations
+  std::array<std::vector<float>, 3> units_;  // [operand_buffer][E]: tensor_factor of the values
   std::vector<std::uint16_t> fc1_bf16_;
   std::vector<std::int64_t> padded_offsets_;
 };

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// R037: the AMX backend needs a recipe whose dequantized operands are BF16 values.
+// R037: the AMX backend needs a bf16, FP8 or FP4 recipe (the tiles multiply BF16 values).
 // Built with MEGAMOE_COMPILE_FAIL the configuration breaks the rule and the compiler must print
 // megamoe[R037]; built without, the twin differs only in that choice and compiles.
 #include <megamoe/config/config.hpp>
@@ -8,9 +8,9 @@
 namespace mm = megamoe;
 
 #ifdef MEGAMOE_COMPILE_FAIL
-#define MEGAMOE_TEST_CHOICE mm::precision::fp8_tensorwise<mm::precision::current>
+#define MEGAMOE_TEST_CHOICE mm::precision::fp32
 #else
-#define MEGAMOE_TEST_CHOICE mm::precision::mxfp8
+#define MEGAMOE_TEST_CHOICE mm::precision::nvfp4
 #endif
 
 using cfg =
