@@ -37,6 +37,7 @@
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -327,6 +328,25 @@ int run(options const& o, bench_shape const& shape, std::string const& backend_n
   return 0;
 }
 
+/// Runs --precision's recipe on Backend with Memory; nothing where it names none (bf16 is not
+/// offered with quantized weights, which need FP8 or FP4: R030).
+template <class Backend, class Memory = mm::memory::keep_all>
+std::optional<int> run_recipe(options const& o, bench_shape const& shape,
+                              std::string const& backend) {
+  namespace pr = mm::precision;
+  auto const& p = o.precision;
+  if constexpr (!Memory::value.quantized_weights)
+    if (p == "bf16") return run<Backend, pr::bf16, Memory>(o, shape, backend);
+  if (p == "fp8_delayed")
+    return run<Backend, pr::fp8_tensorwise<pr::delayed>, Memory>(o, shape, backend);
+  if (p == "fp8_current")
+    return run<Backend, pr::fp8_tensorwise<pr::current>, Memory>(o, shape, backend);
+  if (p == "fp8_blockwise") return run<Backend, pr::fp8_blockwise, Memory>(o, shape, backend);
+  if (p == "mxfp8") return run<Backend, pr::mxfp8, Memory>(o, shape, backend);
+  if (p == "nvfp4") return run<Backend, pr::nvfp4, Memory>(o, shape, backend);
+  return std::nullopt;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -360,7 +380,6 @@ int main(int argc, char** argv) {
   }
   // The default backend, chosen once here: grouped (docs/design.md says why).
   std::string const backend = o.backend.empty() ? "grouped" : o.backend;
-  namespace pr = mm::precision;
   using grouped = mm::expert::grouped;
   try {
     if (o.quantized_weights && o.precision == "fp32") {
@@ -375,16 +394,7 @@ int main(int argc, char** argv) {
         return 2;
       }
 #if MEGAMOE_HAS_AMX_INTRINSICS
-      using amx = mm::expert::amx;
-      auto const& p = o.precision;
-      if (p == "bf16") return run<amx, pr::bf16>(o, shape->second, backend);
-      if (p == "fp8_delayed")
-        return run<amx, pr::fp8_tensorwise<pr::delayed>>(o, shape->second, backend);
-      if (p == "fp8_current")
-        return run<amx, pr::fp8_tensorwise<pr::current>>(o, shape->second, backend);
-      if (p == "fp8_blockwise") return run<amx, pr::fp8_blockwise>(o, shape->second, backend);
-      if (p == "mxfp8") return run<amx, pr::mxfp8>(o, shape->second, backend);
-      if (p == "nvfp4") return run<amx, pr::nvfp4>(o, shape->second, backend);
+      if (auto const code = run_recipe<mm::expert::amx>(o, shape->second, backend)) return *code;
 #endif
       std::cerr << "moe_layer_bench: unknown --precision '" << o.precision
                 << "' for --backend amx\n";
@@ -397,31 +407,16 @@ int main(int argc, char** argv) {
                      "tensor)\n";
         return 2;
       }
-      auto const& p = o.precision;
       if (o.quantized_weights) {
         using codes = mm::memory::plan<mm::memory::quantized_weights>;
-        if (p == "fp8_delayed")
-          return run<grouped, pr::fp8_tensorwise<pr::delayed>, codes>(o, shape->second, backend);
-        if (p == "fp8_current")
-          return run<grouped, pr::fp8_tensorwise<pr::current>, codes>(o, shape->second, backend);
-        if (p == "fp8_blockwise")
-          return run<grouped, pr::fp8_blockwise, codes>(o, shape->second, backend);
-        if (p == "mxfp8") return run<grouped, pr::mxfp8, codes>(o, shape->second, backend);
-        if (p == "nvfp4") return run<grouped, pr::nvfp4, codes>(o, shape->second, backend);
+        if (auto const code = run_recipe<grouped, codes>(o, shape->second, backend)) return *code;
         std::cerr << "moe_layer_bench: --quantized-weights needs an FP8 or FP4 --precision "
                      "(fp8_delayed, fp8_current, fp8_blockwise, mxfp8, nvfp4), not '"
-                  << p << "'\n";
+                  << o.precision << "'\n";
         return 2;
       }
-      if (p == "bf16") return run<grouped, pr::bf16>(o, shape->second, backend);
-      if (p == "fp8_delayed")
-        return run<grouped, pr::fp8_tensorwise<pr::delayed>>(o, shape->second, backend);
-      if (p == "fp8_current")
-        return run<grouped, pr::fp8_tensorwise<pr::current>>(o, shape->second, backend);
-      if (p == "fp8_blockwise") return run<grouped, pr::fp8_blockwise>(o, shape->second, backend);
-      if (p == "mxfp8") return run<grouped, pr::mxfp8>(o, shape->second, backend);
-      if (p == "nvfp4") return run<grouped, pr::nvfp4>(o, shape->second, backend);
-      std::cerr << "moe_layer_bench: unknown --precision '" << p
+      if (auto const code = run_recipe<grouped>(o, shape->second, backend)) return *code;
+      std::cerr << "moe_layer_bench: unknown --precision '" << o.precision
                 << "' (fp32, bf16, fp8_delayed, fp8_current, fp8_blockwise, mxfp8, nvfp4)\n";
       return 2;
     }
