@@ -58,7 +58,7 @@ struct operands {
                              : b[static_cast<std::size_t>(q) * ldb + j];
   }
   [[nodiscard]] gemm_problem<T> problem(bool accumulate) {
-    return {s.m, s.n, s.k, a.data(), lda, b.data(), ldb, c.data(), ldc, accumulate, 1.0F, 1.0F};
+    return {s.m, s.n, s.k, a.data(), lda, b.data(), ldb, c.data(), ldc, accumulate};
   }
 };
 

@@ -229,8 +229,7 @@ class grouped_mlp {
                              H, first_, last_);
     run<gemm_op::nt>(exec, ops, [&](int e, int n, std::ptrdiff_t off) {
       return gemm_problem<T>{
-          n,  W1,    H,    x + off * H, H, w1 + e * fc1_size(), H, fc1_out + off * W1,
-          W1, false, 1.0F, 1.0F};
+          n, W1, H, x + off * H, H, w1 + e * fc1_size(), H, fc1_out + off * W1, W1, false};
     });
     if (sizes_.bias) add_fc1_bias(exec, params, fc1_out);
     ops.fc1_output(fc1_out, W1, offsets, first_, last_);
@@ -239,8 +238,8 @@ class grouped_mlp {
     T const* w2 = ops.weight(linear::fc2, precision::operand_usage::rowwise, params.fc2_data(0), H,
                              F, first_, last_);
     run<gemm_op::nt>(exec, ops, [&](int e, int n, std::ptrdiff_t off) {
-      return gemm_problem<T>{n, H,     F,    ap + off * F, F, w2 + e * fc2_size(), F, out + off * H,
-                             H, false, 1.0F, 1.0F};
+      return gemm_problem<T>{n, H,    F, ap + off * F, F, w2 + e * fc2_size(), F, out + off * H,
+                             H, false};
     });
     if (sizes_.bias)
       for_rows(exec, [&](int j, int e) {
@@ -279,17 +278,15 @@ class grouped_mlp {
         ops.weight(linear::fc2, operand_usage::columnwise, params.fc2_data(0), H, F, first_, last_);
     run<gemm_op::nn>(exec, ops, [&](int e, int n, std::ptrdiff_t off) {
       return gemm_problem<T>{
-          n, F,     H,    dy + off * H, H, w2 + e * fc2_size(), F, grad_act + off * F,
-          F, false, 1.0F, 1.0F};
+          n, F, H, dy + off * H, H, w2 + e * fc2_size(), F, grad_act + off * F, F, false};
     });
     auto const fc2_wgrad = ops.wgrad(linear::fc2, grad_out, H, act_out, F, offsets, first_, last_);
     run<gemm_op::tn>(exec, ops, fc2_wgrad.offsets, [&](int e, int n, std::ptrdiff_t off) {
-      return gemm_problem<T>{H,    F,
-                             n,    fc2_wgrad.grad + off * H,
-                             H,    fc2_wgrad.input + off * F,
-                             F,    params.grad_fc2_data(e),
-                             F,    true,
-                             1.0F, 1.0F};
+      return gemm_problem<T>{H, F,
+                             n, fc2_wgrad.grad + off * H,
+                             H, fc2_wgrad.input + off * F,
+                             F, params.grad_fc2_data(e),
+                             F, true};
     });
     // Activation: dp per row, dh = act'(h) * d(ap) * p.
     T const* h = ops.saved_fc1_output(fc1_out, W1, offsets, first_, last_);
@@ -311,12 +308,9 @@ class grouped_mlp {
       auto const wg = ops.wgrad(linear::fc1, static_cast<T const*>(grad_fc1), W1, in, H, offsets,
                                 first_, last_);
       run<gemm_op::tn>(exec, ops, wg.offsets, [&](int e, int n, std::ptrdiff_t off) {
-        return gemm_problem<T>{W1,   H,
-                               n,    wg.grad + off * W1,
-                               W1,   wg.input + off * H,
-                               H,    params.grad_fc1_data(e),
-                               H,    true,
-                               1.0F, 1.0F};
+        return gemm_problem<T>{
+            W1, H,   n, wg.grad + off * W1, W1, wg.input + off * H, H, params.grad_fc1_data(e),
+            H,  true};
       });
     };
     if constexpr (exact) fc1_wgrad();
@@ -326,8 +320,7 @@ class grouped_mlp {
                              first_, last_);
     run<gemm_op::nn>(exec, ops, [&](int e, int n, std::ptrdiff_t off) {
       return gemm_problem<T>{
-          n, H,     W1,   dh + off * W1, W1, w1 + e * fc1_size(), H, grad_in + off * H,
-          H, false, 1.0F, 1.0F};
+          n, H, W1, dh + off * W1, W1, w1 + e * fc1_size(), H, grad_in + off * H, H, false};
     });
     if constexpr (!exact) fc1_wgrad();
   }
