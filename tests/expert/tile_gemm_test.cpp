@@ -5,10 +5,14 @@
 // would skip (the OS refused, or megamoe's detection is wrong), the test fails instead.
 #include <megamoe/core/cpu_features.hpp>
 #include <megamoe/core/random.hpp>
+#include <megamoe/expert/backends.hpp>
+#include <megamoe/expert/mlp.hpp>
 #include <megamoe/expert/tile_gemm.hpp>
+#include <megamoe/precision/operands.hpp>
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -174,12 +178,7 @@ TEST(TileGemm, AmxFollowsCpuAndEnvironment) {
 
 }  // namespace
 
-// --- The tile backend under the experts' FFN
-// -------------------------------------------------------
-
-#include <megamoe/expert/backends.hpp>
-#include <megamoe/expert/mlp.hpp>
-#include <megamoe/precision/operands.hpp>
+// --- The tile backend under the experts' FFN ---------------------------------------------------
 
 namespace {
 
