@@ -4,7 +4,7 @@
 //
 //   moe_layer_bench --shape A|B|C --threads N [--backend per_expert|grouped|tensor]
 //                   [--precision fp32|bf16|fp8_delayed|fp8_current|fp8_blockwise|mxfp8|nvfp4]
-//                   (--backend amx: the recipes, where the CPU has AMX)
+//                   (--backend amx | avx512_bf16: the recipes, where the CPU has the unit)
 //                   [--quantized-weights] [--iters N] [--warmup W]
 //
 // Runs W untimed then N timed steps, each from the router GEMM through every weight gradient on
@@ -357,11 +357,11 @@ int main(int argc, char** argv) {
       ->required()
       ->check(CLI::PositiveNumber);
   app.add_option("--backend", o.backend,
-                 "per_expert, grouped or tensor (default: grouped); amx with a bf16, FP8 or FP4 "
-                 "--precision");
+                 "per_expert, grouped or tensor (default: grouped); amx or avx512_bf16 with a "
+                 "bf16, FP8 or FP4 --precision");
   app.add_option("--precision", o.precision,
                  "fp32 (default), bf16, fp8_delayed, fp8_current, fp8_blockwise, mxfp8 or nvfp4 "
-                 "(the recipes run on the grouped backend)");
+                 "(the recipes run on grouped, amx and avx512_bf16)");
   app.add_flag("--quantized-weights", o.quantized_weights,
                "hold the experts' weights as codes (FP8 and FP4 recipes)");
   app.add_option("--iters", o.iters, "timed steps")->check(CLI::PositiveNumber);
@@ -386,36 +386,40 @@ int main(int argc, char** argv) {
       std::cerr << "moe_layer_bench: --quantized-weights needs an FP8 or FP4 --precision\n";
       return 2;
     }
-    if (o.precision != "fp32" && backend == "amx") {
-      // The tile unit, for every bf16 / FP8 / FP4 recipe (R037).
-      if (!mm::cpu().use_amx()) {
-        std::cerr << "moe_layer_bench: --backend amx cannot run here: "
-                  << mm::cpu().amx_unavailable_reason() << "\n";
-        return 2;
-      }
-#if MEGAMOE_HAS_AMX_INTRINSICS
-      if (auto const code = run_recipe<mm::expert::amx>(o, shape->second, backend)) return *code;
-#endif
-      std::cerr << "moe_layer_bench: unknown --precision '" << o.precision
-                << "' for --backend amx\n";
-      return 2;
-    }
     if (o.precision != "fp32") {
-      if (backend != "grouped") {
-        std::cerr << "moe_layer_bench: --precision " << o.precision
-                  << " runs on --backend grouped or amx (fp32 runs on grouped, per_expert and "
-                     "tensor)\n";
-        return 2;
-      }
-      if (o.quantized_weights) {
+      // A recipe on the grouped backend or on a BF16 tile unit (R037), with fp32 or quantized
+      // primary weights; nullopt: no such recipe.
+      auto recipe = [&]<class Backend>(Backend) -> std::optional<int> {
+        if (!o.quantized_weights) return run_recipe<Backend>(o, shape->second, backend);
         using codes = mm::memory::plan<mm::memory::quantized_weights>;
-        if (auto const code = run_recipe<grouped, codes>(o, shape->second, backend)) return *code;
+        if (auto const code = run_recipe<Backend, codes>(o, shape->second, backend)) return code;
         std::cerr << "moe_layer_bench: --quantized-weights needs an FP8 or FP4 --precision "
                      "(fp8_delayed, fp8_current, fp8_blockwise, mxfp8, nvfp4), not '"
                   << o.precision << "'\n";
         return 2;
+      };
+      std::optional<int> code;
+      auto const& cpu = mm::cpu();
+      if (backend == "grouped") {
+        code = recipe(grouped{});
+      } else if (backend == "amx" || backend == "avx512_bf16") {
+        bool const amx = backend == "amx";
+        if (amx ? !cpu.use_amx() : !cpu.use_avx512_bf16()) {
+          std::cerr << "moe_layer_bench: --backend " << backend << " cannot run here: "
+                    << (amx ? cpu.amx_unavailable_reason() : cpu.avx512_bf16_unavailable_reason())
+                    << "\n";
+          return 2;
+        }
+#if MEGAMOE_HAS_AMX_INTRINSICS
+        code = amx ? recipe(mm::expert::amx{}) : recipe(mm::expert::avx512_bf16{});
+#endif
+      } else {
+        std::cerr << "moe_layer_bench: --precision " << o.precision
+                  << " runs on --backend grouped, amx or avx512_bf16 (fp32 runs on grouped, "
+                     "per_expert and tensor)\n";
+        return 2;
       }
-      if (auto const code = run_recipe<grouped>(o, shape->second, backend)) return *code;
+      if (code) return *code;
       std::cerr << "moe_layer_bench: unknown --precision '" << o.precision
                 << "' (fp32, bf16, fp8_delayed, fp8_current, fp8_blockwise, mxfp8, nvfp4)\n";
       return 2;
@@ -428,6 +432,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cerr << "moe_layer_bench: unknown or unavailable --backend '" << backend
-            << "' (per_expert, grouped or tensor; amx needs the precision recipes)\n";
+            << "' (per_expert, grouped or tensor; amx and avx512_bf16 need a recipe)\n";
   return 2;
 }

@@ -1,15 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
-// tile_peak — this machine's AMX BF16 tile peak, and megamoe's tile GEMM against it in the same
-// run.
+// tile_peak — this machine's BF16 matrix peak on each unit megamoe's tile GEMM runs on, and the
+// tile GEMM against it in the same run.
 //
 //   tile_peak [--threads 1,2] [--repeats 5] [--seconds 0.3] [--size 2048]
 //
-// Peak: each pool thread issues TDPBF16PS on four independent accumulator tiles from two A and two
-// B tiles held in registers (16 x 16 x 32 multiply-adds each, no memory traffic). GEMM: C = A B at
-// size^3 in BF16 (expert/tile_gemm.hpp, packed once), rows of A split over the threads. One JSON
-// line per thread count: threads, peak_tflops_median, gemm_tflops_median, gemm_fraction_of_peak.
-// Where this process may not use AMX (no tile unit, the OS refused, MEGAMOE_DISABLE_AMX) it prints
-// one line {"amx":false,"reason":...} and exits 0, so it can run anywhere.
+// Units: amx (TDPBF16PS on the AMX tile unit) and avx512_bf16 (VDPBF16PS on the vector units).
+// Peak: each pool thread issues the unit's BF16 product on independent accumulators held in
+// registers, operands in registers too (amx: four tiles from two A and two B tiles, 16 x 16 x 32
+// multiply-adds each; avx512_bf16: 24 accumulators, 32 multiply-adds each), no memory traffic.
+// GEMM: C = A B at size^3 in BF16 (expert/tile_gemm.hpp, packed once), rows of A split over the
+// threads. One JSON line per unit and thread count: unit, threads, peak_tflops_median,
+// gemm_tflops_median, gemm_fraction_of_peak. A unit this process may not use (not in the CPU, the
+// OS refused, MEGAMOE_DISABLE_AMX / MEGAMOE_DISABLE_AVX512) prints one line
+// {"unit":...,"available":false,"reason":...}; the program exits 0 either way, so it runs anywhere.
 #include <megamoe/core/cpu_features.hpp>
 #include <megamoe/core/random.hpp>
 #include <megamoe/core/thread_pool.hpp>
@@ -29,16 +32,14 @@ namespace tl = megamoe::expert::tiles;
 
 namespace {
 
-constexpr double flops_per_product = 2.0 * 16 * 16 * 32;
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
 
 #if MEGAMOE_HAS_AMX_INTRINSICS
-/// `iterations` rounds of four tile products on registers; returns the products issued.
-MEGAMOE_AMX_TARGET long peak_products(long iterations) {
+/// `iterations` rounds of four tile products on registers; returns the multiply-adds done.
+MEGAMOE_AMX_TARGET double amx_peak_loop(long iterations) {
   tl::hardware_tiles tiles;
   tiles.configure();
   alignas(64) static thread_local std::uint16_t data[16 * 32] = {};
@@ -54,32 +55,40 @@ MEGAMOE_AMX_TARGET long peak_products(long iterations) {
     _tile_dpbf16ps(3, 5, 7);
   }
   tiles.release();
-  return 4 * iterations;
+  return 4.0 * 16 * 16 * 32 * static_cast<double>(iterations);
+}
+
+/// `iterations` rounds of 24 independent VDPBF16PS; returns the multiply-adds done.
+MEGAMOE_AVX512_BF16_TARGET double avx512_bf16_peak_loop(long iterations) {
+  constexpr int chains = 24;  // enough independent sums to cover the instruction's latency
+  __m512 acc[chains];
+  for (auto& v : acc) v = _mm512_setzero_ps();
+  auto a = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3F803F80));  // (1, 1)
+  auto const b = a;
+  for (long i = 0; i < iterations; ++i) {
+#pragma GCC unroll 24
+    for (int c = 0; c < chains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+    __asm__ volatile("" : "+v"(a));  // keeps the loop from being folded
+  }
+  alignas(64) float lanes[16];
+  for (auto const& v : acc) {
+    _mm512_store_ps(lanes, v);
+    __asm__ volatile("" : : "m"(lanes));  // the sums are used
+  }
+  return 32.0 * chains * static_cast<double>(iterations);
 }
 #endif
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"tile_peak: the AMX BF16 tile peak and the tile GEMM against it"};
+struct options {
   std::vector<int> thread_counts{1, 2};
   int repeats = 5, size = 2048;
   double seconds = 0.3;
-  app.add_option("--threads", thread_counts, "thread counts")->delimiter(',');
-  app.add_option("--repeats", repeats, "measurements per thread count")->check(CLI::PositiveNumber);
-  app.add_option("--seconds", seconds, "length of one peak measurement")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--size", size, "M = N = K of the GEMM")->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
-  auto const& cpu = megamoe::cpu();
-  if (!cpu.use_amx()) {
-    nlohmann::ordered_json j;
-    j["amx"] = false;
-    j["reason"] = cpu.amx_unavailable_reason();
-    std::cout << j.dump() << std::endl;
-    return 0;
-  }
-#if MEGAMOE_HAS_AMX_INTRINSICS
+};
+
+/// The peak of `peak_loop` and the tile GEMM on Tiles, one JSON line per thread count.
+template <class Tiles, class PeakLoop>
+int measure(char const* unit, options const& o, PeakLoop const& peak_loop) {
+  int const size = o.size;
   // The GEMM's operands, packed once: BF16 values from N(0, 1).
   tl::packed_b b;
   tl::pack_b(
@@ -88,7 +97,7 @@ int main(int argc, char** argv) {
         return static_cast<float>(megamoe::standard_normal(2, std::uint64_t(r) * size + c));
       },
       b);
-  for (int threads : thread_counts) {
+  for (int threads : o.thread_counts) {
     if (threads < 1) {
       std::cerr << "tile_peak: thread counts must be positive\n";
       return 2;
@@ -108,47 +117,86 @@ int main(int argc, char** argv) {
       c[static_cast<std::size_t>(t)].resize(static_cast<std::size_t>(rows) * size);
     }
     // Calibrate the peak loop to about `seconds`.
-    long iterations = 1 << 16;
+    long iterations = 1 << 12;
     for (;;) {
       auto const t0 = std::chrono::steady_clock::now();
-      peak_products(iterations);
+      peak_loop(iterations);
       double const s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (s > seconds / 4 || iterations > (1L << 40)) {
+      if (s > o.seconds / 4 || iterations > (1L << 40)) {
         iterations =
-            static_cast<long>(static_cast<double>(iterations) * seconds / std::max(s, 1e-9));
+            static_cast<long>(static_cast<double>(iterations) * o.seconds / std::max(s, 1e-9));
         break;
       }
       iterations *= 4;
     }
     std::vector<double> peak, gemm;
-    for (int r = 0; r < repeats; ++r) {
+    for (int r = 0; r < o.repeats; ++r) {
+      std::vector<double> done(static_cast<std::size_t>(threads));
       auto const t0 = std::chrono::steady_clock::now();
-      pool.run(threads, [&](int) { peak_products(iterations); });
+      pool.run(threads, [&](int t) { done[static_cast<std::size_t>(t)] = peak_loop(iterations); });
       auto const t1 = std::chrono::steady_clock::now();
       pool.run(threads, [&](int t) {
-        tl::hardware_tiles tiles;
+        Tiles tiles;
         auto const i = static_cast<std::size_t>(t);
         tl::gemm(tiles, a[i], b, c[i].data(), size);
       });
       auto const t2 = std::chrono::steady_clock::now();
-      peak.push_back(flops_per_product * 4.0 * static_cast<double>(iterations) * threads /
-                     std::chrono::duration<double>(t1 - t0).count() / 1e12);
+      double multiply_adds = 0.0;
+      for (double d : done) multiply_adds += d;
+      peak.push_back(2.0 * multiply_adds / std::chrono::duration<double>(t1 - t0).count() / 1e12);
       gemm.push_back(2.0 * size * double(size) * size /
                      std::chrono::duration<double>(t2 - t1).count() / 1e12);
     }
     nlohmann::ordered_json j;
-    j["amx"] = true;
+    j["unit"] = unit;
     j["threads"] = threads;
     j["size"] = size;
     j["peak_tflops_median"] = median(peak);
     j["gemm_tflops_median"] = median(gemm);
     j["gemm_fraction_of_peak"] = median(gemm) / median(peak);
-    j["repeats"] = repeats;
+    j["repeats"] = o.repeats;
     std::cout << j.dump() << std::endl;
   }
   return 0;
+}
+
+void unavailable(char const* unit, std::string const& reason) {
+  nlohmann::ordered_json j;
+  j["unit"] = unit;
+  j["available"] = false;
+  j["reason"] = reason;
+  std::cout << j.dump() << std::endl;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tile_peak: BF16 matrix peaks (AMX, AVX512-BF16) and the tile GEMM against them"};
+  options o;
+  app.add_option("--threads", o.thread_counts, "thread counts")->delimiter(',');
+  app.add_option("--repeats", o.repeats, "measurements per thread count")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--seconds", o.seconds, "length of one peak measurement")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--size", o.size, "M = N = K of the GEMM")->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+  auto const& cpu = megamoe::cpu();
+#if MEGAMOE_HAS_AMX_INTRINSICS
+  if (cpu.use_amx()) {
+    if (int const code = measure<tl::hardware_tiles>("amx", o, amx_peak_loop)) return code;
+  } else {
+    unavailable("amx", cpu.amx_unavailable_reason());
+  }
+  if (cpu.use_avx512_bf16()) {
+    if (int const code = measure<tl::vector_tiles>("avx512_bf16", o, avx512_bf16_peak_loop))
+      return code;
+  } else {
+    unavailable("avx512_bf16", cpu.avx512_bf16_unavailable_reason());
+  }
 #else
-  std::cerr << "tile_peak: AMX is usable, but this compiler has no AMX intrinsics\n";
-  return 2;
+  unavailable("amx", "this compiler has no x86 intrinsics");
+  unavailable("avx512_bf16", "this compiler has no x86 intrinsics");
+  (void)cpu;
 #endif
+  return 0;
 }

@@ -1,9 +1,15 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: Apache-2.0
-"""megamoe against PyTorch, side by side in one run: the MoE layer, forward + backward, fp32.
+"""megamoe against PyTorch, side by side in one run: the MoE layer, forward + backward.
 
     /usr/bin/python3 benchmarks/peer/compare.py [--build build] [--shapes A,B,C] [--threads 1,2]
                                                 [--runs 3] [--iters 5] [--json out.jsonl]
+                                                [--precision fp32|bf16] [--backend NAME]
+
+fp32 (default): megamoe's grouped backend against PyTorch fp32. bf16: megamoe's bf16 recipe on
+--backend (default avx512_bf16; amx, or grouped for its fp32 GEMMs) against PyTorch's bf16
+autocast; the peak is then the unit's BF16 peak from benchmarks/tile_peak, whose 2048^3 tile GEMM
+is also set against PyTorch's own bf16 matmul (peer/matmul_torch.py) each time the peak is taken.
 
 Measures the FP32 FMA peak (benchmarks/peak) before every shape and at the end, taking per thread
 count the highest of those medians (a core lent elsewhere for a moment only reads lower: one
@@ -53,22 +59,50 @@ def main():
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--json", default=None, help="also append every result line here")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    parser.add_argument("--backend", default=None,
+                        help="megamoe's expert backend (fp32: grouped; bf16: avx512_bf16)")
     args = parser.parse_args()
+    backend = args.backend or ("grouped" if args.precision == "fp32" else "avx512_bf16")
+    tile_unit = backend if backend in ("amx", "avx512_bf16") else None
     shapes = args.shapes.split(",")
     threads = [int(t) for t in args.threads.split(",")]
     bench = os.path.join(args.build, "benchmarks", "moe_layer_bench")
     peak_program = os.path.join(args.build, "benchmarks", "peak")
+    tile_peak_program = os.path.join(args.build, "benchmarks", "tile_peak")
     torch_script = os.path.join(HERE, "moe_layer_torch.py")
+    matmul_script = os.path.join(HERE, "matmul_torch.py")
+    kernel_runs = {n: [] for n in threads}  # (megamoe tile GEMM, PyTorch matmul) TFLOP/s
     record = open(args.json, "a") if args.json else None
 
     peak_runs = {n: [] for n in threads}
 
     def measure_peak():
-        peaks, _ = run_json([peak_program, "--threads", ",".join(map(str, threads))])
+        counts = ",".join(map(str, threads))
+        if tile_unit is None:
+            peaks, _ = run_json([peak_program, "--threads", counts])
+            for p in peaks:
+                peak_runs[p["threads"]].append(p["gflops_median"])
+                if record:
+                    record.write(json.dumps(p) + "\n")
+            return
+        # The unit's BF16 peak and its 2048^3 tile GEMM, then PyTorch's bf16 matmul.
+        peaks, _ = run_json([tile_peak_program, "--threads", counts, "--repeats", "3"])
+        peaks = [p for p in peaks if p.get("unit") == tile_unit]
+        if not peaks or peaks[0].get("available") is False:
+            sys.exit(f"compare: the {tile_unit} unit cannot run here: "
+                     f"{peaks[0]['reason'] if peaks else 'tile_peak printed nothing for it'}")
+        theirs, _ = run_json([sys.executable, matmul_script, "--threads", counts, "--repeats", "3"],
+                             dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
+        torch_of = {t["threads"]: t["gemm_tflops_median"] for t in theirs}
         for p in peaks:
-            peak_runs[p["threads"]].append(p["gflops_median"])
+            peak_runs[p["threads"]].append(1e3 * p["peak_tflops_median"])
+            kernel_runs[p["threads"]].append((p["gemm_tflops_median"], torch_of[p["threads"]]))
             if record:
                 record.write(json.dumps(p) + "\n")
+        if record:
+            for t in theirs:
+                record.write(json.dumps(t) + "\n")
 
     results = {}
     for shape in shapes:
@@ -80,8 +114,10 @@ def main():
                 got = {}
                 for who in order:
                     if who == "megamoe":
+                        recipe = ([] if args.precision == "fp32" else
+                                  ["--precision", args.precision, "--backend", backend])
                         out, err = run_json([bench, "--shape", shape, "--threads", str(n), "--iters",
-                                             str(args.iters)])
+                                             str(args.iters)] + recipe)
                         match = re.search(r"router ([0-9.e+-]+)% permute ([0-9.e+-]+)% experts "
                                           r"([0-9.e+-]+)% unpermute ([0-9.e+-]+)%", err)
                         if match:
@@ -89,7 +125,8 @@ def main():
                     else:
                         env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
                         out, _ = run_json([sys.executable, torch_script, "--shape", shape,
-                                           "--threads", str(n), "--iters", str(args.iters)], env)
+                                           "--threads", str(n), "--iters", str(args.iters),
+                                           "--precision", args.precision], env)
                     got[who] = out[0]
                     if record:
                         record.write(json.dumps(out[0]) + "\n")
@@ -101,11 +138,24 @@ def main():
 
     measure_peak()
     peak = {n: max(values) for n, values in peak_runs.items()}
-    print("peak FP32 FMA GFLOP/s (highest of the medians measured before each shape and at the "
+    peak_name = "FP32 FMA" if tile_unit is None else f"BF16 {tile_unit}"
+    print(f"megamoe {args.precision} on {backend} against PyTorch {args.precision}")
+    print(f"peak {peak_name} GFLOP/s (highest of the medians measured before each shape and at the "
           "end): " + ", ".join(f"{n} thread(s) {peak[n]:.0f} (measured: " +
                                " ".join(f"{v:.0f}" for v in peak_runs[n]) + ")" for n in threads))
     kernels = sorted({m.get("kernel", "?") for mine, _, _, _ in results.values() for m in mine})
     print(f"megamoe expert GEMM kernel: {', '.join(kernels)}")
+    if tile_unit is not None:
+        print("| threads | megamoe tile GEMM 2048^3 TFLOP/s | % of peak | PyTorch bf16 matmul "
+              "TFLOP/s | megamoe / PyTorch |")
+        print("|---|---|---|---|---|")
+        for n in threads:
+            mine_k = [k[0] for k in kernel_runs[n]]
+            theirs_k = [k[1] for k in kernel_runs[n]]
+            print(f"| {n} | {spread(mine_k, '{:.3f}')} | "
+                  f"{100e3 * statistics.median(mine_k) / peak[n]:.0f} | "
+                  f"{spread(theirs_k, '{:.3f}')} | "
+                  f"{spread([a / b for a, b in kernel_runs[n]], '{:.2f}')} |")
     print("| shape | threads | megamoe tokens/s | megamoe GFLOP/s | % of peak | PyTorch tokens/s "
           "| PyTorch GFLOP/s | megamoe / PyTorch | router+permute+unpermute % |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -1,15 +1,16 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: Apache-2.0
-"""The MoE layer of moe_layer_bench in PyTorch (the peer), fp32, forward + backward.
+"""The MoE layer of moe_layer_bench in PyTorch (the peer), fp32 or bf16 autocast, forward + backward.
 
     /usr/bin/python3 benchmarks/peer/moe_layer_torch.py --shape A|B|C --threads N [--iters N]
-                                                       [--warmup W]
+                                                       [--warmup W] [--precision fp32|bf16]
 
 Same shapes (BENCHMARKS.md), seed number and JSON keys as moe_layer_bench: router Linear(H->E),
 top-k of the logits then softmax over the k (softmax after top-k), dropless, SwiGLU experts
 y = W2 (silu(W1 x) * (W3 x) * p) (one weight tensor per expert), tokens grouped by expert (stable sort), outputs scatter-added
-back; backward by autograd from a fresh output gradient, down to dx and every weight. Run at its
-best: OMP_WAIT_POLICY=PASSIVE and the thread count given to OpenMP, OpenBLAS and torch (set here
+back; backward by autograd from a fresh output gradient, down to dx and every weight. bf16: the
+forward under torch.autocast("cpu", bfloat16) (fp32 master weights and gradients, the GEMMs in
+BF16 through oneDNN), as a PyTorch user trains in bf16 on a CPU. Run at its best: OMP_WAIT_POLICY=PASSIVE and the thread count given to OpenMP, OpenBLAS and torch (set here
 before torch is imported). Prints one JSON line.
 """
 import argparse
@@ -29,6 +30,7 @@ def main():
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--seed", type=int, default=2024)
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     args = parser.parse_args()
     if args.shape not in SHAPES or args.threads < 1 or args.iters < 1:
         print(f"moe_layer_torch: unknown shape {args.shape!r} or bad counts", file=sys.stderr)
@@ -69,7 +71,8 @@ def main():
             act = F.silu(gate) * linear * rows_prob[start:start + n, None]
             outputs.append(act @ w2[e].t())
             start += n
-        return torch.zeros_like(x).index_add_(0, rows_token, torch.cat(outputs))
+        # Under autocast the expert outputs are BF16; tokens add them up in fp32, as megamoe does.
+        return torch.zeros_like(x).index_add_(0, rows_token, torch.cat(outputs).to(x.dtype))
 
     fwd, bwd = [], []
     for step in range(args.warmup + args.iters):
@@ -78,7 +81,11 @@ def main():
         for p in [router, *w1, *w2]:
             p.grad = None
         t0 = time.perf_counter()
-        y = forward(x)
+        if args.precision == "bf16":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = forward(x)
+        else:
+            y = forward(x)
         t1 = time.perf_counter()
         y.backward(dy)
         t2 = time.perf_counter()
@@ -94,7 +101,8 @@ def main():
     flops = 18.0 * T * k * H * Fw
     print(json.dumps({
         "shape": args.shape, "threads": args.threads, "backend": "pytorch",
-        "kernel": "openblas", "precision": "fp32",
+        "kernel": "openblas" if args.precision == "fp32" else "onednn",
+        "precision": args.precision,
         "tokens_per_s": T / (step_ms / 1e3), "gflops": flops / (step_ms / 1e3) / 1e9,
         "step_ms_median": step_ms, "step_ms_min": min(steps), "step_ms_max": max(steps),
         "fwd_ms": median(fwd), "bwd_ms": median(bwd), "check_rel_err": None,

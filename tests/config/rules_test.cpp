@@ -150,6 +150,8 @@ std::vector<breaking_case> const& breaking_cases() {
          v.expert.backend = mm::expert::gemm_backend::amx;
          v.precision = mm::precision::fp64::value;
        }},
+      {37, "avx512_bf16 with fp32",
+       [](auto& v) { v.expert.backend = mm::expert::gemm_backend::avx512_bf16; }},
       {27, "runtime router not given", [](auto& v) { v.router.reset(); }},
       {27, "dynamic hidden", [](auto& v) { v.shape.hidden = mm::dynamic; }},
       {27, "dynamic ep", [](auto& v) { v.parallel.ep = mm::dynamic; }},

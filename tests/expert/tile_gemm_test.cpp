@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -41,11 +43,15 @@ float bf16_normal(std::uint64_t seed, std::uint64_t i) {
   return megamoe::round_to_bf16(static_cast<float>(megamoe::standard_normal(seed, i)));
 }
 
-bool cpuinfo_lists_amx() {
+/// Whether /proc/cpuinfo's flags name `flag` (" amx_tile", " avx512_bf16").
+bool cpuinfo_lists(std::string_view flag) {
   std::ifstream in("/proc/cpuinfo");
   std::stringstream text;
   text << in.rdbuf();
-  return text.str().find(" amx_tile") != std::string::npos;
+  return text.str().find(flag) != std::string::npos;
+}
+bool cpuinfo_lists_amx() {
+  return cpuinfo_lists(" amx_tile");
 }
 
 /// Why the AMX tests cannot run here (empty: they can). Where /proc/cpuinfo lists amx_tile and AMX
@@ -56,6 +62,16 @@ std::string amx_skip_reason() {
   if (cpuinfo_lists_amx() && !cpu.amx_disabled_by_environment)
     ADD_FAILURE() << "/proc/cpuinfo lists amx_tile, but: " << cpu.amx_unavailable_reason();
   return cpu.amx_unavailable_reason();
+}
+
+/// The same for the AVX512-BF16 vector unit.
+std::string avx512_bf16_skip_reason() {
+  auto const& cpu = megamoe::cpu();
+  if (cpu.use_avx512_bf16()) return {};
+  if (cpuinfo_lists(" avx512_bf16") && !cpu.avx512_disabled_by_environment)
+    ADD_FAILURE() << "/proc/cpuinfo lists avx512_bf16, but: "
+                  << cpu.avx512_bf16_unavailable_reason();
+  return cpu.avx512_bf16_unavailable_reason();
 }
 
 /// Runs every shape on `Tiles`, A and B packed in both orientations, and checks each entry
@@ -129,6 +145,53 @@ TEST(TileGemm, EmulatedTilesFlushDenormals) {
   EXPECT_EQ(c, 0.0F);
 }
 
+TEST(TileGemm, PackingFromMemoryEqualsPackingByValue) {
+  // pack_a / pack_b from an operand in memory (AVX-512 where the CPU has it) against the packers
+  // that read value(r, c) one element at a time: the same bits, for every shape, both
+  // orientations, a leading dimension wider than the rows, per-tensor factors that are not powers
+  // of two, and NaN, infinities, denormals and ties to even among the values.
+  float const specials[] = {std::numeric_limits<float>::quiet_NaN(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::denorm_min(),
+                            1.0F + std::ldexp(1.0F, -8),      // a tie: rounds to even (1)
+                            1.0F + 3 * std::ldexp(1.0F, -8),  // a tie: rounds up
+                            -std::numeric_limits<float>::max()};
+  for (auto const [m, n, k] : shapes)
+    for (bool const transposed : {false, true})
+      for (float const unit : {1.0F, 0.3F, 0.0078125F}) {
+        SCOPED_TRACE(std::to_string(m) + " x " + std::to_string(n) + " x " + std::to_string(k) +
+                     (transposed ? " transposed" : "") + " unit " + std::to_string(unit));
+        // A [m, k] and B [k, n] in storage of rows x cols with 3 spare columns per row.
+        auto stored = [&](int rows, int cols, std::uint64_t seed) {
+          std::vector<float> v(static_cast<std::size_t>(rows) * (cols + 3));
+          for (std::size_t i = 0; i < v.size(); ++i)
+            v[i] = i % 11 == 5 ? specials[(i / 11) % std::size(specials)]
+                               : static_cast<float>(megamoe::standard_normal(seed, i));
+          return v;
+        };
+        // A is stored [k, m] when transposed (wgrad), B [n, k] (fprop).
+        int const a_rows = transposed ? k : m, a_cols = transposed ? m : k;
+        int const b_rows = transposed ? n : k, b_cols = transposed ? k : n;
+        auto const a = stored(a_rows, a_cols, 3), b = stored(b_rows, b_cols, 4);
+        std::ptrdiff_t const lda = a_cols + 3, ldb = b_cols + 3;
+        auto at = [&](std::vector<float> const& v, std::ptrdiff_t ld, bool t, int r, int c) {
+          return (t ? v[static_cast<std::size_t>(c * ld + r)]
+                    : v[static_cast<std::size_t>(r * ld + c)]) /
+                 unit;
+        };
+        tl::packed_a pa_memory, pa_values;
+        tl::packed_b pb_memory, pb_values;
+        tl::pack_a({a.data(), lda, transposed, unit}, m, k, pa_memory);
+        tl::pack_a(
+            m, k, [&](int r, int c) { return at(a, lda, transposed, r, c); }, pa_values);
+        tl::pack_b({b.data(), ldb, transposed, unit}, k, n, pb_memory);
+        tl::pack_b(
+            k, n, [&](int r, int c) { return at(b, ldb, transposed, r, c); }, pb_values);
+        ASSERT_EQ(pa_memory.bits, pa_values.bits);
+        ASSERT_EQ(pb_memory.bits, pb_values.bits);
+      }
+}
+
 TEST(TileGemm, DepthsMustAgree) {
   tl::packed_a a;
   tl::packed_b b;
@@ -153,6 +216,60 @@ TEST(TileGemm, AmxTilesMatchTheDoubleProduct) {
 #else
   FAIL() << "AMX usable, but this compiler has no AMX intrinsics";
 #endif
+}
+
+TEST(TileGemm, VectorTilesMatchTheDoubleProduct) {
+  if (auto const why = avx512_bf16_skip_reason(); !why.empty()) GTEST_SKIP() << why;
+#if MEGAMOE_HAS_AMX_INTRINSICS
+  auto const before = tl::products_issued().load();
+  tl::vector_tiles tiles;
+  matches_double_product(tiles, false);
+  matches_double_product(tiles, true);
+  EXPECT_GT(tiles.products, 0U);
+  EXPECT_GT(tl::products_issued().load(), before);
+#else
+  FAIL() << "AVX512-BF16 usable, but this compiler has no x86 intrinsics";
+#endif
+}
+
+TEST(TileGemm, VectorTilesCountTheTileProductsTheyReplace) {
+  if (auto const why = avx512_bf16_skip_reason(); !why.empty()) GTEST_SKIP() << why;
+#if MEGAMOE_HAS_AMX_INTRINSICS
+  // 33 x 47 x 65: 3 row tiles (two blocks: 2 + 1), 3 column tiles (2 + 1), 3 steps of 32 along K;
+  // the emulated tiles issue exactly the products the hardware would.
+  tl::packed_a a;
+  tl::packed_b b;
+  tl::pack_a(
+      33, 65, [](int r, int c) { return bf16_normal(1, std::uint64_t(r) * 65 + c); }, a);
+  tl::pack_b(
+      65, 47, [](int r, int c) { return bf16_normal(2, std::uint64_t(r) * 47 + c); }, b);
+  std::vector<float> c(33 * 47);
+  tl::vector_tiles vector;
+  tl::emulated_tiles emulated;
+  tl::gemm(vector, a, b, c.data(), 47);
+  tl::gemm(emulated, a, b, c.data(), 47);
+  EXPECT_EQ(vector.products, emulated.products);
+  EXPECT_EQ(emulated.products, 3U * 3U * 3U);
+#endif
+}
+
+TEST(TileGemm, Avx512Bf16FollowsCpuAndEnvironment) {
+  auto const& cpu = megamoe::cpu();
+  if (cpu.avx512_disabled_by_environment) {
+    EXPECT_FALSE(cpu.use_avx512_bf16());
+    EXPECT_NE(cpu.avx512_bf16_unavailable_reason().find("MEGAMOE_DISABLE_AVX512"),
+              std::string::npos);
+  }
+  if (!cpu.use_avx512_bf16()) {
+    EXPECT_NE(cpu.avx512_bf16_unavailable_reason().find("per_expert, grouped, tensor"),
+              std::string::npos)
+        << "the reason names the fp32 backends";
+  } else {
+    EXPECT_TRUE(cpu.avx512_bf16_unavailable_reason().empty());
+  }
+  if (!cpuinfo_lists(" avx512_bf16")) {
+    EXPECT_FALSE(cpu.use_avx512_bf16());
+  }
 }
 
 TEST(TileGemm, AmxFollowsCpuAndEnvironment) {
@@ -266,6 +383,14 @@ TEST(TileBackend, EmulatedTilesRunEveryRecipeAsTheGroupedBackend) {
   auto const before = tl::products_issued().load();
   every_recipe_as_the_grouped_backend<ex::tile_backend<tl::emulated_tiles>>(pool);
   EXPECT_GT(tl::products_issued().load(), before);
+}
+
+TEST(TileBackend, VectorTilesRunEveryRecipeAsTheGroupedBackend) {
+  if (auto const why = avx512_bf16_skip_reason(); !why.empty()) GTEST_SKIP() << why;
+#if MEGAMOE_HAS_AMX_INTRINSICS
+  megamoe::thread_pool pool(2);
+  every_recipe_as_the_grouped_backend<ex::tile_backend<tl::vector_tiles>>(pool);
+#endif
 }
 
 TEST(TileBackend, AmxTilesRunEveryRecipeAsTheGroupedBackend) {

@@ -211,11 +211,12 @@ constexpr bool quantized_storage_needs_quantized_recipe(config_values const& v) 
          precision::is_quantized(v.precision.recipe);
 }
 
-/// R037: the tile unit multiplies BF16 values, which every bf16 / FP8 / FP4 operand is over its
+/// R037: the tile units multiply BF16 values, which every bf16 / FP8 / FP4 operand is over its
 /// per-tensor factor; fp32 and fp64 values are not.
-constexpr bool amx_needs_a_recipe(config_values const& v) {
+constexpr bool bf16_backends_need_a_recipe(config_values const& v) {
   using precision::recipe_id;
-  return v.expert.backend != expert::gemm_backend::amx ||
+  return (v.expert.backend != expert::gemm_backend::amx &&
+          v.expert.backend != expert::gemm_backend::avx512_bf16) ||
          (v.precision.recipe != recipe_id::fp32 && v.precision.recipe != recipe_id::fp64);
 }
 
@@ -276,7 +277,7 @@ inline constexpr std::array<value_rule, 27> value_rules{{
     {31, top_k_within_chosen_groups},
     {32, hierarchical_needs_etp_one},
     {33, overlap_needs_etp_one},
-    {37, amx_needs_a_recipe},
+    {37, bf16_backends_need_a_recipe},
 }};
 
 /// The ids of every broken rule, in id order (empty when the values are valid).
@@ -349,7 +350,7 @@ consteval bool check() {
     static_assert(top_k_within_chosen_groups(v), MEGAMOE_RULE_R031);
     static_assert(hierarchical_needs_etp_one(v), MEGAMOE_RULE_R032);
     static_assert(overlap_needs_etp_one(v), MEGAMOE_RULE_R033);
-    static_assert(amx_needs_a_recipe(v), MEGAMOE_RULE_R037);
+    static_assert(bf16_backends_need_a_recipe(v), MEGAMOE_RULE_R037);
   }
   return true;
 }

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // megamoe/core/cpu_features.hpp — what this CPU can run, asked once per process.
 //
-// megamoe adds no ISA flags to its users' builds: kernels for AVX-512 (and later AMX) are compiled
-// with function-level target attributes, and the code that calls them asks here first, once, at
-// start-up. The answer is cached, so a training step never asks again.
+// megamoe adds no ISA flags to its users' builds: kernels for AVX-512, AVX512-BF16 and AMX are
+// compiled with function-level target attributes, and the code that calls them asks here first,
+// once, at start-up. The answer is cached, so a training step never asks again.
 #pragma once
 
 #include <cstdlib>
@@ -22,6 +22,8 @@ struct cpu_features {
   bool avx512f = false;
   /// `MEGAMOE_DISABLE_AVX512=1` was set: the portable kernels run even where AVX-512 exists.
   bool avx512_disabled_by_environment = false;
+  /// AVX512-BF16: VDPBF16PS, pairs of BF16 products added into fp32 lanes (CPUID).
+  bool avx512_bf16 = false;
 
   /// AMX: the tile unit and its BF16 products (CPUID), and the OS's permission to use tile data
   /// (Linux enables the 8 KB tile state per process on request: arch_prctl ARCH_REQ_XCOMP_PERM).
@@ -34,6 +36,19 @@ struct cpu_features {
   /// Whether megamoe's AVX-512 kernels are used.
   [[nodiscard]] bool use_avx512() const noexcept {
     return avx512f && !avx512_disabled_by_environment;
+  }
+  /// Whether megamoe's AVX512-BF16 kernels may run (MEGAMOE_DISABLE_AVX512 turns them off too).
+  [[nodiscard]] bool use_avx512_bf16() const noexcept { return use_avx512() && avx512_bf16; }
+  /// Why they may not (empty when they may), naming what to use instead.
+  [[nodiscard]] std::string avx512_bf16_unavailable_reason() const {
+    std::string why;
+    if (avx512_disabled_by_environment)
+      why = "MEGAMOE_DISABLE_AVX512 is set";
+    else if (!avx512f || !avx512_bf16)
+      why = "this CPU has no AVX512-BF16 dot products (CPUID lists no avx512_bf16)";
+    else
+      return {};
+    return why + "; the fp32 expert backends (per_expert, grouped, tensor) run everywhere";
   }
   /// Whether megamoe's AMX tile kernels may run.
   [[nodiscard]] bool use_amx() const noexcept {
@@ -60,6 +75,7 @@ inline cpu_features detect_cpu_features() {
 #if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
   __builtin_cpu_init();
   f.avx512f = __builtin_cpu_supports("avx512f") != 0;
+  f.avx512_bf16 = __builtin_cpu_supports("avx512bf16") != 0;
 #endif
   auto set = [](char const* name) {
     char const* value = std::getenv(name);

@@ -96,9 +96,10 @@
 #define MEGAMOE_RULE_R036                                                                   \
   "megamoe[R036]: the transformer's attention runs with TP = CP = PP = 1 for now (the MoE " \
   "layers may use EP and EDP)"
-#define MEGAMOE_RULE_R037                                                                     \
-  "megamoe[R037]: expert::amx needs a bf16, FP8 or FP4 precision recipe (the tiles multiply " \
-  "BF16 values); fp32 and fp64 run on expert::grouped, per_expert or tensor_contraction"
+#define MEGAMOE_RULE_R037                                                                 \
+  "megamoe[R037]: expert::amx and expert::avx512_bf16 need a bf16, FP8 or FP4 precision " \
+  "recipe (they multiply BF16 values); fp32 and fp64 run on expert::grouped, per_expert " \
+  "or tensor_contraction"
 #define MEGAMOE_RULE_R035                                                                   \
   "megamoe[R035]: MEGAMOE_WATCHDOG_SECONDS must be a number of seconds > 0 (or 0 / unset: " \
   "off)"
@@ -151,7 +152,7 @@ inline constexpr std::array<rule_info, 37> rule_catalog{{
     {34, "ranks_per_node_valid", MEGAMOE_RULE_R034},
     {35, "watchdog_seconds_valid", MEGAMOE_RULE_R035},
     {36, "attention_needs_tp_cp_pp_one", MEGAMOE_RULE_R036},
-    {37, "amx_needs_a_recipe", MEGAMOE_RULE_R037},
+    {37, "bf16_backends_need_a_recipe", MEGAMOE_RULE_R037},
 }};
 
 /// The catalogue entry of rule `id` (1-based).

@@ -11,7 +11,8 @@
 //                    of rows per thread by FLOPs, so small and uneven experts keep every core busy.
 // tensor_gemm        Eigen Tensor contractions on the pool's ThreadPoolDevice, expert after expert
 //                    (Eigen splits each contraction over the pool).
-// tile_backend<U>    BF16 products on tile unit U (expert::amx: the AMX unit, expert/tile_gemm.hpp)
+// tile_backend<U>    BF16 products on tile unit U (expert/tile_gemm.hpp; expert::amx: the AMX
+//                    unit, expert::avx512_bf16: the same tile products on VDPBF16PS)
 //                    with fp32 accumulation: each operand over its per-tensor factor (a_unit,
 //                    b_unit) is a BF16 value under every bf16 / FP8 / FP4 recipe and is packed
 //                    exactly; the product is scaled by a_unit * b_unit (R037: no fp32 / fp64).
@@ -171,9 +172,9 @@ struct tensor_gemm {
 /// Products on a tile unit: each problem's B packed once (one task per problem), then blocks of
 /// 64 rows of every problem as tasks over the pool, each packing its rows of A and running the tile
 /// GEMM into its rows of C.
-template <class Tiles>
+template <class Tiles, gemm_backend Id = gemm_backend::amx>
 struct tile_backend {
-  static constexpr gemm_backend id = gemm_backend::amx;
+  static constexpr gemm_backend id = Id;
   static constexpr int row_block = 64;
 
   template <gemm_op Op, class T>
@@ -186,14 +187,8 @@ struct tile_backend {
       auto const& p = problems[static_cast<std::size_t>(i)];
       if (p.m == 0 || p.n == 0) return;
       // B[k, n]: stored [n, k] for nt, [k, n] otherwise.
-      tiles::pack_b(
-          p.k, p.n,
-          [&](int k, int n) {
-            return (Op == gemm_op::nt ? p.b[static_cast<std::ptrdiff_t>(n) * p.ldb + k]
-                                      : p.b[static_cast<std::ptrdiff_t>(k) * p.ldb + n]) /
-                   p.b_unit;
-          },
-          packed[static_cast<std::size_t>(i)]);
+      tiles::pack_b({p.b, p.ldb, Op == gemm_op::nt, p.b_unit}, p.k, p.n,
+                    packed[static_cast<std::size_t>(i)]);
     });
     auto& blocks = row_blocks();
     blocks.clear();
@@ -205,16 +200,11 @@ struct tile_backend {
       auto const& p = problems[static_cast<std::size_t>(i)];
       int const rows = std::min(row_block, p.m - first);
       thread_local tiles::packed_a a;
-      // A[m, k]: stored [k, m] for tn, [m, k] otherwise.
-      tiles::pack_a(
-          rows, p.k,
-          [&](int r, int k) {
-            int const m = first + r;
-            return (Op == gemm_op::tn ? p.a[static_cast<std::ptrdiff_t>(k) * p.lda + m]
-                                      : p.a[static_cast<std::ptrdiff_t>(m) * p.lda + k]) /
-                   p.a_unit;
-          },
-          a);
+      // A[m, k]: stored [k, m] for tn, [m, k] otherwise; rows from `first`.
+      bool const transposed = Op == gemm_op::tn;
+      tiles::pack_a({p.a + (transposed ? first : static_cast<std::ptrdiff_t>(first) * p.lda), p.lda,
+                     transposed, p.a_unit},
+                    rows, p.k, a);
       Tiles unit;
       tiles::gemm(unit, a, packed[static_cast<std::size_t>(i)],
                   p.c + static_cast<std::ptrdiff_t>(first) * p.ldc, p.ldc, p.a_unit * p.b_unit,
@@ -237,11 +227,19 @@ struct tile_backend {
   }
 };
 
+/// Whether Backend rounds its operands to BF16 (the tile backends): right for a recipe's operands,
+/// which are BF16 values over their per-tensor factors, wrong for fp32 ones such as the router's.
+template <class Backend>
+inline constexpr bool multiplies_bf16 = false;
+template <class Tiles, gemm_backend Id>
+inline constexpr bool multiplies_bf16<tile_backend<Tiles, Id>> = true;
+
 namespace detail {
 template <gemm_backend B>
 struct backend_for;
-/// `auto` resolves to the grouped backend (docs/design.md says why); expert::amx is chosen by name
-/// (it needs a bf16, FP8 or FP4 recipe, R037, and a CPU with tiles, checked at start-up).
+/// `auto` resolves to the grouped backend (docs/design.md says why); expert::amx and
+/// expert::avx512_bf16 are chosen by name (they need a bf16, FP8 or FP4 recipe, R037, and a CPU
+/// with the unit, checked at start-up).
 template <>
 struct backend_for<gemm_backend::auto_> {
   using type = grouped_gemm;
@@ -262,6 +260,10 @@ struct backend_for<gemm_backend::tensor_contraction> {
 template <>
 struct backend_for<gemm_backend::amx> {
   using type = tile_backend<tiles::hardware_tiles>;
+};
+template <>
+struct backend_for<gemm_backend::avx512_bf16> {
+  using type = tile_backend<tiles::vector_tiles, gemm_backend::avx512_bf16>;
 };
 #endif
 }  // namespace detail

@@ -18,7 +18,7 @@ namespace megamoe::expert {
 struct kind {};
 
 enum class activation_function { swiglu, gelu, squared_relu };
-enum class gemm_backend { auto_, per_expert, grouped, tensor_contraction, amx };
+enum class gemm_backend { auto_, per_expert, grouped, tensor_contraction, amx, avx512_bf16 };
 /// The two linear layers of an expert FFN.
 enum class linear { fc1, fc2 };
 /// Where a precision recipe's dequantized GEMM operands lie: A of every expert GEMM in rows_a, B
@@ -68,6 +68,9 @@ struct tensor_contraction : megamoe::detail::set_field<option::backend_kind, &se
 /// AMX tile products (BF16 and the FP8/FP4 recipes).
 struct amx
     : megamoe::detail::set_field<option::backend_kind, &settings::backend, gemm_backend::amx> {};
+/// The same BF16 products on AVX512-BF16 vector dot products, for CPUs without AMX.
+struct avx512_bf16 : megamoe::detail::set_field<option::backend_kind, &settings::backend,
+                                                gemm_backend::avx512_bf16> {};
 
 /// Biases on fc1 and fc2 (scaled by the prob, as the reference does); needs ETP = 1 (R014).
 struct with_bias : megamoe::detail::set_flag<option::bias_kind, &settings::bias> {};
@@ -100,6 +103,7 @@ constexpr std::string_view name_of(gemm_backend b) {
     case gemm_backend::grouped: return "grouped";
     case gemm_backend::tensor_contraction: return "tensor";
     case gemm_backend::amx: return "amx";
+    case gemm_backend::avx512_bf16: return "avx512_bf16";
   }
   return "?";
 }

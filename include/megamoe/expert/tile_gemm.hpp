@@ -21,12 +21,14 @@
 #include <megamoe/core/bf16.hpp>
 #include <megamoe/core/cpu_features.hpp>
 #include <megamoe/core/error.hpp>
+#include <megamoe/expert/sgemm_avx512.hpp>
 
 #include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -34,9 +36,11 @@
 #include <immintrin.h>
 #define MEGAMOE_HAS_AMX_INTRINSICS 1
 #define MEGAMOE_AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+#define MEGAMOE_AVX512_BF16_TARGET __attribute__((target("avx512f,avx512bf16")))
 #else
 #define MEGAMOE_HAS_AMX_INTRINSICS 0
 #define MEGAMOE_AMX_TARGET
+#define MEGAMOE_AVX512_BF16_TARGET
 #endif
 
 namespace megamoe::expert::tiles {
@@ -110,6 +114,147 @@ void pack_b(int k, int n, Value const& value, packed_b& out) {
     for (int c = 0; c < n; ++c) out.set(r, c, value(r, c));
 }
 
+/// How a GEMM operand lies in memory: row-major with leading dimension `ld`, `transposed` when
+/// it is stored the other way round (A as [K, M], B as [N, K]); its values are divided by `unit`
+/// (the per-tensor factor) before rounding to BF16.
+struct operand_view {
+  float const* data = nullptr;
+  std::ptrdiff_t ld = 0;
+  bool transposed = false;
+  float unit = 1.0F;
+};
+
+#if MEGAMOE_HAS_AVX512_KERNELS
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+namespace detail {
+using avx512::detail::lanes;
+
+/// 16 values from `p` (lanes past `count` zero) over `unit`, as BF16 bits in each 32-bit lane's
+/// low half: the same rounding as to_bf16_bits, NaN included.
+MEGAMOE_TARGET_AVX512 inline __m512i bf16_lanes(float const* p, int count, float unit) {
+  __m512 x = _mm512_maskz_loadu_ps(lanes(count), p);
+  if (unit != 1.0F) x = _mm512_div_ps(x, _mm512_set1_ps(unit));
+  __m512i const u = _mm512_castps_si512(x);
+  __m512i const high = _mm512_srli_epi32(u, 16);
+  __m512i const lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
+  __m512i const rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+  __mmask16 const nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
+                                                _mm512_set1_epi32(0x7F800000));
+  __m512i const quiet =
+      _mm512_or_si512(_mm512_set1_epi32(0x7FC0), _mm512_and_si512(high, _mm512_set1_epi32(0x8000)));
+  return _mm512_mask_mov_epi32(rounded, nan, quiet);
+}
+/// Rows r and r + 1 of a row-major matrix at columns [c, c + count) as BF16 pairs: lane j holds
+/// (row r, row r + 1) of column c + j, the VNNI order; `pair_rows` = 1 leaves the second zero.
+MEGAMOE_TARGET_AVX512 inline __m512i vnni_pairs(operand_view const& v, int r, int pair_rows, int c,
+                                                int count) {
+  __m512i const first = bf16_lanes(v.data + r * v.ld + c, count, v.unit);
+  if (pair_rows < 2) return first;
+  __m512i const second = bf16_lanes(v.data + (r + 1) * v.ld + c, count, v.unit);
+  return _mm512_or_si512(first, _mm512_slli_epi32(second, 16));
+}
+/// 32 consecutive values of one row (from `count` valid ones) as 16 BF16 pairs.
+MEGAMOE_TARGET_AVX512 inline __m512i row_pairs(float const* p, int count, float unit) {
+  __m256i const low = _mm512_cvtepi32_epi16(bf16_lanes(p, count, unit));
+  __m256i const high = _mm512_cvtepi32_epi16(bf16_lanes(p + 16, count - 16, unit));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
+}
+MEGAMOE_TARGET_AVX512 inline void transpose_16x16(__m512i (&rows)[16]) {
+  __m512 f[16];
+  for (int i = 0; i < 16; ++i) f[i] = _mm512_castsi512_ps(rows[i]);
+  avx512::detail::transpose_16x16(f);
+  for (int i = 0; i < 16; ++i) rows[i] = _mm512_castps_si512(f[i]);
+}
+
+MEGAMOE_TARGET_AVX512 inline void pack_a_avx512(operand_view const& v, int m, int k,
+                                                packed_a& out) {
+  out.reset(m, k);
+  auto row_of = [&](int r) {
+    return out.bits.data() +
+           static_cast<std::size_t>(r) * static_cast<std::size_t>(out.depth_padded);
+  };
+  if (!v.transposed) {
+    for (int r = 0; r < m; ++r)
+      for (int c = 0; c < k; c += 16)
+        _mm512_mask_cvtepi32_storeu_epi16(row_of(r) + c, lanes(k - c),
+                                          bf16_lanes(v.data + r * v.ld + c, k - c, v.unit));
+    return;
+  }
+  // Stored [K, M]: pairs of stored rows give 16 rows of A a pair each; a 16 x 16 transpose of
+  // those pairs makes 16 pairs of each of 16 rows.
+  __m512i block[16];
+  for (int r0 = 0; r0 < m; r0 += 16)
+    for (int c0 = 0; c0 < k; c0 += 32) {
+      for (int p = 0; p < 16; ++p) {
+        int const c = c0 + 2 * p;
+        block[p] =
+            c < k ? vnni_pairs(v, c, std::min(2, k - c), r0, m - r0) : _mm512_setzero_si512();
+      }
+      transpose_16x16(block);
+      for (int i = 0; i < 16 && r0 + i < m; ++i) _mm512_storeu_si512(row_of(r0 + i) + c0, block[i]);
+    }
+}
+
+MEGAMOE_TARGET_AVX512 inline void pack_b_avx512(operand_view const& v, int k, int n,
+                                                packed_b& out) {
+  out.reset(k, n);
+  auto tile_row = [&](int n_block, int pair) {
+    return out.bits.data() + out.tile_offset(n_block, (2 * pair) / tile_depth) +
+           static_cast<std::size_t>(pair % (tile_depth / 2)) * tile_depth;
+  };
+  if (!v.transposed) {
+    // Stored [K, N]: two stored rows make one tile row per 16 columns.
+    for (int pair = 0; 2 * pair < k; ++pair)
+      for (int c = 0; c < n; c += tile_columns)
+        _mm512_storeu_si512(tile_row(c / tile_columns, pair),
+                            vnni_pairs(v, 2 * pair, std::min(2, k - 2 * pair), c, n - c));
+    return;
+  }
+  // Stored [N, K]: 32 values of each of 16 stored rows are 16 pairs of 16 columns; a 16 x 16
+  // transpose makes the tile's rows.
+  __m512i block[16];
+  for (int c0 = 0; c0 < n; c0 += tile_columns)
+    for (int k0 = 0; k0 < k; k0 += tile_depth) {
+      for (int i = 0; i < 16; ++i)
+        block[i] = c0 + i < n ? row_pairs(v.data + (c0 + i) * v.ld + k0, k - k0, v.unit)
+                              : _mm512_setzero_si512();
+      transpose_16x16(block);
+      for (int p = 0; p < 16; ++p)
+        _mm512_storeu_si512(tile_row(c0 / tile_columns, k0 / 2 + p), block[p]);
+    }
+}
+}  // namespace detail
+#pragma GCC diagnostic pop
+#endif
+
+/// Packs A [M, K] from `v` (AVX-512 where the CPU runs it, else element by element; the same
+/// bits either way).
+inline void pack_a(operand_view const& v, int m, int k, packed_a& out) {
+#if MEGAMOE_HAS_AVX512_KERNELS
+  if (cpu().use_avx512()) return detail::pack_a_avx512(v, m, k, out);
+#endif
+  pack_a(
+      m, k,
+      [&](int r, int c) {
+        return (v.transposed ? v.data[c * v.ld + r] : v.data[r * v.ld + c]) / v.unit;
+      },
+      out);
+}
+/// Packs B [K, N] from `v`, as pack_a.
+inline void pack_b(operand_view const& v, int k, int n, packed_b& out) {
+#if MEGAMOE_HAS_AVX512_KERNELS
+  if (cpu().use_avx512()) return detail::pack_b_avx512(v, k, n, out);
+#endif
+  pack_b(
+      k, n,
+      [&](int r, int c) {
+        return (v.transposed ? v.data[c * v.ld + r] : v.data[r * v.ld + c]) / v.unit;
+      },
+      out);
+}
+
 /// Tile products issued by this process (every Tiles unit counts its own; gemm adds them here).
 inline std::atomic<std::uint64_t>& products_issued() {
   static std::atomic<std::uint64_t> count{0};
@@ -169,6 +314,68 @@ class emulated_tiles {
 };
 
 #if MEGAMOE_HAS_AMX_INTRINSICS
+/// The tile products on AVX512-BF16 vector units (VDPBF16PS: each fp32 lane adds the two products
+/// of a BF16 pair, input denormals as zero, round to nearest even), for CPUs without AMX; only call
+/// it where cpu().use_avx512_bf16(). It takes a whole 32 x 32 block of C over all of K at once
+/// (block_product) rather than tile by tile: eight rows of C at a time stay in 16 registers while
+/// the packed B rows stream past, one A pair broadcast per row, so nothing is loaded twice per
+/// step.
+class vector_tiles {
+ public:
+  /// block[r][c] (32 x 32) = sum over K of A row r x B column c, for a_tiles x 16 rows of A from
+  /// `a` (row stride `a_stride` values) and b_tiles x 16 columns of B (column block j's tiles
+  /// over K contiguous from b[j]); `pairs` = K / 2 with K padded to 32.
+  MEGAMOE_AVX512_BF16_TARGET void block_product(std::uint16_t const* a, std::size_t a_stride,
+                                                int a_tiles, std::uint16_t const* const (&b)[2],
+                                                int b_tiles, int pairs,
+                                                float (&block)[2 * tile_rows][2 * tile_columns]) {
+    for (int first = 0; first < a_tiles * tile_rows; first += rows_at_once)
+      if (b_tiles == 2)
+        rows<2>(a + static_cast<std::size_t>(first) * a_stride, a_stride, b, pairs, block, first);
+      else
+        rows<1>(a + static_cast<std::size_t>(first) * a_stride, a_stride, b, pairs, block, first);
+    products += static_cast<std::uint64_t>(a_tiles * b_tiles) *
+                static_cast<std::uint64_t>(pairs / (tile_depth / 2));
+  }
+  std::uint64_t products = 0;  // in tile products (16 x 16 x 32 multiply-adds) done
+
+ private:
+  static constexpr int rows_at_once = 8;
+  // Never inlined: inside a larger caller (where -march flags allow it) GCC spills the B vectors.
+  template <int Columns>
+  MEGAMOE_AVX512_BF16_TARGET __attribute__((noinline)) static void rows(
+      std::uint16_t const* a, std::size_t a_stride, std::uint16_t const* const (&b)[2], int pairs,
+      float (&block)[2 * tile_rows][2 * tile_columns], int first) {
+    __m512 acc[rows_at_once][Columns];
+#pragma GCC unroll 8
+    for (int r = 0; r < rows_at_once; ++r)
+#pragma GCC unroll 2
+      for (int j = 0; j < Columns; ++j) acc[r][j] = _mm512_setzero_ps();
+    for (int pair = 0; pair < pairs; ++pair) {
+      // Pair-row `pair` of each column block: 16 lanes of (B[2p][n], B[2p+1][n]).
+      __m512bh bv[Columns];
+#pragma GCC unroll 2
+      for (int j = 0; j < Columns; ++j)
+        bv[j] = reinterpret_cast<__m512bh>(
+            _mm512_loadu_si512(b[j] + static_cast<std::size_t>(pair) * tile_depth));
+#pragma GCC unroll 8
+      for (int r = 0; r < rows_at_once; ++r) {
+        std::int32_t pair_bits;
+        std::memcpy(&pair_bits, a + static_cast<std::size_t>(r) * a_stride + 2 * pair,
+                    sizeof pair_bits);
+        __m512bh const av = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair_bits));
+#pragma GCC unroll 2
+        for (int j = 0; j < Columns; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], av, bv[j]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < rows_at_once; ++r)
+#pragma GCC unroll 2
+      for (int j = 0; j < Columns; ++j)
+        _mm512_storeu_ps(&block[first + r][j * tile_columns], acc[r][j]);
+  }
+};
+
 /// The AMX tile unit. Its tile state is per thread: configure() and release() bracket each use.
 class hardware_tiles {
  public:
@@ -243,7 +450,7 @@ MEGAMOE_AMX_TARGET void gemm(Tiles& tiles, packed_a const& a, packed_b const& b,
   constexpr std::size_t block_stride = sizeof(float) * 2 * tile_columns;
   std::size_t const a_stride = sizeof(std::uint16_t) * static_cast<std::size_t>(a.depth_padded);
   std::uint64_t const before = tiles.products;
-  tiles.configure();
+  if constexpr (!requires { &Tiles::block_product; }) tiles.configure();
   for (int panel = 0; panel < n; panel += panel_columns) {
     int const panel_end = std::min(n, panel + panel_columns);
     for (int row = 0; row < m; row += 2 * tile_rows) {
@@ -253,18 +460,27 @@ MEGAMOE_AMX_TARGET void gemm(Tiles& tiles, packed_a const& a, packed_b const& b,
       for (int col = panel; col < panel_end; col += 2 * tile_columns) {
         int const b_tiles = col + tile_columns < panel_end ? 2 : 1;
         int const n_block = col / tile_columns;
-        tiles.zero();
-        for (int step = 0; step < k_steps; ++step) {
-          tiles.load_a(0, a0 + step * tile_depth, a_stride);
-          if (a_tiles == 2) tiles.load_a(1, a1 + step * tile_depth, a_stride);
-          tiles.load_b(0, b.bits.data() + b.tile_offset(n_block, step));
-          if (b_tiles == 2) tiles.load_b(1, b.bits.data() + b.tile_offset(n_block + 1, step));
+        if constexpr (requires { &Tiles::block_product; }) {
+          // A column block's tiles over K are contiguous (tile_offset).
+          std::uint16_t const* const b_blocks[2] = {
+              b.bits.data() + b.tile_offset(n_block, 0),
+              b.bits.data() + b.tile_offset(b_tiles == 2 ? n_block + 1 : n_block, 0)};
+          tiles.block_product(a0, static_cast<std::size_t>(a.depth_padded), a_tiles, b_blocks,
+                              b_tiles, a.depth_padded / 2, block);
+        } else {
+          tiles.zero();
+          for (int step = 0; step < k_steps; ++step) {
+            tiles.load_a(0, a0 + step * tile_depth, a_stride);
+            if (a_tiles == 2) tiles.load_a(1, a1 + step * tile_depth, a_stride);
+            tiles.load_b(0, b.bits.data() + b.tile_offset(n_block, step));
+            if (b_tiles == 2) tiles.load_b(1, b.bits.data() + b.tile_offset(n_block + 1, step));
+            for (int i = 0; i < a_tiles; ++i)
+              for (int j = 0; j < b_tiles; ++j) tiles.multiply(i, j);
+          }
           for (int i = 0; i < a_tiles; ++i)
-            for (int j = 0; j < b_tiles; ++j) tiles.multiply(i, j);
+            for (int j = 0; j < b_tiles; ++j)
+              tiles.store(i, j, &block[i * tile_rows][j * tile_columns], block_stride);
         }
-        for (int i = 0; i < a_tiles; ++i)
-          for (int j = 0; j < b_tiles; ++j)
-            tiles.store(i, j, &block[i * tile_rows][j * tile_columns], block_stride);
         int const rows_here = std::min(m - row, a_tiles * tile_rows);
         int const cols_here = std::min(panel_end - col, b_tiles * tile_columns);
         for (int r = 0; r < rows_here; ++r) {
@@ -275,7 +491,7 @@ MEGAMOE_AMX_TARGET void gemm(Tiles& tiles, packed_a const& a, packed_b const& b,
       }
     }
   }
-  tiles.release();
+  if constexpr (!requires { &Tiles::block_product; }) tiles.release();
   products_issued().fetch_add(tiles.products - before, std::memory_order_relaxed);
 }
 

@@ -104,6 +104,9 @@ class moe_layer {
   static constexpr expert::activation_function activation = expert_settings.activation;
   using backend = expert::backend_t<expert_settings.backend>;
   using mlp_type = expert::grouped_mlp<activation, backend, scalar>;
+  /// The router's GEMMs multiply fp32 values: on a BF16 expert backend they take the grouped one.
+  using router_backend =
+      std::conditional_t<expert::multiplies_bf16<backend>, expert::grouped_gemm, backend>;
   static constexpr dispatch::dispatcher dispatcher_kind = detail::layer_dispatcher<Config>();
   static constexpr bool distributed = dispatch::communicates(dispatcher_kind);
   using dispatcher_type = dispatch::dispatcher_t<dispatcher_kind, scalar, logit>;
@@ -498,6 +501,9 @@ class moe_layer {
     if (expert_settings.backend == expert::gemm_backend::amx && !cpu().use_amx())
       throw input_error("moe_layer: expert::amx cannot run here: " +
                         cpu().amx_unavailable_reason());
+    if (expert_settings.backend == expert::gemm_backend::avx512_bf16 && !cpu().use_avx512_bf16())
+      throw input_error("moe_layer: expert::avx512_bf16 cannot run here: " +
+                        cpu().avx512_bf16_unavailable_reason());
     if (dispatcher_kind == dispatch::dispatcher::local &&
         (v.parallel.ep != 1 || v.parallel.etp != 1))
       throw config_error(19,
@@ -694,7 +700,7 @@ class moe_layer {
   template <expert::gemm_op Op>
   void run_one(expert::executor<scalar>& exec, expert::gemm_problem<scalar> const& p) {
     problem_[0] = p;
-    backend::template run<Op>(exec, std::span<expert::gemm_problem<scalar> const>(problem_));
+    router_backend::template run<Op>(exec, std::span<expert::gemm_problem<scalar> const>(problem_));
   }
 
   /// Route, permute and run the experts (and the shared expert) from the kept input; the training
