@@ -284,7 +284,11 @@ int run(options const& o, bench_shape const& shape, std::string const& backend_n
   j["shape"] = o.shape;
   j["threads"] = o.threads;
   j["backend"] = backend_name;
-  j["kernel"] = mm::expert::name_of(mm::expert::kernel_for<float>());
+  // The expert GEMMs' kernel: the tile unit's name on the BF16 backends, else the fp32 kernel.
+  if constexpr (mm::expert::multiplies_bf16<typename layer_type::backend>)
+    j["kernel"] = mm::expert::name_of(layer_type::expert_settings.backend);
+  else
+    j["kernel"] = mm::expert::name_of(mm::expert::kernel_for<float>());
   j["precision"] = o.precision;
   j["quantized_weights"] = layer_type::quantized_weights;
   j["tokens_per_s"] = shape.tokens / (step_ms / 1e3);

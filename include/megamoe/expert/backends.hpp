@@ -25,9 +25,11 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <span>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace megamoe::expert {
@@ -170,12 +172,15 @@ struct tensor_gemm {
 };
 
 /// Products on a tile unit: each problem's B packed once (one task per problem), then blocks of
-/// 64 rows of every problem as tasks over the pool, each packing its rows of A and running the tile
-/// GEMM into its rows of C.
+/// 128 rows of every problem as tasks, each packing its rows of A and running the tile GEMM into
+/// its rows of C. The blocks are scheduled by work: sorted by cost (rows x n x k; with wgrad the
+/// depth k is an expert's token count, so blocks of busy experts cost more), the largest first, and
+/// every pool thread takes the next block when it finishes one, so the last blocks to start are
+/// the cheapest.
 template <class Tiles, gemm_backend Id = gemm_backend::amx>
 struct tile_backend {
   static constexpr gemm_backend id = Id;
-  static constexpr int row_block = 64;
+  static constexpr int row_block = 128;
 
   template <gemm_op Op, class T>
   static void run(executor<T>& exec, std::span<gemm_problem<T> const> problems) {
@@ -192,30 +197,47 @@ struct tile_backend {
     });
     auto& blocks = row_blocks();
     blocks.clear();
-    for (std::size_t i = 0; i < count; ++i)
-      for (int row = 0; row < problems[i].m; row += row_block)
-        if (problems[i].n > 0) blocks.push_back({static_cast<int>(i), row});
-    exec.pool().run(static_cast<int>(blocks.size()), [&](int t) {
-      auto const [i, first] = blocks[static_cast<std::size_t>(t)];
-      auto const& p = problems[static_cast<std::size_t>(i)];
-      int const rows = std::min(row_block, p.m - first);
-      thread_local tiles::packed_a a;
-      // A[m, k]: stored [k, m] for tn, [m, k] otherwise; rows from `first`.
-      bool const transposed = Op == gemm_op::tn;
-      tiles::pack_a({p.a + (transposed ? first : static_cast<std::ptrdiff_t>(first) * p.lda), p.lda,
-                     transposed, p.a_unit},
-                    rows, p.k, a);
-      Tiles unit;
-      tiles::gemm(unit, a, packed[static_cast<std::size_t>(i)],
-                  p.c + static_cast<std::ptrdiff_t>(first) * p.ldc, p.ldc, p.a_unit * p.b_unit,
-                  p.accumulate);
+    for (std::size_t i = 0; i < count; ++i) {
+      auto const& p = problems[i];
+      for (int row = 0; row < p.m && p.n > 0; row += row_block)
+        blocks.push_back(
+            {static_cast<int>(i), row,
+             static_cast<double>(std::min(row_block, p.m - row)) * p.n * std::max(p.k, 1)});
+    }
+    std::sort(blocks.begin(), blocks.end(), [](row_block_task const& x, row_block_task const& y) {
+      return x.cost != y.cost
+                 ? x.cost > y.cost
+                 : std::pair(x.problem, x.first_row) < std::pair(y.problem, y.first_row);
+    });
+    std::atomic<std::size_t> next{0};
+    exec.pool().run(exec.threads(), [&](int) {
+      for (std::size_t t = next.fetch_add(1); t < blocks.size(); t = next.fetch_add(1))
+        run_block<Op>(problems, blocks[t]);
     });
   }
 
  private:
   struct row_block_task {
     int problem, first_row;
+    double cost;
   };
+  template <gemm_op Op, class T>
+  static void run_block(std::span<gemm_problem<T> const> problems, row_block_task const& block) {
+    auto const& packed = packed_b_of_problems();
+    int const i = block.problem, first = block.first_row;
+    auto const& p = problems[static_cast<std::size_t>(i)];
+    int const rows = std::min(row_block, p.m - first);
+    thread_local tiles::packed_a a;
+    // A[m, k]: stored [k, m] for tn, [m, k] otherwise; rows from `first`.
+    bool const transposed = Op == gemm_op::tn;
+    tiles::pack_a({p.a + (transposed ? first : static_cast<std::ptrdiff_t>(first) * p.lda), p.lda,
+                   transposed, p.a_unit},
+                  rows, p.k, a);
+    Tiles unit;
+    tiles::gemm(unit, a, packed[static_cast<std::size_t>(i)],
+                p.c + static_cast<std::ptrdiff_t>(first) * p.ldc, p.ldc, p.a_unit * p.b_unit,
+                p.accumulate);
+  }
   // Grow-only, shared by every layer (layers run one after another).
   static std::vector<tiles::packed_b>& packed_b_of_problems() {
     static std::vector<tiles::packed_b> packed;

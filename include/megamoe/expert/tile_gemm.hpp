@@ -1,21 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
-// megamoe/expert/tile_gemm.hpp — BF16 products with fp32 accumulation on the AMX tile unit.
+// megamoe/expert/tile_gemm.hpp — BF16 products with fp32 accumulation on a tile unit: AMX, or
+// AVX512-BF16 dot products where the CPU has no AMX.
 //
 // C[M, N] = alpha * A[M, K] B[K, N] (+ C), A and B in BF16, packed first:
 //   - A as BF16 rows [M padded to 16][K padded to 32], zeros in the padding;
 //   - B in the tiles' VNNI layout: for each block of 16 columns and each step of 32 along K, one
 //     1 KB tile of 16 rows, row r holding (B[2r][n], B[2r+1][n]) for the block's 16 columns n.
-// Packing reads any orientation through a value(row, col) function, so one packer serves fprop
-// (weights [N, K]), dgrad and wgrad (transposed operands), and rounds fp32 to BF16 (exact for
-// values already in BF16, and for every FP8 / FP4 code times its power-of-2 or E4M3 block scale).
+// Packing reads an operand in memory in either orientation (operand_view), so one packer serves
+// fprop (weights [N, K]), dgrad and wgrad (transposed operands), and rounds fp32 to BF16 (exact
+// for values already in BF16, and for every FP8 / FP4 code times its power-of-2 or E4M3 block
+// scale): with AVX-512 where the CPU has it, else element by element (the same bits).
 //
 // The product runs on a Tiles unit: hardware_tiles issues the AMX instructions (compiled with a
-// function-level target attribute; only call it where cpu().use_amx()), emulated_tiles computes
-// the same tile operations in software (TDPBF16PS: input denormals as zero, each product added in
-// fp32 with round to nearest even, output denormals flushed), so the packing and blocking are
-// tested on any CPU. Register use: tmm0-3 accumulate a 32 x 32 block of C, tmm4-5 hold A's two
-// 16-row tiles, tmm6-7 B's two 16-column tiles; B is walked in panels of 128 columns so a panel
-// stays in L2 while every row block of A passes over it.
+// function-level target attribute; only call it where cpu().use_amx()), vector_tiles computes the
+// same products with VDPBF16PS (only where cpu().use_avx512_bf16()), emulated_tiles computes the
+// tile operations in software (TDPBF16PS: input denormals as zero, each product added in fp32 with
+// round to nearest even, output denormals flushed), so the packing and blocking are tested on any
+// CPU. AMX register use: tmm0-3 accumulate a 32 x 32 block of C, tmm4-5 hold A's two 16-row tiles,
+// tmm6-7 B's two 16-column tiles; B is walked in panels of 128 columns so a panel stays in L2
+// while every row block of A passes over it.
 #pragma once
 
 #include <megamoe/core/bf16.hpp>
