@@ -124,11 +124,20 @@ void matches_double_product(Tiles& tiles, bool transposed) {
   }
 }
 
-TEST(TileGemm, EmulatedTilesMatchTheDoubleProduct) {
-  tl::emulated_tiles tiles;
+/// Every shape in both orientations on a fresh `Tiles`, which counts its products, into the
+/// process's counter too.
+template <class Tiles>
+void unit_matches_double_product() {
+  auto const before = tl::products_issued().load();
+  Tiles tiles;
   matches_double_product(tiles, false);
   matches_double_product(tiles, true);
   EXPECT_GT(tiles.products, 0U);
+  EXPECT_GT(tl::products_issued().load(), before);
+}
+
+TEST(TileGemm, EmulatedTilesMatchTheDoubleProduct) {
+  unit_matches_double_product<tl::emulated_tiles>();
 }
 
 TEST(TileGemm, EmulatedTilesFlushDenormals) {
@@ -207,12 +216,7 @@ TEST(TileGemm, DepthsMustAgree) {
 TEST(TileGemm, AmxTilesMatchTheDoubleProduct) {
   if (auto const why = amx_skip_reason(); !why.empty()) GTEST_SKIP() << why;
 #if MEGAMOE_HAS_AMX_INTRINSICS
-  auto const before = tl::products_issued().load();
-  tl::hardware_tiles tiles;
-  matches_double_product(tiles, false);
-  matches_double_product(tiles, true);
-  EXPECT_GT(tiles.products, 0U);
-  EXPECT_GT(tl::products_issued().load(), before);
+  unit_matches_double_product<tl::hardware_tiles>();
 #else
   FAIL() << "AMX usable, but this compiler has no AMX intrinsics";
 #endif
@@ -221,12 +225,7 @@ TEST(TileGemm, AmxTilesMatchTheDoubleProduct) {
 TEST(TileGemm, VectorTilesMatchTheDoubleProduct) {
   if (auto const why = avx512_bf16_skip_reason(); !why.empty()) GTEST_SKIP() << why;
 #if MEGAMOE_HAS_AMX_INTRINSICS
-  auto const before = tl::products_issued().load();
-  tl::vector_tiles tiles;
-  matches_double_product(tiles, false);
-  matches_double_product(tiles, true);
-  EXPECT_GT(tiles.products, 0U);
-  EXPECT_GT(tl::products_issued().load(), before);
+  unit_matches_double_product<tl::vector_tiles>();
 #else
   FAIL() << "AVX512-BF16 usable, but this compiler has no x86 intrinsics";
 #endif

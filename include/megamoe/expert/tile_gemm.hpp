@@ -125,6 +125,10 @@ struct operand_view {
   std::ptrdiff_t ld = 0;
   bool transposed = false;
   float unit = 1.0F;
+  /// Element (r, c) of the operand over its unit.
+  [[nodiscard]] float at(int r, int c) const {
+    return (transposed ? data[c * ld + r] : data[r * ld + c]) / unit;
+  }
 };
 
 #if MEGAMOE_HAS_AVX512_KERNELS
@@ -239,11 +243,7 @@ inline void pack_a(operand_view const& v, int m, int k, packed_a& out) {
   if (cpu().use_avx512()) return detail::pack_a_avx512(v, m, k, out);
 #endif
   pack_a(
-      m, k,
-      [&](int r, int c) {
-        return (v.transposed ? v.data[c * v.ld + r] : v.data[r * v.ld + c]) / v.unit;
-      },
-      out);
+      m, k, [&](int r, int c) { return v.at(r, c); }, out);
 }
 /// Packs B [K, N] from `v`, as pack_a.
 inline void pack_b(operand_view const& v, int k, int n, packed_b& out) {
@@ -251,11 +251,7 @@ inline void pack_b(operand_view const& v, int k, int n, packed_b& out) {
   if (cpu().use_avx512()) return detail::pack_b_avx512(v, k, n, out);
 #endif
   pack_b(
-      k, n,
-      [&](int r, int c) {
-        return (v.transposed ? v.data[c * v.ld + r] : v.data[r * v.ld + c]) / v.unit;
-      },
-      out);
+      k, n, [&](int r, int c) { return v.at(r, c); }, out);
 }
 
 /// Tile products issued by this process (every Tiles unit counts its own; gemm adds them here).
