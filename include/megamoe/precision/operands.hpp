@@ -262,8 +262,7 @@ template <operand_format F>
 float tensor_factor(quantized_matrix const& q) {
   float u = 1.0F;
   if constexpr (F.scale == scale_kind::per_tensor) u = q.scale_inv.empty() ? 1.0F : q.scale_inv[0];
-  if constexpr (F.scale == scale_kind::nvfp4_blocks)
-    u = q.global_amax * static_cast<float>(1.0 / (6.0 * 448.0));
+  if constexpr (F.scale == scale_kind::nvfp4_blocks) u = q.global_amax * nvfp4_inverse_range;
   return u > 0.0F && std::isfinite(u) ? u : 1.0F;
 }
 
@@ -405,9 +404,13 @@ class grouped_operands {
   /// Runs on the calling thread (an optimizer's step may come after the bound pool is gone).
   void store_weights(expert::linear layer, float const* w, int rows, int cols, int first,
                      int last) {
-    thread_pool* const bound = std::exchange(pool_, nullptr);
+    // Unbound for the call, bound again however it ends (an amax reduction may throw).
+    struct rebind {
+      thread_pool*& slot;
+      thread_pool* pool;
+      ~rebind() { slot = pool; }
+    } const unbound{pool_, std::exchange(pool_, nullptr)};
     store_weights_into(layer, w, rows, cols, first, last, nullptr);
-    pool_ = bound;
   }
 
   /// The per-tensor factor (tensor_factor) of expert e's values in workspace `b` as the last hook

@@ -310,10 +310,12 @@ inline nvfp4_block_scale nvfp4_block(float block_amax, nvfp4_global_scale const&
   return b;
 }
 
+/// 1 / (E2M1 max x E4M3 max) = fp32(1/2688): NVFP4's global scale is global_amax times this.
+inline constexpr float nvfp4_inverse_range = static_cast<float>(1.0 / (6.0 * 448.0));
+
 /// The dequantization factor of a block: (e4m3 value * global amax) * fp32(1/2688).
 inline float nvfp4_dequant_factor(std::uint8_t e4m3_code, float global_amax) {
-  constexpr float inverse = static_cast<float>(1.0 / (6.0 * 448.0));
-  return (decode<e4m3>(e4m3_code) * global_amax) * inverse;
+  return (decode<e4m3>(e4m3_code) * global_amax) * nvfp4_inverse_range;
 }
 
 /// x * s_enc_b clamped to [-6, 6] (the value the E2M1 cast sees).
