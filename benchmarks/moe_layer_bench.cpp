@@ -403,14 +403,14 @@ int main(int argc, char** argv) {
         return 2;
       };
       std::optional<int> code;
-      auto const& cpu = mm::cpu();
       if (backend == "grouped") {
         code = recipe(grouped{});
       } else if (backend == "amx" || backend == "avx512_bf16") {
         bool const amx = backend == "amx";
-        if (amx ? !cpu.use_amx() : !cpu.use_avx512_bf16()) {
-          std::cerr << "moe_layer_bench: --backend " << backend << " cannot run here: "
-                    << (amx ? cpu.amx_unavailable_reason() : cpu.avx512_bf16_unavailable_reason())
+        auto const why = mm::expert::unavailable_reason(
+            amx ? mm::expert::gemm_backend::amx : mm::expert::gemm_backend::avx512_bf16);
+        if (!why.empty()) {
+          std::cerr << "moe_layer_bench: --backend " << backend << " cannot run here: " << why
                     << "\n";
           return 2;
         }

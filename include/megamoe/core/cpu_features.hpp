@@ -48,7 +48,7 @@ struct cpu_features {
       why = "this CPU has no AVX512-BF16 dot products (CPUID lists no avx512_bf16)";
     else
       return {};
-    return why + "; the fp32 expert backends (per_expert, grouped, tensor) run everywhere";
+    return with_fallback(why);
   }
   /// Whether megamoe's AMX tile kernels may run.
   [[nodiscard]] bool use_amx() const noexcept {
@@ -65,6 +65,12 @@ struct cpu_features {
       why = "the OS refused the tile state (arch_prctl ARCH_REQ_XCOMP_PERM failed)";
     else
       return {};
+    return with_fallback(why);
+  }
+
+ private:
+  /// A reason a BF16 unit cannot run, with what runs instead.
+  static std::string with_fallback(std::string const& why) {
     return why + "; the fp32 expert backends (per_expert, grouped, tensor) run everywhere";
   }
 };

@@ -18,6 +18,7 @@
 //                    exactly; the product is scaled by a_unit * b_unit (R037: no fp32 / fp64).
 #pragma once
 
+#include <megamoe/core/cpu_features.hpp>
 #include <megamoe/core/thread_pool.hpp>
 #include <megamoe/expert/gemm.hpp>
 #include <megamoe/expert/tags.hpp>
@@ -28,6 +29,7 @@
 #include <atomic>
 #include <cstddef>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -293,5 +295,13 @@ struct backend_for<gemm_backend::avx512_bf16> {
 /// The backend class for a backend tag's value.
 template <gemm_backend B>
 using backend_t = typename detail::backend_for<B>::type;
+
+/// Why backend `b` cannot run in this process (its BF16 unit missing or turned off), naming the
+/// fp32 backends; empty where it can (every fp32 backend runs everywhere).
+inline std::string unavailable_reason(gemm_backend b) {
+  if (b == gemm_backend::amx) return cpu().amx_unavailable_reason();
+  if (b == gemm_backend::avx512_bf16) return cpu().avx512_bf16_unavailable_reason();
+  return {};
+}
 
 }  // namespace megamoe::expert

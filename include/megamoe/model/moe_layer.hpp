@@ -498,12 +498,10 @@ class moe_layer {
     }
     config_values v = resolve<Config>(given);
     if (!v.router) throw config_error(27, "moe_layer: give the run-time router's settings");
-    if (expert_settings.backend == expert::gemm_backend::amx && !cpu().use_amx())
-      throw input_error("moe_layer: expert::amx cannot run here: " +
-                        cpu().amx_unavailable_reason());
-    if (expert_settings.backend == expert::gemm_backend::avx512_bf16 && !cpu().use_avx512_bf16())
-      throw input_error("moe_layer: expert::avx512_bf16 cannot run here: " +
-                        cpu().avx512_bf16_unavailable_reason());
+    if (auto const why = expert::unavailable_reason(expert_settings.backend); !why.empty())
+      throw input_error(
+          "moe_layer: expert::" + std::string(expert::name_of(expert_settings.backend)) +
+          " cannot run here: " + why);
     if (dispatcher_kind == dispatch::dispatcher::local &&
         (v.parallel.ep != 1 || v.parallel.etp != 1))
       throw config_error(19,

@@ -357,8 +357,7 @@ class grouped_operands {
       float const scale = scales_[static_cast<std::size_t>(e)];
       auto& row = held(l, role::input, usage::rowwise, e);
       quantize<input_row>(x + off * cols, static_cast<int>(n), cols, scale, 0, row);
-      dequantize_rows<input_row>(row, out + off * cols);
-      set_unit(slot::rows_a, e, tensor_factor<input_row>(row));
+      dequantize_rows_into<input_row>(slot::rows_a, e, row, out + off * cols);
       if constexpr (!same_copies(recipe, role::input))
         quantize_columnwise<input_col>(x + off * cols, static_cast<int>(n), cols, scale, 0,
                                        codes(l, role::input, usage::columnwise, e));
@@ -385,13 +384,11 @@ class grouped_operands {
     for_experts(first, last, [&](int e) {
       float* oe = out + e * size;
       if (u == usage::rowwise || same_copies(recipe, role::weight)) {
-        auto const& q = codes(l, role::weight, usage::rowwise, e);
-        dequantize_rows<weight_row>(q, oe);
-        set_unit(slot::weights, e, tensor_factor<weight_row>(q));
+        dequantize_rows_into<weight_row>(slot::weights, e,
+                                         codes(l, role::weight, usage::rowwise, e), oe);
       } else {
-        auto const& q = codes(l, role::weight, usage::columnwise, e);
-        dequantize_columnwise<weight_col>(q, rows, oe);
-        set_unit(slot::weights, e, tensor_factor<weight_col>(q));
+        dequantize_columnwise_into<weight_col>(
+            slot::weights, e, codes(l, role::weight, usage::columnwise, e), rows, oe);
       }
     });
     return out;
@@ -479,8 +476,7 @@ class grouped_operands {
       float const scale = scales_[static_cast<std::size_t>(e)];
       auto& row = held(l, role::grad, usage::rowwise, e);
       quantize<grad_row>(g + off * cols, static_cast<int>(n), cols, scale, seed_of(l, e, 0), row);
-      dequantize_rows<grad_row>(row, out + off * cols);
-      set_unit(slot::rows_a, e, tensor_factor<grad_row>(row));
+      dequantize_rows_into<grad_row>(slot::rows_a, e, row, out + off * cols);
     });
     return out;
   }
@@ -519,17 +515,15 @@ class grouped_operands {
         auto& q = held(l, role::grad, usage::columnwise, e);
         quantize_columnwise<grad_col>(ge, static_cast<int>(source_n), grad_cols, scale,
                                       seed_of(l, e, 1), q);
-        dequantize_columnwise<grad_col>(q, n, grad_out + off * grad_cols);
-        set_unit(slot::rows_a, e, tensor_factor<grad_col>(q));
+        dequantize_columnwise_into<grad_col>(slot::rows_a, e, q, n, grad_out + off * grad_cols);
       }
       if constexpr (same_copies(recipe, role::input)) {
-        auto const& q = codes(l, role::input, usage::rowwise, e);
-        dequantize_rows<input_row>(q, input_out + off * input_cols);
-        set_unit(slot::rows_b, e, tensor_factor<input_row>(q));
+        dequantize_rows_into<input_row>(slot::rows_b, e, codes(l, role::input, usage::rowwise, e),
+                                        input_out + off * input_cols);
       } else {
-        auto const& q = codes(l, role::input, usage::columnwise, e);
-        dequantize_columnwise<input_col>(q, n, input_out + off * input_cols);
-        set_unit(slot::rows_b, e, tensor_factor<input_col>(q));
+        dequantize_columnwise_into<input_col>(slot::rows_b, e,
+                                              codes(l, role::input, usage::columnwise, e), n,
+                                              input_out + off * input_cols);
       }
     });
     return {grad_out, input_out, rows};
@@ -624,10 +618,7 @@ class grouped_operands {
       float const scale = scales_[static_cast<std::size_t>(e)];
       auto& row = codes(l, role::weight, usage::rowwise, e);
       quantize<weight_row>(we, rows, cols, scale, 0, row);
-      if (out != nullptr) {
-        dequantize_rows<weight_row>(row, out + e * size);
-        set_unit(slot::weights, e, tensor_factor<weight_row>(row));
-      }
+      if (out != nullptr) dequantize_rows_into<weight_row>(slot::weights, e, row, out + e * size);
       if constexpr (!same_copies(recipe, role::weight))
         quantize_columnwise<weight_col>(we, rows, cols, scale, 0,
                                         codes(l, role::weight, usage::columnwise, e));
@@ -637,8 +628,17 @@ class grouped_operands {
   static std::size_t index(expert::linear l) { return static_cast<std::size_t>(l); }
 
   using slot = expert::operand_buffer;
-  void set_unit(slot b, int e, float u) {
-    units_[static_cast<std::size_t>(b)][static_cast<std::size_t>(e)] = u;
+  /// Expert e's values in workspace b from q (rowwise / columnwise), and their per-tensor factor
+  /// for unit(b, e): the factor always comes with the values it divides.
+  template <operand_format F>
+  void dequantize_rows_into(slot b, int e, quantized_matrix const& q, float* out) {
+    dequantize_rows<F>(q, out);
+    units_[static_cast<std::size_t>(b)][static_cast<std::size_t>(e)] = tensor_factor<F>(q);
+  }
+  template <operand_format F>
+  void dequantize_columnwise_into(slot b, int e, quantized_matrix const& q, int rows, float* out) {
+    dequantize_columnwise<F>(q, rows, out);
+    units_[static_cast<std::size_t>(b)][static_cast<std::size_t>(e)] = tensor_factor<F>(q);
   }
 
   quantized_matrix& codes(std::size_t l, role r, usage u, int e) {
