@@ -385,6 +385,9 @@ class hardware_tiles {
       config.colsb[t] = 64;
       config.rows[t] = tile_rows;
     }
+    // GCC 12 does not count LDTILECFG as a read of its operand and drops the stores above as
+    // dead (the unit then faults on a half-written configuration): the barrier keeps them.
+    __asm__ volatile("" : : "r"(&config) : "memory");
     _tile_loadconfig(&config);
   }
   MEGAMOE_AMX_TARGET void release() { _tile_release(); }
