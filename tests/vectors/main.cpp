@@ -2,6 +2,7 @@
 // megamoe_reference_vectors — runs every reference-vector file of the requested kinds.
 //
 //   megamoe_reference_vectors --kind parallel_groups [--dir D] [--layout-tool PATH]
+//   megamoe_reference_vectors --kind router --fault flipped_ties   (must fail: a planted fault)
 //
 // The folder is MEGAMOE_REFERENCE_VECTORS, or else the in-repo copy tests/data/megatron (a path
 // fixed at build time from the source tree, so the working directory does not matter). Files are
@@ -43,9 +44,21 @@ int main(int argc, char** argv) {
       dir = value();
     } else if (arg == "--layout-tool") {
       options.layout_tool = value();
+    } else if (arg == "--fault") {
+      std::string const fault = value();
+      if (fault == "flipped_ties") {
+        options.fault = mv::planted_fault::flipped_ties;
+      } else if (fault == "logit_above_bound") {
+        options.fault = mv::planted_fault::logit_above_bound;
+      } else if (fault == "logit_within_bound") {
+        options.fault = mv::planted_fault::logit_within_bound;
+      } else {
+        std::cerr << "--fault: flipped_ties, logit_above_bound or logit_within_bound\n";
+        return 2;
+      }
     } else {
       std::cerr << "usage: megamoe_reference_vectors --kind K [--kind K ...] [--dir D] "
-                   "[--layout-tool PATH]\n";
+                   "[--layout-tool PATH] [--fault NAME]\n";
       return 2;
     }
   }

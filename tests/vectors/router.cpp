@@ -9,6 +9,7 @@
 #include <megamoe/dispatch/permute.hpp>
 #include <megamoe/router/gating.hpp>
 #include <megamoe/router/megatron_config.hpp>
+#include <megamoe/router/capacity.hpp>
 #include <megamoe/router/router.hpp>
 
 #include <string>
@@ -125,8 +126,50 @@ void check_permutation(object_fields& f, mask_matrix const& map, row_matrix<L> c
 }
 
 /// One file, with L the router dtype of its config.
+/// Puts into `mine` the element of largest rounding allowance relative to rtol / atol, at
+/// `factor` times its whole allowance from the reference (1 + 1e-6: just outside; 1 - 1e-6: just
+/// inside).
 template <class L>
-check_result run(vector_file& file, router::megatron_router_config const& rc) {
+void plant_logit_error(Eigen::MatrixXd& mine, row_matrix<L> const& reference,
+                       Eigen::MatrixXd const& bound, double factor) {
+  Eigen::Index best_r = 0, best_c = 0;
+  double best = -1.0;
+  for (Eigen::Index r = 0; r < mine.rows(); ++r)
+    for (Eigen::Index c = 0; c < mine.cols(); ++c) {
+      double const plain = atol + rtol * std::abs(static_cast<double>(reference(r, c)));
+      if (bound(r, c) / plain > best) {
+        best = bound(r, c) / plain;
+        best_r = r;
+        best_c = c;
+      }
+    }
+  double const ref = static_cast<double>(reference(best_r, best_c));
+  mine(best_r, best_c) = ref + factor * (atol + rtol * std::abs(ref) + bound(best_r, best_c));
+}
+
+/// A wrong router: capacity applied with the opposite tie rule (the highest token index wins),
+/// by running the same capacity step on the tokens in reverse order.
+template <class L>
+void flip_capacity_ties(router::routing_output<L>& out, router::settings const& settings) {
+  Eigen::Index const T = out.topk_indices.rows(), E = out.probs.cols();
+  row_matrix<L> probs = sparse_of(out.topk_probs, out.topk_indices, static_cast<int>(E));
+  mask_matrix map = mask_matrix::Zero(T, E);
+  for (Eigen::Index t = 0; t < T; ++t)
+    for (Eigen::Index i = 0; i < out.topk_indices.cols(); ++i) map(t, out.topk_indices(t, i)) = 1;
+  row_matrix<L> reversed_probs = probs.colwise().reverse();
+  mask_matrix reversed_map = map.colwise().reverse();
+  std::vector<int> order;
+  router::apply_capacity(reversed_probs, reversed_map, settings.top_k, *settings.capacity_factor,
+                         settings.token_drop_policy, settings.pad_to_capacity, order);
+  out.probs = reversed_probs.colwise().reverse();
+  out.routing_map = reversed_map.colwise().reverse();
+  for (Eigen::Index e = 0; e < E; ++e)
+    out.tokens_per_expert[static_cast<std::size_t>(e)] = out.routing_map.col(e).template cast<std::int64_t>().sum();
+}
+
+template <class L>
+check_result run(vector_file& file, router::megatron_router_config const& rc,
+                 run_options const& options) {
   comparer cmp;
   int const E = rc.num_experts;
   int const S = rc.seq_length.value_or(0), B = rc.micro_batch_size.value_or(1);
@@ -165,26 +208,39 @@ check_result run(vector_file& file, router::megatron_router_config const& rc) {
     }
     in.require_all_handled();
 
-    // The gating GEMM: z = x W^T in the router dtype.
+    // The gating GEMM: z = x W^T in the router dtype, each logit within the rounding bound of
+    // its dot product over H (2 gamma_H sum |x||w|) on top of rtol / atol.
     row_matrix<L> my_logits;
     router::gating_forward<L>(hidden, weight, my_logits);
-    cmp.close(at + ".inputs.logits (gating)", my_logits, logits, rtol, atol);
+    Eigen::MatrixXd const logit_bound =
+        product_bound(hidden, weight.transpose(), unit_roundoff<L>());
+    Eigen::MatrixXd mine = my_logits.template cast<double>();
+    if (options.fault == planted_fault::logit_above_bound ||
+        options.fault == planted_fault::logit_within_bound)
+      plant_logit_error(mine, logits, logit_bound,
+                        options.fault == planted_fault::logit_above_bound ? 1.0 + 1e-6
+                                                                          : 1.0 - 1e-6);
+    cmp.close_within(at + ".inputs.logits (gating)", mine, logits, rtol, atol, logit_bound);
 
-    auto const& out = router.route(logits, {.seq_length = S, .micro_batch_size = B});
+    // A copy: a planted fault may change what megamoe's router gave.
+    router::routing_output<L> out =
+        router.route(logits, {.seq_length = S, .micro_batch_size = B});
+    if (options.fault == planted_fault::flipped_ties && rc.router.capacity_factor)
+      flip_capacity_ties(out, rc.router);
     object_fields o(mb.take("outputs"), at + ".outputs");
 
     bool const tie_variant = o.has("canonical_tiebreak");
-    bool maps_agree = true;
+    bool maps_agree = true, probs_agree = true;
     mask_matrix megatron_map;
-    row_matrix<L> megatron_probs;
+    row_matrix<L> megatron_probs, canonical_probs;
     if (tie_variant) {
       object_fields c(o.take("canonical_tiebreak"), at + ".outputs.canonical_tiebreak");
       maps_agree = c.take("routing_map_equals_megatron").get<bool>();
-      c.take("probs_equal_megatron");
+      probs_agree = c.take("probs_equal_megatron").get<bool>();
       cmp.exact(at + ".canonical_tiebreak.routing_map", out.routing_map,
                 matrix_of<int>(c.take("routing_map"), "map"));
-      cmp.close(at + ".canonical_tiebreak.probs", out.probs, matrix_of<L>(c.take("probs"), "p"),
-                rtol, atol);
+      canonical_probs = matrix_of<L>(c.take("probs"), "p");
+      cmp.close(at + ".canonical_tiebreak.probs", out.probs, canonical_probs, rtol, atol);
       Eigen::Map<Eigen::Matrix<std::int64_t, Eigen::Dynamic, 1> const> counts(
           out.tokens_per_expert.data(), E);
       cmp.exact(at + ".canonical_tiebreak.tokens_per_expert", counts,
@@ -225,8 +281,19 @@ check_result run(vector_file& file, router::megatron_router_config const& rc) {
                 rtol, atol);
     }
 
-    cmp.scalar_close(at + ".outputs.objective", objective(out.probs, weights),
-                     o.take("objective").get<double>(), rtol, 1e-6);
+    // The objective sums the probs the reference kept: where its tie order kept other tokens,
+    // the file's value belongs to its own choice, and megamoe's is compared with the canonical
+    // variant's (whose probs were compared above).
+    double const file_objective = o.take("objective").get<double>();
+    if (probs_agree) {
+      cmp.scalar_close(at + ".outputs.objective", objective(out.probs, weights), file_objective,
+                       rtol, 1e-6);
+    } else {
+      cmp.scalar_close(at + ".outputs.objective (of Megatron's probs, in the file)",
+                       objective(megatron_probs, weights), file_objective, rtol, 1e-6);
+      cmp.scalar_close(at + ".canonical_tiebreak objective", objective(out.probs, weights),
+                       objective(canonical_probs, weights), rtol, 1e-6);
+    }
 
     // Losses, coefficient-scaled and unscaled.
     nlohmann::json const no_losses = nlohmann::json::object();
@@ -318,13 +385,25 @@ check_result run(vector_file& file, router::megatron_router_config const& rc) {
       part("z_loss", only(&router::gradient_terms::z_loss));
       parts.require_all_handled();
     }
+    // dW = dz^T x (sums over T) and dx = dz W (sums over E): each element within its dot
+    // product's rounding bound, plus what megamoe's dz may differ from the reference's (the
+    // allowance of grad_logits_total) carried through the product.
     row_matrix<L> const& upstream = maps_agree ? grad : megatron_grad;
     row_matrix<float> grad_hidden, grad_weight;
     router::gating_backward<L>(upstream, hidden, weight, grad_hidden, grad_weight);
-    cmp.close(at + ".outputs.grad_router_weight", grad_weight,
-              matrix_of<float>(o.take("grad_router_weight"), "grw"), rtol, atol);
-    cmp.close(at + ".outputs.grad_hidden", grad_hidden,
-              matrix_of<float>(o.take("grad_hidden"), "gh"), rtol, atol);
+    Eigen::MatrixXd const upstream_error =
+        maps_agree ? Eigen::MatrixXd((rtol * megatron_grad.template cast<double>().cwiseAbs())
+                                         .array() +
+                                     atol)
+                   : Eigen::MatrixXd::Zero(upstream.rows(), upstream.cols());
+    Eigen::MatrixXd const upstream_error_t = upstream_error.transpose();
+    cmp.close_within(at + ".outputs.grad_router_weight", grad_weight,
+                     matrix_of<float>(o.take("grad_router_weight"), "grw"), rtol, atol,
+                     product_bound(upstream.transpose(), hidden, unit_roundoff<L>(),
+                                   &upstream_error_t));
+    cmp.close_within(at + ".outputs.grad_hidden", grad_hidden,
+                     matrix_of<float>(o.take("grad_hidden"), "gh"), rtol, atol,
+                     product_bound(upstream, weight, unit_roundoff<L>(), &upstream_error));
     o.require_all_handled();
 
     if (mb.has("permutation")) {
@@ -348,10 +427,10 @@ check_result run(vector_file& file, router::megatron_router_config const& rc) {
   return {cmp.worst(), cmp.fields()};
 }
 
-check_result check_router(vector_file& file, run_options const&) {
+check_result check_router(vector_file& file, run_options const& options) {
   auto const rc = router::from_megatron(file.take("config"));
-  if (rc.router.dtype == router::logits_dtype::fp64) return run<double>(file, rc);
-  return run<float>(file, rc);
+  if (rc.router.dtype == router::logits_dtype::fp64) return run<double>(file, rc, options);
+  return run<float>(file, rc, options);
 }
 
 [[maybe_unused]] bool const registered = [] {

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,33 @@ row_matrix<T> matrix_of(nlohmann::json const& j, std::string const& what) {
   return m;
 }
 
+/// u of a floating-point type (half an ulp of 1): 2^-24 for float, 2^-53 for double.
+template <class T>
+constexpr double unit_roundoff() {
+  return std::numeric_limits<T>::epsilon() / 2.0;
+}
+
+/// gamma_n = n u / (1 - n u): a sum of n products computed in any order in a type of unit roundoff
+/// u is within gamma_n sum |a_i b_i| of the exact sum (Higham, Accuracy and Stability, 3.1).
+inline double gamma(std::int64_t n, double u) {
+  double const nu = static_cast<double>(n) * u;
+  return nu < 1.0 ? nu / (1.0 - nu) : std::numeric_limits<double>::infinity();
+}
+
+/// The allowance between two evaluations of C = A B in a type of unit roundoff u, each within
+/// gamma_K |A||B| of the exact product (K = A's columns), whatever order each sums in:
+/// 2 gamma_K (|A||B|)(r, c). `upstream_error`, when given, bounds A's own difference from the
+/// reference's A elementwise, which adds (upstream_error |B|)(r, c).
+template <class A, class B>
+Eigen::MatrixXd product_bound(Eigen::MatrixBase<A> const& a, Eigen::MatrixBase<B> const& b,
+                              double u, Eigen::MatrixXd const* upstream_error = nullptr) {
+  Eigen::MatrixXd const abs_a = a.template cast<double>().cwiseAbs();
+  Eigen::MatrixXd const abs_b = b.template cast<double>().cwiseAbs();
+  Eigen::MatrixXd bound = 2.0 * gamma(a.cols(), u) * (abs_a * abs_b);
+  if (upstream_error != nullptr) bound += *upstream_error * abs_b;
+  return bound;
+}
+
 /// Compares tensors element by element within rtol/atol, remembering the worst relative error.
 class comparer {
  public:
@@ -57,6 +85,26 @@ class comparer {
         scalar_close(what + "[" + std::to_string(r) + "," + std::to_string(c) + "]",
                      static_cast<double>(mine(r, c)), static_cast<double>(expected(r, c)), rtol,
                      atol);
+    counting_ = true;
+  }
+
+  /// As `close`, with each element's own allowance on top: |mine - expected| <= atol +
+  /// rtol |expected| + bound(r, c), where `bound` is the rounding bound of the computation that
+  /// produced the element (a dot product's error scales with the sum of |x||w| it adds up, not with
+  /// its result, which cancellation can make arbitrarily small).
+  template <class A, class B>
+  void close_within(std::string const& what, Eigen::MatrixBase<A> const& mine,
+                    Eigen::MatrixBase<B> const& expected, double rtol, double atol,
+                    Eigen::MatrixXd const& bound) {
+    same_shape(what, mine, expected);
+    same_shape(what + " (bound)", bound, expected);
+    ++fields_;
+    counting_ = false;
+    for (Eigen::Index r = 0; r < mine.rows(); ++r)
+      for (Eigen::Index c = 0; c < mine.cols(); ++c)
+        scalar_close(what + "[" + std::to_string(r) + "," + std::to_string(c) + "]",
+                     static_cast<double>(mine(r, c)), static_cast<double>(expected(r, c)), rtol,
+                     atol + bound(r, c));
     counting_ = true;
   }
 

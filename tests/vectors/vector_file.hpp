@@ -73,9 +73,19 @@ struct check_result {
   int fields = -1;  // fields compared, when the checker counts them (else the top-level count)
 };
 
+/// A fault a checker plants in megamoe's results before comparing them, to show that the harness
+/// catches a wrong router (`--fault`): such a run must fail.
+enum class planted_fault {
+  none,
+  flipped_ties,            // capacity keeps the highest-index candidates instead of the lowest
+  logit_above_bound,       // one gating logit off by just more than its allowance
+  logit_within_bound,      // the same, just less than its allowance (must still pass)
+};
+
 /// Options shared by checkers.
 struct run_options {
   std::string layout_tool;  // path of megamoe-layout, or empty
+  planted_fault fault = planted_fault::none;
 };
 
 using checker = std::function<check_result(vector_file&, run_options const&)>;
