@@ -11,9 +11,16 @@
 // (every weight under the reference's parameter names, fp32). The last stdout line is
 //   {"final": {"steps", "tokens_per_s", "heldout_bpb", "unigram_bpb", "metrics_path",
 //              "plot_path", "weights_path"}}
-// Presets are model configurations compiled in (types), chosen once at start-up.
+// Presets are complete configuration types (the model slot included), chosen once at start-up.
+// `--describe` prints the chosen preset's configuration resolved for this job (its degrees from
+// the world size and the flags) as one JSON object, with its parameter count and model FLOPs per
+// token, and exits without reading the corpus.
 #include <megamoe/config/config.hpp>
+#include <megamoe/config/describe.hpp>
+#include <megamoe/config/resolve.hpp>
+#include <megamoe/config/rules.hpp>
 #include <megamoe/core/random.hpp>
+#include <megamoe/model/counts.hpp>
 #include <megamoe/io/safetensors.hpp>
 #include <megamoe/model/transformer.hpp>
 #include <megamoe/parallel/process_groups.hpp>
@@ -41,6 +48,7 @@
 namespace mm = megamoe;
 namespace mt = megamoe::train;
 namespace rt = megamoe::router;
+namespace md = megamoe::model;
 
 namespace {
 
@@ -49,40 +57,64 @@ struct options {
   double lr = 3e-3;
   std::uint64_t seed = 1234;
   std::string data = "/usr/share/games/fortunes", out = "megamoe-train-out", preset = "small";
+  bool describe = false;
 };
 
-template <int H, int F, int E, class Router>
-using preset_config =
-    mm::make_config<mm::shape<mm::hidden<H>, mm::ffn<F>, mm::experts<E>>, Router,
-                    mm::dispatch::all_to_all, mm::expert::mlp<mm::expert::swiglu>,
-                    mm::precision::fp32,
-                    mm::parallel::mapping<mm::parallel::etp<1>, mm::parallel::ep<mm::dynamic>>>;
+/// Every parallel degree is left to the job: TP, CP and PP from their flags (1 for now), ETP
+/// following TP, EP taking the expert grid's ranks (or --ep).
+using job_mapping = mm::parallel::mapping<mm::parallel::tp<mm::dynamic>, mm::parallel::cp<mm::dynamic>,
+                                          mm::parallel::pp<mm::dynamic>, mm::parallel::ep<mm::dynamic>>;
+
+template <int H, int F, int E, class Router, class Model>
+using preset_config = mm::make_config<mm::shape<mm::hidden<H>, mm::ffn<F>, mm::experts<E>>, Router,
+                                      mm::dispatch::all_to_all, mm::expert::mlp<mm::expert::swiglu>,
+                                      mm::precision::fp32, job_mapping, Model>;
 
 /// tiny: quick runs; small (default): 4 layers, MoE every other layer, 8 experts top-2;
 /// fine: fine-grained experts, every layer MoE, 16 experts top-4 with the aux-loss-free router.
-using tiny_config = preset_config<64, 128, 4, rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>>;
-using small_config = preset_config<128, 256, 8, rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>>;
-using fine_config = preset_config<128, 96, 16, rt::aux_loss_free<4, rt::seq_aux_loss<1e-4>>>;
+using tiny_config =
+    preset_config<64, 128, 4, rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>,
+                  md::decoder<md::layers<2>, md::heads<4>, md::vocabulary<256>, md::dense_ffn<256>,
+                              md::moe_layer_freq<2>>>;
+using small_config =
+    preset_config<128, 256, 8, rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>,
+                  md::decoder<md::layers<4>, md::heads<4>, md::vocabulary<256>, md::dense_ffn<512>,
+                              md::moe_layer_freq<2>>>;
+using fine_config = preset_config<128, 96, 16, rt::aux_loss_free<4, rt::seq_aux_loss<1e-4>>,
+                                  md::decoder<md::layers<4>, md::heads<4>, md::vocabulary<256>>>;
+static_assert(mm::rules::check<tiny_config>() && mm::rules::check<small_config>() &&
+              mm::rules::check<fine_config>());
 
-mm::transformer_sizes sizes_of(std::string const& preset) {
-  mm::transformer_sizes s;
-  s.vocabulary = 256;
-  if (preset == "tiny") {
-    s.layers = 2;
-    s.heads = 4;
-    s.dense_ffn = 256;
-    s.moe_layer_freq = 2;
-  } else if (preset == "small") {
-    s.layers = 4;
-    s.heads = 4;
-    s.dense_ffn = 512;
-    s.moe_layer_freq = 2;
-  } else {  // fine
-    s.layers = 4;
-    s.heads = 4;
-    s.moe_layer_freq = 1;
+/// The job's degrees: TP = CP = PP = 1, EP = --ep or the expert grid's ranks.
+mm::parallel::degrees job_degrees(int world_size, options const& o) {
+  mm::parallel::degrees d;
+  d.ep = o.ep > 0 ? o.ep : world_size;
+  return d;
+}
+
+/// The start-up values of this job: its degrees and its world size.
+mm::startup_values job_values(mm::parallel::degrees const& d, int world_size) {
+  return {.tp = d.tp, .cp = d.cp, .pp = d.pp, .etp = d.etp, .ep = d.ep, .world_size = world_size};
+}
+
+/// --describe: the preset resolved for this job, with its size and cost, as one JSON line.
+template <class Config>
+int describe_job(mm::parallel::environment& env, options const& o) {
+  auto const& world = env.world();
+  mm::config_values values;
+  mm::parallel::check_on_every_rank(world, [&] {
+    if (o.seq_len < 2) throw mm::input_error("megamoe-train: --seq-len must be at least 2");
+    values = mm::resolve<Config>(job_values(job_degrees(world.size(), o), world.size()));
+  });
+  if (world.rank() == 0) {
+    auto json = mm::describe(values).flat;
+    json["preset"] = o.preset;
+    json["seq_length"] = o.seq_len;
+    json["num_parameters"] = mm::parameter_count(values);
+    json["model_flops_per_token"] = mm::flops_per_token(values, o.seq_len);
+    std::cout << json.dump() << std::endl;
   }
-  return s;
+  return 0;
 }
 
 std::string duration(double seconds) {
@@ -120,8 +152,7 @@ template <class Config>
 int train(mm::parallel::environment& env, options o) {
   auto const& world = env.world();
   bool const root = world.rank() == 0;
-  mm::parallel::degrees degrees;
-  degrees.ep = o.ep > 0 ? o.ep : world.size();
+  auto const degrees = job_degrees(world.size(), o);
   mm::parallel::process_groups const groups(world, degrees);
   int const dp = groups.dp().size();
   mt::train_settings settings;
@@ -148,7 +179,7 @@ int train(mm::parallel::environment& env, options o) {
   settings.steps = o.steps;
   settings.seed = o.seed;
   settings.schedule = {o.lr, o.lr / 10, std::max(1, o.steps / 20), o.steps};
-  mm::transformer<Config> model(groups, sizes_of(o.preset));
+  mm::transformer<Config> model(groups, job_values(degrees, world.size()));
   model.initialize(o.seed, 0.02);
   mt::trainer<Config> trainer(groups, model, corpus, settings);
   mm::context ctx(env.num_threads());
@@ -299,6 +330,8 @@ int main(int argc, char** argv) {
     app.add_option("--preset", o.preset, "model: tiny | small | fine")
         ->check(CLI::IsMember({"tiny", "small", "fine"}))
         ->capture_default_str();
+    app.add_flag("--describe", o.describe,
+                 "print the preset's configuration for this job as one JSON object and exit");
     try {
       app.parse(argc, argv);
     } catch (CLI::ParseError const& e) {
@@ -306,8 +339,11 @@ int main(int argc, char** argv) {
                                 env.world().rank() == 0 ? std::cerr : std::cerr);
       return code;
     }
-    if (o.preset == "tiny") return train<tiny_config>(env, o);
-    if (o.preset == "fine") return train<fine_config>(env, o);
-    return train<small_config>(env, o);
+    auto run = [&]<class Config>() {
+      return o.describe ? describe_job<Config>(env, o) : train<Config>(env, o);
+    };
+    if (o.preset == "tiny") return run.template operator()<tiny_config>();
+    if (o.preset == "fine") return run.template operator()<fine_config>();
+    return run.template operator()<small_config>();
   });
 }

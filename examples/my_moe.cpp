@@ -27,7 +27,10 @@ using my_moe = mm::make_config<
                     mm::expert::shared_expert_gate>,                              // GEMM backend
     mm::precision::fp32,                                                          // recipe
     mm::parallel::mapping<mm::parallel::etp<1>, mm::parallel::ep<mm::dynamic>>,   // mapping
-    mm::memory::recompute<mm::memory::moe_act>>;                                  // memory
+    mm::memory::recompute<mm::memory::moe_act>,                                   // memory
+    mm::model::decoder<mm::model::layers<2>, mm::model::heads<4>,                 // the model:
+                       mm::model::vocabulary<256>, mm::model::dense_ffn<128>,     // MoE, then
+                       mm::model::moe_layer_freq<2>>>;                            // dense
 
 // Compile-time checks: every configuration rule, and anything else your project relies on.
 static_assert(mm::rules::check<my_moe>());
@@ -47,12 +50,7 @@ int main(int argc, char** argv) {
     if (root) std::cout << mm::describe<my_moe>().text << "\n";
 
     mm::parallel::process_groups const groups(env.world(), {.ep = env.world().size()});
-    mm::transformer_sizes sizes;
-    sizes.layers = 2;
-    sizes.heads = 4;
-    sizes.dense_ffn = 128;
-    sizes.moe_layer_freq = 2;  // MoE, dense
-    mm::transformer<my_moe> model(groups, sizes);
+    mm::transformer<my_moe> model(groups);
     model.initialize(7, 0.05);
     auto const corpus = megamoe::train::byte_corpus::load(data);
     megamoe::train::train_settings settings;

@@ -17,7 +17,7 @@
 
 #include <megamoe/dispatch/tags.hpp>
 #include <megamoe/expert/tags.hpp>
-#include <megamoe/model/tags.hpp>
+#include <megamoe/memory/tags.hpp>
 #include <megamoe/parallel/tags.hpp>
 #include <megamoe/precision/tags.hpp>
 #include <megamoe/router/tags.hpp>

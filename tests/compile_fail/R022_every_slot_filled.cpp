@@ -16,5 +16,6 @@ struct cfg {
   using precision = mm::precision::fp32;
   using parallel = mm::parallel::mapping<>;
   using memory = mm::memory::keep_all;
+  using model = mm::model::decoder<>;
 };
 static_assert(mm::rules::check<cfg>());

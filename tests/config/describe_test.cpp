@@ -35,7 +35,7 @@ TEST(Describe, EverySlotAndFieldIsPresentAndDefaultsAreListed) {
     EXPECT_TRUE(value.contains("policy")) << slot;
   }
   EXPECT_EQ(slots, (std::vector<std::string>{"shape", "router", "dispatch", "expert", "precision",
-                                             "parallel", "memory"}));
+                                             "parallel", "memory", "model"}));
   // Only the shape was given, so every other field is a default; the text marks the same ones.
   EXPECT_EQ(static_cast<int>(d.json["defaults"].size()), fields - shape_fields);
   EXPECT_EQ(count_lines_with(d.text, "(default)"), fields - shape_fields);
@@ -160,4 +160,62 @@ TEST(Describe, RuntimeRouterDescribesAsTheStaticOne) {
   b["router"].erase("policy");
   a["defaults"] = b["defaults"] = nullptr;
   EXPECT_EQ(a, b);
+}
+
+TEST(Describe, TheModelSlotUsesReferenceNames) {
+  namespace md = mm::model;
+  using cfg = mm::make_config<small_shape, md::decoder<md::layers<6>, md::heads<8>, md::vocabulary<512>,
+                                                       md::dense_ffn<256>, md::moe_layer_freq<3>,
+                                                       md::rope_base<5e5>>>;
+  auto const m = mm::describe<cfg>().json["model"];
+  EXPECT_EQ(m["policy"], "decoder");
+  EXPECT_EQ(m["num_layers"], 6);
+  EXPECT_EQ(m["num_attention_heads"], 8);
+  EXPECT_EQ(m["num_query_groups"], 8);
+  EXPECT_EQ(m["kv_channels"], 8);
+  EXPECT_EQ(m["ffn_hidden_size"], 256);
+  EXPECT_EQ(m["moe_layer_freq"], 3);
+  EXPECT_EQ(m["vocab_size"], 512);
+  EXPECT_EQ(m["rotary_base"], 5e5);
+  EXPECT_EQ(m["layernorm_epsilon"], 1e-5);
+  using listed = mm::make_config<small_shape, md::decoder<md::layers<3>, md::heads<mm::dynamic>,
+                                                          md::dense_ffn<96>,
+                                                          md::moe_layer_pattern<1, 0, 1>>>;
+  auto const l = mm::describe<listed>().json["model"];
+  EXPECT_EQ(l["moe_layer_freq"], json::array({1, 0, 1}));
+  EXPECT_EQ(l["num_attention_heads"], "dynamic");
+  EXPECT_EQ(l["num_query_groups"], "dynamic");
+  EXPECT_EQ(l["vocab_size"], "dynamic");
+}
+
+// The flat form holds every field of every slot once, at the top level, as the reference's flat
+// TransformerConfig does: no two slots share a field name.
+TEST(Describe, TheFlatFormHoldsEveryFieldOnce) {
+  namespace md = mm::model;
+  using cfg = mm::make_config<small_shape, mm::precision::mxfp8,
+                              mm::router::top_k<2, mm::router::pad_for_quantization<>>,
+                              md::decoder<md::layers<2>, md::heads<4>, md::vocabulary<256>>>;
+  auto const d = mm::describe(mm::resolve<cfg>({.world_size = 4}));
+  std::size_t fields = 0;
+  for (auto const& [slot, value] : d.json.items()) {
+    if (slot == "defaults") continue;
+    fields += value.size() - 1;  // all but "policy"
+    for (auto const& [field, v] : value.items())
+      if (field != "policy") {
+        EXPECT_EQ(d.flat[field], v) << slot << "." << field;
+      }
+    EXPECT_EQ(d.flat["policies"][slot], value["policy"]);
+  }
+  EXPECT_EQ(d.flat.size(), fields + 2);  // + policies, defaults
+  EXPECT_EQ(d.flat["defaults"], d.json["defaults"]);
+  for (char const* key : {"num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
+                          "ffn_hidden_size", "moe_ffn_hidden_size", "num_moe_experts",
+                          "moe_router_topk", "moe_layer_freq", "vocab_size",
+                          "tensor_model_parallel_size", "context_parallel_size",
+                          "pipeline_model_parallel_size", "expert_model_parallel_size",
+                          "expert_tensor_parallel_size"})
+    EXPECT_TRUE(d.flat.contains(key)) << key;
+  EXPECT_EQ(d.flat["quantization_padding_multiple"], 32);
+  EXPECT_EQ(d.flat["moe_router_padding_multiple"], "recipe");
+  EXPECT_EQ(d.flat["data_parallel_size"], 4);
 }

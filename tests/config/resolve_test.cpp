@@ -81,3 +81,47 @@ TEST(Resolve, AStaticRouterRejectsDifferentStartUpSettings) {
   s.top_k = 4;
   EXPECT_THROW(mm::resolve<cfg>({.router = s, .world_size = 1}), mm::input_error);
 }
+
+TEST(Resolve, ModelSizesLeftOpenAreGivenAtStartUpWithTheSameRules) {
+  namespace md = mm::model;
+  using cfg = mm::make_config<mm::shape<mm::hidden<64>, mm::ffn<64>, mm::experts<8>>,
+                              md::decoder<md::heads<mm::dynamic>, md::vocabulary<256>,
+                                          md::moe_layer_freq<mm::dynamic>>>;
+  static_assert(mm::rules::check<cfg>());
+  EXPECT_EQ(mm::values_of<cfg>().model.query_groups, mm::dynamic);
+  auto const v = mm::resolve<cfg>(
+      {.world_size = 1, .layers = 4, .heads = 8, .dense_ffn = 96, .moe_layer_freq = 2});
+  EXPECT_EQ(v.model.layers, 4);
+  EXPECT_EQ(v.model.heads, 8);
+  EXPECT_EQ(v.model.query_groups, 8);  // follows heads
+  EXPECT_EQ(v.model.vocabulary, 256);
+  EXPECT_TRUE(v.model.is_moe(0) && !v.model.is_moe(1) && v.model.is_moe(2));
+  EXPECT_TRUE(mm::rules::model_resolved(v.model));
+  EXPECT_EQ(rule_of([] { mm::resolve<cfg>({.world_size = 1, .layers = 4, .heads = 6}); }), 40);
+  // A dense layer's width not given stays open (the transformer names it, R027); 0 breaks R044.
+  auto const open_width =
+      mm::resolve<cfg>({.world_size = 1, .layers = 4, .heads = 8, .moe_layer_freq = 2});
+  EXPECT_EQ(open_width.model.dense_ffn, mm::dynamic);
+  EXPECT_FALSE(mm::rules::model_resolved(open_width.model));
+  EXPECT_EQ(rule_of([] {
+              mm::resolve<cfg>(
+                  {.world_size = 1, .layers = 4, .heads = 8, .dense_ffn = 0, .moe_layer_freq = 2});
+            }),
+            44);
+  // Every layer MoE: the dense width is 0 without being given.
+  EXPECT_EQ(mm::resolve<cfg>({.world_size = 1, .layers = 4, .heads = 8, .moe_layer_freq = 1})
+                .model.dense_ffn,
+            0);
+  EXPECT_EQ(rule_of([] {
+              mm::resolve<cfg>({.world_size = 1, .heads = 8, .query_groups = 2});
+            }),
+            43);
+  // A size the type fixes may be given only with the same value.
+  EXPECT_THROW(mm::resolve<cfg>({.world_size = 1, .vocabulary = 512}), mm::input_error);
+  EXPECT_NO_THROW(mm::resolve<cfg>({.world_size = 1, .vocabulary = 256}));
+  using listed = mm::make_config<mm::shape<mm::hidden<64>, mm::ffn<64>, mm::experts<8>>,
+                                 md::decoder<md::layers<3>, md::moe_layer_pattern<0, 1, 1>>>;
+  EXPECT_THROW(mm::resolve<listed>({.world_size = 1, .moe_layer_freq = 2}), mm::input_error);
+  EXPECT_FALSE(mm::values_of<listed>().model.is_moe(0));
+  EXPECT_TRUE(mm::values_of<listed>().model.is_moe(2));
+}

@@ -152,6 +152,57 @@ std::vector<breaking_case> const& breaking_cases() {
        }},
       {37, "avx512_bf16 with fp32",
        [](auto& v) { v.expert.backend = mm::expert::gemm_backend::avx512_bf16; }},
+      {38, "ffn 128 over etp 3",
+       [](auto& v) {
+         v.parallel.etp = 3;
+         v.world_size = 3;
+       }},
+      {39, "no layers", [](auto& v) { v.model.layers = 0; }},
+      {39, "negative dense ffn", [](auto& v) { v.model.dense_ffn = -4; }},
+      {39, "epsilon zero", [](auto& v) { v.model.norm_epsilon = 0.0; }},
+      {40, "6 heads of hidden 64",
+       [](auto& v) {
+         v.model.heads = 6;
+         v.model.query_groups = 6;
+       }},
+      {41, "head size 1",
+       [](auto& v) {
+         v.model.heads = 64;
+         v.model.query_groups = 64;
+       }},
+      {42, "3 query groups of 8 heads",
+       [](auto& v) {
+         v.model.heads = 8;
+         v.model.query_groups = 3;
+       }},
+      {43, "2 query groups of 8 heads",
+       [](auto& v) {
+         v.model.heads = 8;
+         v.model.query_groups = 2;
+       }},
+      {44, "every other layer dense without a dense width",
+       [](auto& v) {
+         v.model.layers = 4;
+         v.model.moe_layers.every = 2;
+         v.model.dense_ffn = 0;
+       }},
+      {44, "a 0 in the pattern without a dense width",
+       [](auto& v) {
+         v.model.layers = 2;
+         v.model.moe_layers = {0, 2, {1, 0}};
+         v.model.dense_ffn = 0;
+       }},
+      {45, "moe_layer_freq zero", [](auto& v) { v.model.moe_layers.every = 0; }},
+      {45, "pattern of 3 for 4 layers",
+       [](auto& v) {
+         v.model.layers = 4;
+         v.model.moe_layers = {0, 3, {1, 1, 1}};
+       }},
+      {45, "pattern entry 2",
+       [](auto& v) {
+         v.model.layers = 2;
+         v.model.moe_layers = {0, 2, {1, 2}};
+       }},
       {27, "runtime router not given", [](auto& v) { v.router.reset(); }},
       {27, "dynamic hidden", [](auto& v) { v.shape.hidden = mm::dynamic; }},
       {27, "dynamic ep", [](auto& v) { v.parallel.ep = mm::dynamic; }},

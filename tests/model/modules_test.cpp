@@ -11,6 +11,8 @@
 #include <megamoe/model/norm.hpp>
 #include <megamoe/model/transformer.hpp>
 
+#include "support/rule_of.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -236,21 +238,18 @@ TEST(LmHead, CrossEntropyIsTheFormulaAndGradientsMatchFiniteDifferences) {
 namespace {
 
 namespace rt = mm::router;
+namespace md = mm::model;
 using tiny_moe =
     mm::make_config<mm::shape<mm::hidden<8>, mm::ffn<6>, mm::experts<4>>,
                     rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>, mm::dispatch::local,
-                    mm::expert::mlp<mm::expert::swiglu>, mm::precision::fp64>;
+                    mm::expert::mlp<mm::expert::swiglu>, mm::precision::fp64,
+                    md::decoder<md::layers<2>, md::heads<2>, md::vocabulary<11>, md::dense_ffn<5>,
+                                md::moe_layer_freq<2>>>;
 
 // A two-layer model (MoE, then dense) in double: every parameter's gradient (a few entries of
 // each) against central differences of J = scale * CE + loss_backward_scale * router losses.
 TEST(Transformer, WholeModelGradientsMatchFiniteDifferences) {
-  mm::transformer_sizes sizes;
-  sizes.vocabulary = 11;
-  sizes.layers = 2;
-  sizes.heads = 2;
-  sizes.dense_ffn = 5;
-  sizes.moe_layer_freq = 2;
-  mm::transformer<tiny_moe> model(sizes);
+  mm::transformer<tiny_moe> model;
   model.initialize(3, 0.4);
   EXPECT_TRUE(model.is_moe(0));
   EXPECT_FALSE(model.is_moe(1));
@@ -313,3 +312,53 @@ TEST(Transformer, WholeModelGradientsMatchFiniteDifferences) {
 }
 
 }  // namespace
+
+namespace {
+
+// What parameter_count() reports from the values alone is what a built model holds.
+template <class Config>
+void expect_parameter_count_is_what_the_model_holds(mm::startup_values const& given = {}) {
+  mm::transformer<Config> model(given);
+  std::int64_t held = 0;
+  model.for_each_parameter(
+      [&](std::string_view, auto value, auto, mm::parameter_kind) { held += value.size(); });
+  EXPECT_EQ(held, mm::parameter_count(model.values()));
+}
+
+}  // namespace
+
+TEST(Transformer, ParameterCountIsWhatTheModelHolds) {
+  expect_parameter_count_is_what_the_model_holds<tiny_moe>();
+  using shared_and_biases = mm::make_config<
+      mm::shape<mm::hidden<8>, mm::ffn<6>, mm::experts<4>, mm::shared_ffn<10>>, rt::top_k<2>,
+      mm::dispatch::local,
+      mm::expert::mlp<mm::expert::gelu, mm::expert::with_bias, mm::expert::shared_expert_gate>,
+      mm::precision::fp64,
+      md::decoder<md::layers<3>, md::heads<2>, md::vocabulary<7>, md::dense_ffn<5>,
+                  md::moe_layer_pattern<0, 1, 1>>>;
+  expect_parameter_count_is_what_the_model_holds<shared_and_biases>();
+}
+
+TEST(Transformer, SizesLeftToStartUpAreGivenOrNamedInTheError) {
+  using open = mm::make_config<
+      mm::shape<mm::hidden<8>, mm::ffn<6>, mm::experts<4>>, rt::top_k<2>, mm::dispatch::local,
+      mm::expert::mlp<mm::expert::swiglu>, mm::precision::fp64,
+      md::decoder<md::layers<mm::dynamic>, md::heads<2>, md::vocabulary<mm::dynamic>,
+                  md::dense_ffn<5>, md::moe_layer_freq<2>>>;
+  try {
+    mm::transformer<open> model;
+    ADD_FAILURE() << "no error";
+  } catch (mm::config_error const& e) {
+    EXPECT_EQ(e.rule_id(), 27);
+    EXPECT_NE(std::string(e.what()).find("num_layers, vocab_size"), std::string::npos) << e.what();
+  }
+  mm::transformer<open> model({.layers = 3, .vocabulary = 9});
+  EXPECT_EQ(model.layers(), 3);
+  EXPECT_TRUE(model.is_moe(0) && !model.is_moe(1) && model.is_moe(2));
+  EXPECT_EQ(model.moe_layers().size(), 2u);
+  EXPECT_EQ(megamoe::testing::rule_of(
+                [] { mm::transformer<open> m({.layers = 3, .vocabulary = 0}); }),
+            39);
+  // A size the type fixes may only be given again with the same value.
+  EXPECT_THROW(mm::transformer<open>({.layers = 2, .heads = 3, .vocabulary = 9}), mm::input_error);
+}

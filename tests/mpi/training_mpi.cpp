@@ -30,21 +30,16 @@ namespace rt = megamoe::router;
 
 namespace {
 
+namespace md = mm::model;
+using decoder = md::decoder<md::layers<2>, md::heads<2>, md::vocabulary<256>, md::dense_ffn<20>,
+                            md::moe_layer_freq<2>>;
 template <class Dispatch, class Precision, class Parallel, class Memory = mm::memory::keep_all>
 using config = mm::make_config<mm::shape<mm::hidden<16>, mm::ffn<12>, mm::experts<4>>,
                                rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>, Dispatch,
-                               mm::expert::mlp<mm::expert::swiglu>, Precision, Parallel, Memory>;
+                               mm::expert::mlp<mm::expert::swiglu>, Precision, Parallel, Memory,
+                               decoder>;
 using mapped = mm::parallel::mapping<mm::parallel::etp<mm::dynamic>, mm::parallel::ep<mm::dynamic>>;
 using one_rank = mm::parallel::mapping<>;
-
-mm::transformer_sizes sizes() {
-  mm::transformer_sizes s;
-  s.layers = 2;
-  s.heads = 2;
-  s.dense_ffn = 20;
-  s.moe_layer_freq = 2;
-  return s;
-}
 
 constexpr int seq = 8, micro = 2;
 
@@ -123,12 +118,12 @@ int main(int argc, char** argv) {
       using one_config = config<mm::dispatch::local, mm::precision::fp64, one_rank>;
       mt::train_settings s = settings(steps, 1);
       s.optimizer.clip_grad = 1e-3;
-      mm::transformer<job_config> model(groups, sizes());
+      mm::transformer<job_config> model(groups);
       model.initialize(9, 0.3);
       mt::trainer<job_config> job(groups, model, corpus, s);
       mt::train_settings s1 = s;
       s1.micro_batches = s.micro_batches * DP;
-      mm::transformer<one_config> one(sizes());
+      mm::transformer<one_config> one;
       one.initialize(9, 0.3);
       mt::trainer<one_config> reference(one, corpus, s1);
       for (int k = 1; k <= steps; ++k) {
@@ -144,8 +139,8 @@ int main(int argc, char** argv) {
     if (one_rank_twin) {
       using job_config = config<mm::dispatch::all_to_all, mm::precision::fp32, mapped>;
       using one_config = config<mm::dispatch::local, mm::precision::fp32, one_rank>;
-      mm::transformer<job_config> model(groups, sizes());
-      mm::transformer<one_config> one(sizes());
+      mm::transformer<job_config> model(groups);
+      mm::transformer<one_config> one;
       model.initialize(4, 0.3);
       one.initialize(4, 0.3);
       std::vector<std::int32_t> tokens(seq * micro), targets(tokens.size());
@@ -178,8 +173,8 @@ int main(int argc, char** argv) {
       using codes_config = config<mm::dispatch::all_to_all, fp8, mapped,
                                   mm::memory::plan<mm::memory::quantized_weights>>;
       mt::train_settings const s = settings(steps, 2);
-      mm::transformer<plain_config> plain(groups, sizes());
-      mm::transformer<codes_config> codes(groups, sizes());
+      mm::transformer<plain_config> plain(groups);
+      mm::transformer<codes_config> codes(groups);
       plain.initialize(3, 0.3);
       codes.initialize(3, 0.3);
       mt::trainer<plain_config> plain_job(groups, plain, corpus, s);

@@ -22,7 +22,8 @@ static_assert(std::is_same_v<a::memory, mm::defaults::memory>);
 static_assert(std::is_same_v<mm::make_config<small>,
                              mm::basic_config<small, mm::defaults::router, mm::defaults::dispatch,
                                               mm::defaults::expert, mm::defaults::precision,
-                                              mm::defaults::parallel, mm::defaults::memory>>);
+                                              mm::defaults::parallel, mm::defaults::memory,
+                                              mm::defaults::model>>);
 
 // The defaults of megamoe::defaults are the defaults of config_values (what describe() marks).
 constexpr auto defaults_values = mm::values_of<mm::make_config<small>>();
@@ -33,6 +34,26 @@ static_assert(defaults_values.precision == mm::config_values{}.precision);
 static_assert(defaults_values.parallel == mm::config_values{}.parallel);
 static_assert(defaults_values.memory == mm::config_values{}.memory);
 static_assert(defaults_values.dispatch == mm::config_values{}.dispatch);
+static_assert(defaults_values.model == mm::config_values{}.model);
+
+// The model slot: sizes by name in any order, query groups following heads, the MoE pattern.
+namespace md = mm::model;
+constexpr auto decoder_values =
+    md::decoder<md::moe_layer_freq<2>, md::vocabulary<256>, md::heads<4>, md::layers<6>,
+                md::dense_ffn<96>, md::norm_epsilon<1e-6>>::value;
+static_assert(decoder_values.layers == 6 && decoder_values.heads == 4 &&
+              decoder_values.query_groups == 4 && decoder_values.vocabulary == 256 &&
+              decoder_values.dense_ffn == 96 && decoder_values.norm_epsilon == 1e-6 &&
+              decoder_values.rope_base == 10000.0);
+static_assert(decoder_values.is_moe(0) && !decoder_values.is_moe(1) && decoder_values.is_moe(4) &&
+              decoder_values.has_dense_layer());
+constexpr auto listed_values = md::decoder<md::layers<3>, md::moe_layer_pattern<0, 1, 1>>::value;
+static_assert(!listed_values.is_moe(0) && listed_values.is_moe(1) && listed_values.is_moe(2) &&
+              !listed_values.is_moe(3) && listed_values.has_dense_layer());
+static_assert(md::decoder<md::heads<8>, md::query_groups<2>>::value.query_groups == 2);
+static_assert(md::decoder<>::value.heads == mm::dynamic &&
+              md::decoder<>::value.query_groups == mm::dynamic);
+static_assert(mm::model_policy<md::decoder<>> && !mm::model_policy<small>);
 
 // A struct with named slots is a configuration just as well.
 struct named : mm::defaults {
@@ -67,6 +88,7 @@ struct missing_router {
   using precision = mm::precision::fp32;
   using parallel = mm::parallel::mapping<>;
   using memory = mm::memory::keep_all;
+  using model = mm::model::decoder<>;
 };
 static_assert(!mm::training_config<missing_router>);
 struct router_in_the_wrong_slot : missing_router {

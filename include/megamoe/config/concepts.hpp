@@ -10,6 +10,7 @@
 #include <megamoe/core/shape.hpp>
 #include <megamoe/dispatch/tags.hpp>
 #include <megamoe/expert/tags.hpp>
+#include <megamoe/memory/tags.hpp>
 #include <megamoe/model/tags.hpp>
 #include <megamoe/parallel/tags.hpp>
 #include <megamoe/precision/tags.hpp>
@@ -79,12 +80,17 @@ template <class M>
 concept memory_policy =
     policy_of<M, memory::kind> && detail::has_name<M> && detail::has_value_of<M, memory::settings>;
 
-/// A complete training configuration: a type whose seven named slots each hold a policy of their
+/// The `model` slot: the decoder around the MoE layers.
+template <class M>
+concept model_policy =
+    policy_of<M, model::kind> && detail::has_name<M> && detail::has_value_of<M, model::settings>;
+
+/// A complete training configuration: a type whose eight named slots each hold a policy of their
 /// kind.
 template <class C>
 concept training_config = shape_policy<typename C::shape> && router_policy<typename C::router> &&
     dispatch_policy<typename C::dispatch> && expert_policy<typename C::expert> &&
     precision_recipe<typename C::precision> && parallel_mapping<typename C::parallel> &&
-    memory_policy<typename C::memory>;
+    memory_policy<typename C::memory> && model_policy<typename C::model>;
 
 }  // namespace megamoe

@@ -35,11 +35,12 @@ struct defaults {
   using precision = megamoe::precision::fp32;
   using parallel = megamoe::parallel::mapping<>;
   using memory = megamoe::memory::keep_all;
+  using model = megamoe::model::decoder<>;
 };
 
 /// A configuration with its slots given in the canonical order; `make_config` produces one.
 template <class Shape, class Router, class Dispatch, class Expert, class Precision, class Parallel,
-          class Memory>
+          class Memory, class Model>
 struct basic_config {
   using shape = Shape;
   using router = Router;
@@ -48,6 +49,7 @@ struct basic_config {
   using precision = Precision;
   using parallel = Parallel;
   using memory = Memory;
+  using model = Model;
 };
 
 namespace detail {
@@ -61,7 +63,7 @@ template <class P>
 using policy_kind_or_void = boost::mp11::mp_eval_or<void, policy_kind_t, P>;
 
 using slot_kinds = boost::mp11::mp_list<shape_kind, router::kind, dispatch::kind, expert::kind,
-                                        precision::kind, parallel::kind, memory::kind>;
+                                        precision::kind, parallel::kind, memory::kind, model::kind>;
 
 template <class P>
 using is_slot_policy = boost::mp11::mp_contains<slot_kinds, policy_kind_or_void<P>>;
@@ -95,7 +97,8 @@ struct make_config_impl {
       basic_config<pick<shape_kind, no_shape>, pick<router::kind, defaults::router>,
                    pick<dispatch::kind, defaults::dispatch>, pick<expert::kind, defaults::expert>,
                    pick<precision::kind, defaults::precision>,
-                   pick<parallel::kind, defaults::parallel>, pick<memory::kind, defaults::memory>>;
+                   pick<parallel::kind, defaults::parallel>, pick<memory::kind, defaults::memory>,
+                   pick<model::kind, defaults::model>>;
 };
 
 }  // namespace detail

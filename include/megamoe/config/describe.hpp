@@ -20,10 +20,13 @@
 
 namespace megamoe {
 
-/// A configuration described: `json` (an object per slot, plus `defaults`) and `text` (one
-/// `slot.field = value` line per field, defaults marked).
+/// A configuration described: `json` (an object per slot, plus `defaults`), `flat` (every slot's
+/// fields at the top level, as the reference's flat TransformerConfig has them, with the policies
+/// under `policies` and `defaults`) and `text` (one `slot.field = value` line per field, defaults
+/// marked).
 struct config_description {
   nlohmann::ordered_json json;
+  nlohmann::ordered_json flat;
   std::string text;
 };
 
@@ -117,9 +120,9 @@ inline nlohmann::ordered_json router_json(std::string_view policy,
       r.token_drop_policy == router::drop_policy::probs ? "probs" : "position";
   j["moe_pad_expert_input_to_capacity"] = r.pad_to_capacity;
   j["moe_router_padding_for_quantization"] = r.pad_for_quantization;
-  j["quantization_padding_multiple"] = r.quantization_multiple == 0
-                                           ? nlohmann::ordered_json("recipe")
-                                           : nlohmann::ordered_json(r.quantization_multiple);
+  j["moe_router_padding_multiple"] = r.quantization_multiple == 0
+                                         ? nlohmann::ordered_json("recipe")
+                                         : nlohmann::ordered_json(r.quantization_multiple);
   j["moe_router_dtype"] = r.dtype == router::logits_dtype::fp64 ? "fp64" : "fp32";
   j["moe_input_jitter_eps"] = optional_json(r.input_jitter_eps);
   return j;
@@ -218,6 +221,34 @@ inline nlohmann::ordered_json memory_json(std::string_view policy, memory::setti
   return j;
 }
 
+inline nlohmann::ordered_json model_json(std::string_view policy, model::settings const& m,
+                                         int hidden) {
+  nlohmann::ordered_json j;
+  j["policy"] = policy;
+  j["num_layers"] = size_or_dynamic(m.layers);
+  j["num_attention_heads"] = size_or_dynamic(m.heads);
+  j["num_query_groups"] = size_or_dynamic(m.query_groups);
+  bool const head_known = m.heads != dynamic && m.heads > 0 && hidden != dynamic && hidden > 0 &&
+                          hidden % m.heads == 0;
+  j["kv_channels"] = head_known ? nlohmann::ordered_json(hidden / m.heads)
+                                : nlohmann::ordered_json("from hidden_size / num_attention_heads");
+  j["ffn_hidden_size"] = size_or_dynamic(m.dense_ffn);
+  if (m.moe_layers.is_list()) {
+    auto list = nlohmann::ordered_json::array();
+    for (int i = 0; i < m.moe_layers.length && i < model::max_pattern_layers; ++i)
+      list.push_back(m.moe_layers.moe[static_cast<std::size_t>(i)]);
+    j["moe_layer_freq"] = list;
+  } else {
+    j["moe_layer_freq"] = size_or_dynamic(m.moe_layers.every);
+  }
+  j["vocab_size"] = size_or_dynamic(m.vocabulary);
+  j["normalization"] = "RMSNorm";
+  j["layernorm_epsilon"] = m.norm_epsilon;
+  j["position_embedding_type"] = "rope";
+  j["rotary_base"] = m.rope_base;
+  return j;
+}
+
 inline std::string value_text(nlohmann::ordered_json const& v) {
   return v.is_string() ? v.get<std::string>() : v.dump();
 }
@@ -238,6 +269,7 @@ inline config_description describe(config_values const& v) {
     j["precision"] = detail::precision_json(c.names.precision, c.precision);
     j["parallel"] = detail::parallel_json(c.names.parallel, c.parallel, c.world_size);
     j["memory"] = detail::memory_json(c.names.memory, c.memory);
+    j["model"] = detail::model_json(c.names.model, c.model, c.shape.hidden);
     return j;
   };
   nlohmann::ordered_json json = slots(v);
@@ -256,6 +288,21 @@ inline config_description describe(config_values const& v) {
     }
   }
   json["defaults"] = defaults;
+  // The flat form: the slots' field names are unique across slots, so they merge without loss.
+  nlohmann::ordered_json flat, policies;
+  for (auto const& [slot, fields] : json.items()) {
+    if (slot == "defaults") continue;
+    for (auto const& [field, value] : fields.items()) {
+      if (field == "policy") {
+        policies[slot] = value;
+      } else {
+        flat[field] = value;
+      }
+    }
+  }
+  flat["policies"] = std::move(policies);
+  flat["defaults"] = defaults;
+  out.flat = std::move(flat);
   out.json = std::move(json);
   return out;
 }

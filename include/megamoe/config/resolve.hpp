@@ -24,6 +24,8 @@ struct startup_values {
   std::optional<int> tp{}, cp{}, pp{}, etp{}, ep{};             // parallel degrees
   std::optional<router::settings> router{};                     // for router::runtime
   std::optional<int> world_size{};
+  std::optional<int> layers{}, heads{}, query_groups{}, vocabulary{}, dense_ffn{};  // model sizes
+  std::optional<int> moe_layer_freq{};  // for a model slot that leaves moe_layer_freq dynamic
 };
 
 namespace detail {
@@ -54,6 +56,19 @@ inline config_values resolve(config_values v, startup_values const& given) {
   detail::fill(v.parallel.ep, given.ep, "parallel ep");
   // As in the reference, ETP follows TP unless it is given.
   if (v.parallel.etp == dynamic) v.parallel.etp = v.parallel.tp;
+  detail::fill(v.model.layers, given.layers, "model num_layers");
+  detail::fill(v.model.heads, given.heads, "model num_attention_heads");
+  detail::fill(v.model.query_groups, given.query_groups, "model num_query_groups");
+  detail::fill(v.model.vocabulary, given.vocabulary, "model vocab_size");
+  detail::fill(v.model.dense_ffn, given.dense_ffn, "model ffn_hidden_size");
+  if (given.moe_layer_freq && v.model.moe_layers.is_list())
+    throw input_error("start-up value for model moe_layer_freq is " +
+                      std::to_string(*given.moe_layer_freq) +
+                      " but the configuration type fixes a moe_layer_pattern");
+  detail::fill(v.model.moe_layers.every, given.moe_layer_freq, "model moe_layer_freq");
+  // num_query_groups follows num_attention_heads unless given; the dense width is 0 once no layer
+  // is dense.
+  v.model = model::with_derived(v.model, false);
   if (given.router) {
     if (v.router && *v.router != *given.router)
       throw input_error("start-up router settings differ from the configuration type's router");

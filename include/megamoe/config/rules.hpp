@@ -231,6 +231,73 @@ constexpr bool top_k_within_chosen_groups(config_values const& v) {
   return r.top_k <= r.group_top_k * (v.shape.experts / g);
 }
 
+/// R038
+constexpr bool etp_divides_ffn(config_values const& v) {
+  if (!detail::usable(v.parallel.etp) || !detail::usable(v.shape.ffn)) return true;
+  return v.shape.ffn % v.parallel.etp == 0;
+}
+
+/// R039
+constexpr bool model_sizes_valid(config_values const& v) {
+  auto const& m = v.model;
+  return detail::positive_or_dynamic(m.layers) && detail::positive_or_dynamic(m.heads) &&
+         detail::positive_or_dynamic(m.query_groups) && detail::positive_or_dynamic(m.vocabulary) &&
+         (m.dense_ffn == dynamic || m.dense_ffn >= 0) && detail::finite_above(m.norm_epsilon, 0.0) &&
+         detail::finite_above(m.rope_base, 0.0);
+}
+
+/// R040
+constexpr bool heads_divide_hidden(config_values const& v) {
+  if (!detail::usable(v.model.heads) || !detail::usable(v.shape.hidden)) return true;
+  return v.shape.hidden % v.model.heads == 0;
+}
+
+/// R041
+constexpr bool head_size_even(config_values const& v) {
+  if (!heads_divide_hidden(v) || !detail::usable(v.model.heads) || !detail::usable(v.shape.hidden))
+    return true;
+  return (v.shape.hidden / v.model.heads) % 2 == 0;
+}
+
+/// R042
+constexpr bool query_groups_divide_heads(config_values const& v) {
+  if (!detail::usable(v.model.query_groups) || !detail::usable(v.model.heads)) return true;
+  return v.model.heads % v.model.query_groups == 0;
+}
+
+/// R043: the attention computes one key and value head per query head.
+constexpr bool attention_is_multi_head(config_values const& v) {
+  if (!query_groups_divide_heads(v) || !detail::usable(v.model.query_groups) ||
+      !detail::usable(v.model.heads))
+    return true;
+  return v.model.query_groups == v.model.heads;
+}
+
+/// R044
+constexpr bool dense_ffn_for_dense_layers(config_values const& v) {
+  auto const& m = v.model;
+  if (m.dense_ffn == dynamic || m.dense_ffn < 0) return true;
+  return m.dense_ffn > 0 || !m.has_dense_layer();
+}
+
+/// R045
+constexpr bool moe_layer_pattern_valid(config_values const& v) {
+  auto const& p = v.model.moe_layers;
+  if (!p.is_list()) return p.every == dynamic || p.every > 0;
+  if (p.length > model::max_pattern_layers) return false;
+  for (int i = 0; i < p.length; ++i)
+    if (p.moe[static_cast<std::size_t>(i)] != 0 && p.moe[static_cast<std::size_t>(i)] != 1)
+      return false;
+  return !detail::usable(v.model.layers) || p.length == v.model.layers;
+}
+
+/// Whether every size of the model slot is known (the transformer's part of R027).
+constexpr bool model_resolved(model::settings const& m) {
+  return detail::known(m.layers) && detail::known(m.heads) && detail::known(m.query_groups) &&
+         detail::known(m.vocabulary) && detail::known(m.dense_ffn) &&
+         (m.moe_layers.is_list() || detail::known(m.moe_layers.every));
+}
+
 /// R027, for the degrees alone.
 constexpr bool degrees_resolved(parallel::degrees const& d) {
   return detail::known(d.tp) && detail::known(d.cp) && detail::known(d.pp) &&
@@ -250,7 +317,7 @@ struct value_rule {
 };
 
 /// Every value rule, in id order; the start-up check runs all of them.
-inline constexpr std::array<value_rule, 27> value_rules{{
+inline constexpr std::array<value_rule, 35> value_rules{{
     {1, shape_sizes_valid},
     {2, top_k_within_experts},
     {3, ep_divides_experts},
@@ -278,6 +345,14 @@ inline constexpr std::array<value_rule, 27> value_rules{{
     {32, hierarchical_needs_etp_one},
     {33, overlap_needs_etp_one},
     {37, bf16_backends_need_a_recipe},
+    {38, etp_divides_ffn},
+    {39, model_sizes_valid},
+    {40, heads_divide_hidden},
+    {41, head_size_even},
+    {42, query_groups_divide_heads},
+    {43, attention_is_multi_head},
+    {44, dense_ffn_for_dense_layers},
+    {45, moe_layer_pattern_valid},
 }};
 
 /// The ids of every broken rule, in id order (empty when the values are valid).
@@ -325,6 +400,8 @@ consteval bool check() {
   static_assert(
       requires { requires memory_policy<typename C::memory>; },
       MEGAMOE_RULE_R022 " [slot: memory]");
+  static_assert(
+      requires { requires model_policy<typename C::model>; }, MEGAMOE_RULE_R022 " [slot: model]");
   if constexpr (training_config<C>) {
     constexpr config_values v = values_of<C>();
     static_assert(shape_sizes_valid(v), MEGAMOE_RULE_R001);
@@ -351,6 +428,14 @@ consteval bool check() {
     static_assert(hierarchical_needs_etp_one(v), MEGAMOE_RULE_R032);
     static_assert(overlap_needs_etp_one(v), MEGAMOE_RULE_R033);
     static_assert(bf16_backends_need_a_recipe(v), MEGAMOE_RULE_R037);
+    static_assert(etp_divides_ffn(v), MEGAMOE_RULE_R038);
+    static_assert(model_sizes_valid(v), MEGAMOE_RULE_R039);
+    static_assert(heads_divide_hidden(v), MEGAMOE_RULE_R040);
+    static_assert(head_size_even(v), MEGAMOE_RULE_R041);
+    static_assert(query_groups_divide_heads(v), MEGAMOE_RULE_R042);
+    static_assert(attention_is_multi_head(v), MEGAMOE_RULE_R043);
+    static_assert(dense_ffn_for_dense_layers(v), MEGAMOE_RULE_R044);
+    static_assert(moe_layer_pattern_valid(v), MEGAMOE_RULE_R045);
   }
   return true;
 }

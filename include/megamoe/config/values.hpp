@@ -21,6 +21,7 @@ struct policy_names {
   std::string_view precision = "fp32";
   std::string_view parallel = "mapping";
   std::string_view memory = "keep_all";
+  std::string_view model = "decoder";
   friend constexpr bool operator==(policy_names const&, policy_names const&) = default;
 };
 
@@ -36,6 +37,7 @@ struct config_values {
   precision::settings precision;
   parallel::degrees parallel;
   memory::settings memory;
+  model::settings model;
   std::optional<int> world_size;
   friend constexpr bool operator==(config_values const&, config_values const&) = default;
 };
@@ -44,8 +46,8 @@ struct config_values {
 template <training_config C>
 constexpr config_values values_of() {
   config_values v;
-  v.names = {C::router::name,    C::dispatch::name, C::expert::name,
-             C::precision::name, C::parallel::name, C::memory::name};
+  v.names = {C::router::name,   C::dispatch::name, C::expert::name, C::precision::name,
+             C::parallel::name, C::memory::name,   C::model::name};
   v.shape = C::shape::value;
   if constexpr (static_router_policy<typename C::router>) {
     v.router = C::router::value;
@@ -58,6 +60,7 @@ constexpr config_values values_of() {
   v.precision = C::precision::value;
   v.parallel = C::parallel::value;
   v.memory = C::memory::value;
+  v.model = C::model::value;
   return v;
 }
 

@@ -56,13 +56,13 @@
   "dispatch::all_to_all or dispatch::all_gather"
 #define MEGAMOE_RULE_R020                                                                       \
   "megamoe[R020]: make_config takes at most one policy of each kind (shape, router, dispatch, " \
-  "expert, precision, parallel, memory)"
+  "expert, precision, parallel, memory, model)"
 #define MEGAMOE_RULE_R021                                                                       \
   "megamoe[R021]: make_config takes only megamoe policies; see show_unknown_megamoe_policy in " \
   "the errors below for the offending type"
 #define MEGAMOE_RULE_R022                                                                         \
   "megamoe[R022]: a configuration needs every slot (shape, router, dispatch, expert, precision, " \
-  "parallel, memory) to hold a policy of that kind; shape has no default"
+  "parallel, memory, model) to hold a policy of that kind; shape has no default"
 #define MEGAMOE_RULE_R023 "megamoe[R023]: a policy takes at most one option of each kind"
 #define MEGAMOE_RULE_R024                                                                         \
   "megamoe[R024]: a policy got an option it does not accept; see show_unknown_megamoe_option in " \
@@ -104,6 +104,27 @@
   "megamoe[R035]: MEGAMOE_WATCHDOG_SECONDS must be a number of seconds > 0 (or 0 / unset: " \
   "off)"
 
+#define MEGAMOE_RULE_R038                                                                      \
+  "megamoe[R038]: parallel::etp must divide shape ffn (each expert-tensor-parallel rank holds " \
+  "an equal share of every expert's FFN width)"
+#define MEGAMOE_RULE_R039                                                                      \
+  "megamoe[R039]: model layers, heads, query_groups and vocabulary must be positive (or "      \
+  "dynamic), dense_ffn must not be negative, and norm_epsilon and rope_base must be positive"
+#define MEGAMOE_RULE_R040 "megamoe[R040]: model heads must divide shape hidden"
+#define MEGAMOE_RULE_R041                                                                       \
+  "megamoe[R041]: the head size (shape hidden / model heads) must be even: RoPE rotates pairs " \
+  "of dimensions"
+#define MEGAMOE_RULE_R042 "megamoe[R042]: model query_groups must divide model heads"
+#define MEGAMOE_RULE_R043                                                                         \
+  "megamoe[R043]: model query_groups must equal model heads (multi-head attention; grouped-query " \
+  "attention is not implemented)"
+#define MEGAMOE_RULE_R044                                                                          \
+  "megamoe[R044]: model dense_ffn must be positive when a layer is dense (moe_layer_freq above 1 " \
+  "or a 0 in moe_layer_pattern)"
+#define MEGAMOE_RULE_R045                                                                      \
+  "megamoe[R045]: model moe_layer_freq must be positive, and moe_layer_pattern must list one " \
+  "entry per layer, each 0 (dense) or 1 (MoE), at most 256"
+
 namespace megamoe {
 
 /// One configuration rule: its number, a short name that reads as the claim it checks, and the
@@ -115,7 +136,7 @@ struct rule_info {
 };
 
 /// Every rule megamoe checks, in id order. `rule_catalog[i].id == i + 1`.
-inline constexpr std::array<rule_info, 37> rule_catalog{{
+inline constexpr std::array<rule_info, 45> rule_catalog{{
     {1, "shape_sizes_valid", MEGAMOE_RULE_R001},
     {2, "top_k_within_experts", MEGAMOE_RULE_R002},
     {3, "ep_divides_experts", MEGAMOE_RULE_R003},
@@ -153,6 +174,14 @@ inline constexpr std::array<rule_info, 37> rule_catalog{{
     {35, "watchdog_seconds_valid", MEGAMOE_RULE_R035},
     {36, "attention_needs_tp_cp_pp_one", MEGAMOE_RULE_R036},
     {37, "bf16_backends_need_a_recipe", MEGAMOE_RULE_R037},
+    {38, "etp_divides_ffn", MEGAMOE_RULE_R038},
+    {39, "model_sizes_valid", MEGAMOE_RULE_R039},
+    {40, "heads_divide_hidden", MEGAMOE_RULE_R040},
+    {41, "head_size_even", MEGAMOE_RULE_R041},
+    {42, "query_groups_divide_heads", MEGAMOE_RULE_R042},
+    {43, "attention_is_multi_head", MEGAMOE_RULE_R043},
+    {44, "dense_ffn_for_dense_layers", MEGAMOE_RULE_R044},
+    {45, "moe_layer_pattern_valid", MEGAMOE_RULE_R045},
 }};
 
 /// The catalogue entry of rule `id` (1-based).

@@ -16,11 +16,6 @@
 
 namespace megamoe::expert {
 
-/// Width of fc1's output for an FFN of width `ffn`: 2F for SwiGLU (gate and linear halves).
-constexpr int fc1_width(activation_function a, int ffn) {
-  return a == activation_function::swiglu ? 2 * ffn : ffn;
-}
-
 namespace detail {
 template <class T>
 using row_array = Eigen::Array<T, 1, Eigen::Dynamic>;

@@ -18,6 +18,12 @@ namespace megamoe::expert {
 struct kind {};
 
 enum class activation_function { swiglu, gelu, squared_relu };
+
+/// Width of fc1's output for an FFN of width `ffn`: 2F for SwiGLU (gate and linear halves).
+constexpr int fc1_width(activation_function a, int ffn) {
+  return a == activation_function::swiglu ? 2 * ffn : ffn;
+}
+
 enum class gemm_backend { auto_, per_expert, grouped, tensor_contraction, amx, avx512_bf16 };
 /// The two linear layers of an expert FFN.
 enum class linear { fc1, fc2 };

@@ -509,9 +509,6 @@ class moe_layer {
                          "ETP must be 1 (EP " +
                              std::to_string(v.parallel.ep) + ", ETP " +
                              std::to_string(v.parallel.etp) + ")");
-    if (v.shape.ffn % v.parallel.etp != 0)
-      throw config_error(16, "the expert FFN width " + std::to_string(v.shape.ffn) +
-                                 " must split evenly over ETP " + std::to_string(v.parallel.etp));
     return v;
   }
 

@@ -1,78 +1,177 @@
 // SPDX-License-Identifier: Apache-2.0
-// megamoe/model/tags.hpp — the memory slot (tags only): what the layer keeps, recomputes, or stores
-// in low precision.
+// megamoe/model/tags.hpp — the model slot (tags only): the decoder around the MoE layers.
 //
-//   memory::keep_all                                        save every activation backward needs
-//   memory::recompute<memory::moe_act>                      keep fc1's output, redo act * prob
-//   memory::recompute<memory::moe_layer>                    redo the whole MoE layer in backward
-//   memory::plan<memory::moe_act, memory::quantized_activations>
+//   model::decoder<model::layers<4>, model::heads<4>, model::vocabulary<256>,
+//                  model::dense_ffn<512>, model::moe_layer_freq<2>>        MoE in layers 0 and 2
+//   model::decoder<model::layers<4>, model::heads<8>, model::moe_layer_pattern<0, 1, 1, 1>, ...>
+//   model::decoder<>                          every size left to start-up (megamoe::dynamic)
 //
-// The module names follow the reference's `recompute_modules`. Quantized storage keeps saved
-// activations (and, optionally, the primary weights) as the precision recipe's codes + scales.
+// Options come in any order, each kind at most once. Sizes may be `dynamic` and are then given at
+// start-up (startup_values), where the same rules run with the same ids. query_groups follows
+// heads unless given (as ETP follows TP). The names follow the reference's TransformerConfig
+// (`num_layers`, `num_attention_heads`, `num_query_groups`, `ffn_hidden_size`, `moe_layer_freq`,
+// `vocab_size`, `layernorm_epsilon`, `rotary_base`).
 #pragma once
 
 #include <megamoe/core/policy.hpp>
 
+#include <array>
+#include <cstdint>
 #include <string_view>
 
-namespace megamoe::memory {
+namespace megamoe::model {
 
-/// The kind of the `memory` slot.
+/// The kind of the `model` slot.
 struct kind {};
 
-/// Modules recomputed in backward (`recompute_modules`), and what is stored quantized.
+/// The most layers an explicit MoE layer pattern may list.
+inline constexpr int max_pattern_layers = 256;
+
+/// Which layers are MoE layers: every `every`-th (layer i when i % every == 0, the reference's
+/// integer `moe_layer_freq`), or, when `length` > 0, the explicit list `moe[0, length)` of 1 (MoE)
+/// and 0 (dense), the reference's list form.
+struct layer_pattern {
+  int every = 1;
+  int length = 0;
+  std::array<std::int8_t, max_pattern_layers> moe{};
+
+  [[nodiscard]] constexpr bool is_list() const noexcept { return length > 0; }
+  /// Whether layer i (0-based) is an MoE layer.
+  [[nodiscard]] constexpr bool is_moe(int layer) const noexcept {
+    if (is_list()) return layer >= 0 && layer < length && moe[static_cast<std::size_t>(layer)] != 0;
+    return every > 0 && layer % every == 0;
+  }
+  friend constexpr bool operator==(layer_pattern const&, layer_pattern const&) = default;
+};
+
+/// The decoder's choices as plain values. `dynamic` marks a size decided at start-up.
 struct settings {
-  bool moe_act = false;
-  bool moe_layer = false;
-  bool shared_experts = false;
-  bool quantized_activations = false;
-  /// The routed experts' weights held as the recipe's codes, their fp32 master in the optimizer.
-  bool quantized_weights = false;
-  /// True when any module is recomputed.
-  [[nodiscard]] constexpr bool recomputes() const { return moe_act || moe_layer || shared_experts; }
+  int layers = dynamic;        // num_layers
+  int heads = dynamic;         // num_attention_heads
+  int query_groups = dynamic;  // num_query_groups (follows heads unless given)
+  int vocabulary = dynamic;    // vocab_size
+  int dense_ffn = dynamic;     // ffn_hidden_size of the dense layers (0 when every layer is MoE)
+  layer_pattern moe_layers{};
+  double norm_epsilon = 1e-5;  // layernorm_epsilon (RMSNorm)
+  double rope_base = 10000.0;  // rotary_base
+
+  /// Whether layer i is an MoE layer.
+  [[nodiscard]] constexpr bool is_moe(int layer) const noexcept {
+    return moe_layers.is_moe(layer);
+  }
+  /// Whether any of the first `layers` layers is dense (false while layers is left to start-up
+  /// and could be 1).
+  [[nodiscard]] constexpr bool has_dense_layer() const noexcept {
+    if (layers == dynamic || layers < 1) return false;
+    if (!moe_layers.is_list()) return moe_layers.every > 1 && layers > 1;
+    for (int i = 0; i < layers && i < moe_layers.length; ++i)
+      if (!is_moe(i)) return true;
+    return false;
+  }
   friend constexpr bool operator==(settings const&, settings const&) = default;
 };
 
 namespace option {
-struct moe_act_kind {};
-struct moe_layer_kind {};
-struct shared_experts_kind {};
-struct quantized_activations_kind {};
-struct quantized_weights_kind {};
-using all_kinds = boost::mp11::mp_list<moe_act_kind, moe_layer_kind, shared_experts_kind,
-                                       quantized_activations_kind, quantized_weights_kind>;
+struct layers_kind {};
+struct heads_kind {};
+struct query_groups_kind {};
+struct vocabulary_kind {};
+struct dense_ffn_kind {};
+struct moe_layers_kind {};
+struct norm_epsilon_kind {};
+struct rope_base_kind {};
+using all_kinds = boost::mp11::mp_list<layers_kind, heads_kind, query_groups_kind, vocabulary_kind,
+                                       dense_ffn_kind, moe_layers_kind, norm_epsilon_kind,
+                                       rope_base_kind>;
 }  // namespace option
 
-/// Recompute the expert activation and prob multiply ("moe_act").
-struct moe_act : megamoe::detail::set_flag<option::moe_act_kind, &settings::moe_act> {};
-/// Recompute the whole MoE layer ("moe").
-struct moe_layer : megamoe::detail::set_flag<option::moe_layer_kind, &settings::moe_layer> {};
-/// Recompute the shared expert ("shared_experts").
-struct shared_experts
-    : megamoe::detail::set_flag<option::shared_experts_kind, &settings::shared_experts> {};
-/// Keep fc1's output (the activation's input) as the recipe's codes + scales instead of BF16, as
-/// DeepSeek-V3 caches the SwiGLU input in FP8; the GEMM inputs are codes under any FP8/FP4 recipe
-/// already (needs an FP8/FP4 recipe, R030).
-struct quantized_activations : megamoe::detail::set_flag<option::quantized_activations_kind,
-                                                         &settings::quantized_activations> {};
-/// Store the primary expert weights as the recipe's codes + scales (needs an FP8/FP4 recipe, R030).
-struct quantized_weights
-    : megamoe::detail::set_flag<option::quantized_weights_kind, &settings::quantized_weights> {};
-
-/// What to keep, recompute or store quantized; options in any order, each at most once.
-template <class... Options>
-struct plan {
-  using policy_kind = kind;
-  static constexpr settings value =
-      megamoe::detail::apply_options<option::all_kinds, settings, Options...>(settings{});
-  static constexpr std::string_view name = value.recomputes() ? "recompute" : "keep_all";
+/// Decoder layers (`num_layers`).
+template <int N>
+struct layers : megamoe::detail::int_option<option::layers_kind, N> {
+  static constexpr void apply(settings& s) { s.layers = N; }
+};
+/// Attention heads (`num_attention_heads`); they divide the hidden size (R040).
+template <int N>
+struct heads : megamoe::detail::int_option<option::heads_kind, N> {
+  static constexpr void apply(settings& s) { s.heads = N; }
+};
+/// Key / value groups (`num_query_groups`); equal to heads (multi-head attention) by default.
+template <int N>
+struct query_groups : megamoe::detail::int_option<option::query_groups_kind, N> {
+  static constexpr void apply(settings& s) { s.query_groups = N; }
+};
+/// Vocabulary size (`vocab_size`).
+template <int N>
+struct vocabulary : megamoe::detail::int_option<option::vocabulary_kind, N> {
+  static constexpr void apply(settings& s) { s.vocabulary = N; }
+};
+/// FFN width of the dense layers (`ffn_hidden_size`), needed when any layer is dense (R044); 0
+/// by default when every layer is MoE.
+template <int N>
+struct dense_ffn : megamoe::detail::int_option<option::dense_ffn_kind, N> {
+  static constexpr void apply(settings& s) { s.dense_ffn = N; }
+};
+/// Layer i is an MoE layer when i % N == 0 (the reference's integer `moe_layer_freq`; default 1).
+template <int N>
+struct moe_layer_freq {
+  using option_kind = option::moe_layers_kind;
+  static constexpr void apply(settings& s) { s.moe_layers.every = N; }
+};
+/// One entry per layer, 1 for an MoE layer and 0 for a dense one (the reference's list form of
+/// `moe_layer_freq`); its length must equal the layers (R045).
+template <int... Flags>
+struct moe_layer_pattern {
+  using option_kind = option::moe_layers_kind;
+  static constexpr void apply(settings& s) {
+    s.moe_layers.every = 0;
+    s.moe_layers.length = static_cast<int>(sizeof...(Flags));
+    int i = 0;
+    // Entries beyond max_pattern_layers are dropped; R045 reports the list as too long.
+    ((i < max_pattern_layers ? void(s.moe_layers.moe[static_cast<std::size_t>(i)] =
+                                        static_cast<std::int8_t>(Flags == 0 ? 0 : (Flags == 1 ? 1 : -1)))
+                             : void(),
+      ++i),
+     ...);
+  }
+};
+/// The RMSNorms' epsilon (`layernorm_epsilon`).
+template <double Eps>
+struct norm_epsilon {
+  using option_kind = option::norm_epsilon_kind;
+  static constexpr void apply(settings& s) { s.norm_epsilon = Eps; }
+};
+/// RoPE's base (`rotary_base`).
+template <double Base>
+struct rope_base {
+  using option_kind = option::rope_base_kind;
+  static constexpr void apply(settings& s) { s.rope_base = Base; }
 };
 
-/// Keep every activation the backward pass needs, in the recipe's activation type (the default).
-using keep_all = plan<>;
+/// What follows from the other choices when it is not given: query_groups follows heads, and the
+/// dense FFN width is 0 once the layers and the pattern show that no layer is dense.
+constexpr settings with_derived(settings s, bool query_groups_given) {
+  if (!query_groups_given && s.query_groups == dynamic) s.query_groups = s.heads;
+  bool const pattern_known = s.moe_layers.is_list() || s.moe_layers.every != dynamic;
+  if (s.dense_ffn == dynamic && s.layers != dynamic && pattern_known && !s.has_dense_layer())
+    s.dense_ffn = 0;
+  return s;
+}
 
-/// Selective recomputation of the given modules (and any storage options).
+/// A decoder-only transformer: token embedding, pre-norm blocks (RMSNorm, causal attention with
+/// RoPE, RMSNorm, then the configuration's MoE layer or a dense SwiGLU FFN, each with a residual),
+/// a final RMSNorm and the output layer.
 template <class... Options>
-using recompute = plan<Options...>;
+struct decoder {
+  using policy_kind = kind;
+  static constexpr std::string_view name = "decoder";
 
-}  // namespace megamoe::memory
+ private:
+  using options = megamoe::detail::option_list<option::all_kinds, Options...>;
+
+ public:
+  static constexpr settings value = with_derived(
+      megamoe::detail::apply_options<option::all_kinds, settings, Options...>(settings{}),
+      options::template count<option::query_groups_kind>::value > 0);
+};
+
+}  // namespace megamoe::model

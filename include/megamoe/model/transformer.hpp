@@ -4,9 +4,12 @@
 // the MoE layer of `Config` or a dense SwiGLU FFN, each with a residual), a final RMSNorm and the
 // output layer with cross-entropy.
 //
-// Layer i is an MoE layer when i % moe_layer_freq == 0 (the reference's integer form). Attention
-// runs with TP = CP = PP = 1; the MoE layers may use EP and EDP (the process-groups constructor).
-// Tokens of a micro-batch are S positions x B sequences, flattened t = s*B + b.
+// Every size comes from the configuration type: `Config::model` (layers, heads, vocabulary, dense
+// FFN width, the MoE layer pattern, norm epsilon, RoPE base) and `Config::shape`; what the type
+// leaves `dynamic` is given at start-up (startup_values), where the same rules run with the same
+// ids. Attention runs with TP = CP = PP = 1 (R036); the MoE layers may use EP and EDP (the
+// process-groups constructor). Tokens of a micro-batch are S positions x B sequences, flattened
+// t = s*B + b.
 #pragma once
 
 #include <megamoe/config/resolve.hpp>
@@ -16,6 +19,7 @@
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/model/attention.hpp>
 #include <megamoe/model/context.hpp>
+#include <megamoe/model/counts.hpp>
 #include <megamoe/model/dense_mlp.hpp>
 #include <megamoe/model/embedding.hpp>
 #include <megamoe/model/lm_head.hpp>
@@ -33,17 +37,6 @@
 
 namespace megamoe {
 
-/// The sizes of a transformer beyond its MoE layers' configuration.
-struct transformer_sizes {
-  int vocabulary = 256;  // byte-level by default
-  int layers = 2;
-  int heads = 4;
-  int dense_ffn = 0;       // FFN width of the dense layers (needed when any layer is dense)
-  int moe_layer_freq = 1;  // layer i is MoE when i % moe_layer_freq == 0
-  double rope_base = 10000.0;
-  double norm_eps = 1e-5;
-};
-
 /// What one forward of a micro-batch gives: the mean cross-entropy (nats per token) and the sum
 /// of the MoE layers' attached router losses (their values, before any backward scale).
 struct transformer_output {
@@ -59,29 +52,26 @@ class transformer {
   using moe_type = moe_layer<Config>;
   using scalar = typename moe_type::scalar;
 
-  /// One rank (the MoE layers' dispatcher must be local).
-  transformer(transformer_sizes const& sizes,
-              startup_values const& given = {}) requires(!moe_type::distributed)
-      : sizes_(sizes) {
-    build(nullptr, given);
+  /// One rank (the MoE layers' dispatcher must be local): `given` supplies what the type leaves
+  /// to start-up; degrees it leaves dynamic are 1.
+  explicit transformer(startup_values const& given = {}) requires(!moe_type::distributed)
+      : given_(one_rank(given)), values_(checked_values(given_)) {
+    build(nullptr);
   }
 
-  /// On a job: the MoE layers over `groups` (attention needs TP = CP = PP = 1).
-  transformer(parallel::process_groups const& groups, transformer_sizes const& sizes,
-              startup_values const& given = {})
-      : sizes_(sizes) {
-    parallel::check_on_every_rank(groups.tp_dp_cp(), [&] {
-      auto const& l = groups.layout();
-      if (l.tp != 1 || l.cp != 1 || l.pp != 1)
-        throw config_error(36, "TP " + std::to_string(l.tp) + ", CP " + std::to_string(l.cp) +
-                                   ", PP " + std::to_string(l.pp));
-    });
-    build(&groups, given);
+  /// On a job: the degrees come from the groups' layout, the rest from the type and `given`;
+  /// every rank of the stage checks, and a broken rule is the same agreed error on all.
+  transformer(parallel::process_groups const& groups, startup_values const& given = {})
+      : given_(on_job(groups, given)), values_(agreed_values(groups, given_)) {
+    build(&groups);
   }
 
-  [[nodiscard]] transformer_sizes const& sizes() const noexcept { return sizes_; }
-  [[nodiscard]] int hidden_size() const noexcept { return hidden_; }
-  [[nodiscard]] bool is_moe(int layer) const { return layer % sizes_.moe_layer_freq == 0; }
+  /// The configuration, resolved: `values().model` holds the decoder's sizes.
+  [[nodiscard]] config_values const& values() const noexcept { return values_; }
+  [[nodiscard]] model::settings const& model_settings() const noexcept { return values_.model; }
+  [[nodiscard]] int layers() const noexcept { return values_.model.layers; }
+  [[nodiscard]] int hidden_size() const noexcept { return values_.shape.hidden; }
+  [[nodiscard]] bool is_moe(int layer) const { return values_.model.is_moe(layer); }
   [[nodiscard]] std::vector<std::unique_ptr<moe_type>> const& moe_layers() const noexcept {
     return moe_;
   }
@@ -93,7 +83,7 @@ class transformer {
     if (seq < 1 || batch < 1 || std::ssize(tokens) != std::int64_t{seq} * batch)
       throw input_error("transformer: " + std::to_string(tokens.size()) + " tokens for S = " +
                         std::to_string(seq) + ", B = " + std::to_string(batch));
-    int const N = seq * batch, H = hidden_;
+    int const N = seq * batch, H = hidden_size();
     auto& pool = ctx.pool();
     seq_ = seq;
     batch_ = batch;
@@ -102,7 +92,7 @@ class transformer {
     branch_.resize(N, H);
     embedding_.forward(pool, tokens, map(residual_));
     transformer_output out;
-    for (int i = 0; i < sizes_.layers; ++i) {
+    for (int i = 0; i < layers(); ++i) {
       auto& b = blocks_[static_cast<std::size_t>(i)];
       b.input_norm.forward(pool, cmap(residual_), map(normed_));
       b.attention.forward(pool, cmap(normed_), seq, batch, map(branch_));
@@ -128,28 +118,9 @@ class transformer {
     return out;
   }
 
-  /// Model FLOPs of one token's forward + backward (3x forward) in a sequence of `seq`: the
-  /// matrix products (2 per multiply-add) of attention (projections, and q.k and p.v over the
-  /// causal half), the routed experts' k FFNs (and a shared expert), the dense FFNs, the router
-  /// and the output layer. The usual "model FLOPs" count: no recomputation, no elementwise work.
-  [[nodiscard]] double flops_per_token(int seq) const {
-    double const H = hidden_, V = sizes_.vocabulary;
-    double forward = 2.0 * H * V;  // output layer
-    for (int i = 0; i < sizes_.layers; ++i) {
-      forward += 2.0 * 4.0 * H * H + 2.0 * 2.0 * H * (seq + 1) / 2.0;  // qkv + proj, qk and pv
-      if (is_moe(i)) {
-        auto const& m = *moe_[static_cast<std::size_t>(blocks_[static_cast<std::size_t>(i)].moe)];
-        auto const& v = m.values();
-        double const w1 = expert::fc1_width(moe_type::activation, 1);
-        forward += 2.0 * H * v.shape.experts;  // router
-        forward += 2.0 * v.router->top_k * (w1 + 1.0) * H * v.shape.ffn;
-        if (v.shape.shared_ffn > 0) forward += 2.0 * (w1 + 1.0) * H * v.shape.shared_ffn;
-      } else {
-        forward += 2.0 * 3.0 * H * sizes_.dense_ffn;  // SwiGLU: gate, linear, out
-      }
-    }
-    return 3.0 * forward;
-  }
+  /// Model FLOPs of one token's forward + backward in a sequence of `seq` (megamoe::
+  /// flops_per_token).
+  [[nodiscard]] double flops_per_token(int seq) const { return megamoe::flops_per_token(values_, seq); }
 
   /// Each token's cross-entropy (nats) in the last forward with targets.
   [[nodiscard]] std::span<double const> token_losses() const noexcept {
@@ -163,13 +134,13 @@ class transformer {
   /// their router losses' gradients times ctx.step.loss_backward_scale. Adds to every gradient.
   void backward(context& ctx, scalar scale) {
     auto& pool = ctx.pool();
-    int const N = seq_ * batch_, H = hidden_;
+    int const N = seq_ * batch_, H = hidden_size();
     grad_.resize(N, H);
     grad_branch_.resize(N, H);
     grad_normed_.resize(N, H);
     head_.backward(pool, scale, map(grad_normed_));
     final_norm_.backward(pool, cmap(grad_normed_), map(grad_));
-    for (int i = sizes_.layers - 1; i >= 0; --i) {
+    for (int i = layers() - 1; i >= 0; --i) {
       auto& b = blocks_[static_cast<std::size_t>(i)];
       if (b.moe >= 0) {
         auto const dx = moe_[static_cast<std::size_t>(b.moe)]->backward(ctx, grad_);
@@ -215,7 +186,7 @@ class transformer {
       f(std::string_view(name), value, grad, parameter_kind::dense);
     };
     embedding_.for_each_parameter("embedding.word_embeddings", dense);
-    for (int i = 0; i < sizes_.layers; ++i) {
+    for (int i = 0; i < layers(); ++i) {
       auto& b = blocks_[static_cast<std::size_t>(i)];
       std::string const prefix = "decoder.layers." + std::to_string(i);
       b.input_norm.for_each_parameter(prefix + ".input_layernorm", dense);
@@ -236,7 +207,7 @@ class transformer {
     std::uint64_t index = 0;
     embedding_.for_each_parameter(
         "e", [&](auto const&, auto value, auto) { fill(value, seed, ++index, std); });
-    for (int i = 0; i < sizes_.layers; ++i) {
+    for (int i = 0; i < layers(); ++i) {
       auto& b = blocks_[static_cast<std::size_t>(i)];
       std::uint64_t const layer_seed = seed + 1000003ULL * static_cast<std::uint64_t>(i + 1);
       b.attention.for_each_parameter(
@@ -282,40 +253,88 @@ class transformer {
           static_cast<scalar>(std * standard_normal(seed + index, static_cast<std::uint64_t>(e)));
   }
 
-  void build(parallel::process_groups const* groups, startup_values const& given) {
-    if (sizes_.layers < 1 || sizes_.heads < 1 || sizes_.vocabulary < 1 || sizes_.moe_layer_freq < 1)
-      throw input_error("transformer: layers, heads, vocabulary and moe_layer_freq must be >= 1");
-    for (int i = 0; i < sizes_.layers; ++i) {
+  static startup_values one_rank(startup_values given) {
+    given.world_size = 1;
+    for (auto* d : {&given.tp, &given.cp, &given.pp, &given.etp, &given.ep})
+      if (!*d) *d = 1;
+    return given;
+  }
+  static startup_values on_job(parallel::process_groups const& groups, startup_values given) {
+    auto const& l = groups.layout();
+    given.world_size = l.world_size;
+    given.tp = l.tp;
+    given.cp = l.cp;
+    given.pp = l.pp;
+    given.etp = l.etp;
+    given.ep = l.ep;
+    return given;
+  }
+
+  static config_values checked_values(startup_values const& given) {
+    // The attention's own limit first: a layout it cannot run is R036, whatever the type says.
+    for (auto const degree : {given.tp, given.cp, given.pp})
+      if (degree && *degree != 1)
+        throw config_error(36, "TP " + std::to_string(given.tp.value_or(1)) + ", CP " +
+                                   std::to_string(given.cp.value_or(1)) + ", PP " +
+                                   std::to_string(given.pp.value_or(1)));
+    config_values v = resolve<Config>(given);
+    if (!rules::model_resolved(v.model)) {
+      std::string missing;
+      auto add = [&](int value, char const* name) {
+        if (value == dynamic) missing += (missing.empty() ? "" : ", ") + std::string(name);
+      };
+      add(v.model.layers, "num_layers");
+      add(v.model.heads, "num_attention_heads");
+      add(v.model.query_groups, "num_query_groups");
+      add(v.model.vocabulary, "vocab_size");
+      add(v.model.dense_ffn, "ffn_hidden_size");
+      if (!v.model.moe_layers.is_list()) add(v.model.moe_layers.every, "moe_layer_freq");
+      throw config_error(27, "the transformer's model sizes left to start-up: " + missing);
+    }
+    auto const& d = v.parallel;
+    if (d.tp != 1 || d.cp != 1 || d.pp != 1)
+      throw config_error(36, "TP " + std::to_string(d.tp) + ", CP " + std::to_string(d.cp) +
+                                 ", PP " + std::to_string(d.pp));
+    return v;
+  }
+  static config_values agreed_values(parallel::process_groups const& groups,
+                                     startup_values const& given) {
+    config_values v;
+    parallel::check_on_every_rank(groups.tp_dp_cp(), [&] { v = checked_values(given); });
+    return v;
+  }
+
+  void build(parallel::process_groups const* groups) {
+    auto const& m = values_.model;
+    int const H = hidden_size();
+    for (int i = 0; i < m.layers; ++i) {
       if (!is_moe(i)) continue;
       if (groups != nullptr) {
-        moe_.push_back(std::make_unique<moe_type>(*groups, i, given));
+        moe_.push_back(std::make_unique<moe_type>(*groups, i, given_));
       } else {
-        if constexpr (!moe_type::distributed) moe_.push_back(std::make_unique<moe_type>(i, given));
+        if constexpr (!moe_type::distributed) moe_.push_back(std::make_unique<moe_type>(i, given_));
       }
     }
-    hidden_ = moe_.front()->hidden_size();  // layer 0 is always MoE
-    embedding_ = token_embedding<scalar>(sizes_.vocabulary, hidden_);
-    final_norm_ = rms_norm<scalar>(hidden_, sizes_.norm_eps);
-    head_ = lm_head<scalar>(hidden_, sizes_.vocabulary);
-    if (std::int64_t(sizes_.layers) > std::ssize(moe_) && sizes_.dense_ffn < 1)
-      throw input_error("transformer: dense layers need dense_ffn >= 1");
+    embedding_ = token_embedding<scalar>(m.vocabulary, H);
+    final_norm_ = rms_norm<scalar>(H, m.norm_epsilon);
+    head_ = lm_head<scalar>(H, m.vocabulary);
     int next_moe = 0, next_dense = 0;
-    blocks_.reserve(static_cast<std::size_t>(sizes_.layers));
-    for (int i = 0; i < sizes_.layers; ++i) {
-      blocks_.push_back(block{rms_norm<scalar>(hidden_, sizes_.norm_eps),
-                              causal_attention<scalar>(hidden_, sizes_.heads, sizes_.rope_base),
-                              rms_norm<scalar>(hidden_, sizes_.norm_eps)});
+    blocks_.reserve(static_cast<std::size_t>(m.layers));
+    for (int i = 0; i < m.layers; ++i) {
+      blocks_.push_back(block{rms_norm<scalar>(H, m.norm_epsilon),
+                              causal_attention<scalar>(H, m.heads, m.rope_base),
+                              rms_norm<scalar>(H, m.norm_epsilon)});
       if (is_moe(i)) {
         blocks_.back().moe = next_moe++;
       } else {
         blocks_.back().dense = next_dense++;
-        dense_.emplace_back(hidden_, sizes_.dense_ffn);
+        dense_.emplace_back(H, m.dense_ffn);
       }
     }
   }
 
-  transformer_sizes sizes_;
-  int hidden_ = 0;
+  startup_values given_;
+  config_values values_;
   token_embedding<scalar> embedding_{1, 1};
   std::vector<block> blocks_;
   std::vector<std::unique_ptr<moe_type>> moe_;

@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/model/counts.hpp — what a model configuration costs: its parameters and the model FLOPs
+// of one token, from its values alone (no model is built), so that `describe` can report them
+// before a job starts.
+#pragma once
+
+#include <megamoe/config/values.hpp>
+#include <megamoe/expert/tags.hpp>
+
+#include <cstdint>
+
+namespace megamoe {
+
+/// Parameters of the whole model (one copy of each, whatever the layout): the token embedding,
+/// per layer two RMSNorms and attention's qkv and projection weights, then the MoE layer (router,
+/// every routed expert, the shared expert and its gate) or the dense SwiGLU FFN, the final RMSNorm
+/// and the output layer (not tied to the embedding). Every size must be resolved.
+constexpr std::int64_t parameter_count(config_values const& v) {
+  std::int64_t const H = v.shape.hidden, V = v.model.vocabulary, E = v.shape.experts;
+  std::int64_t const F = v.shape.ffn, Fs = v.shape.shared_ffn, Fd = v.model.dense_ffn;
+  std::int64_t const W1 = expert::fc1_width(v.expert.activation, 1);
+  std::int64_t total = 2 * V * H + H;  // embedding, output layer, final norm
+  for (int i = 0; i < v.model.layers; ++i) {
+    total += 2 * H + 4 * H * H;  // norms, qkv [3H, H] and proj [H, H]
+    if (v.model.is_moe(i)) {
+      total += E * H;                            // router
+      total += E * (W1 + 1) * F * H;             // fc1 [W1 F, H] and fc2 [H, F] per expert
+      if (v.expert.bias) total += E * (W1 * F + H);
+      if (Fs > 0) total += (W1 + 1) * Fs * H + (v.expert.shared_expert_gate ? H : 0);
+    } else {
+      total += 3 * Fd * H;  // SwiGLU: gate, linear, out
+    }
+  }
+  return total;
+}
+
+/// Model FLOPs of one token's forward + backward (3x forward) in a sequence of `seq`: the matrix
+/// products (2 per multiply-add) of attention (projections, and q.k and p.v over the causal half),
+/// the routed experts' k FFNs (and a shared expert), the dense FFNs, the router and the output
+/// layer. The usual "model FLOPs" count: no recomputation, no elementwise work.
+constexpr double flops_per_token(config_values const& v, int seq) {
+  double const H = v.shape.hidden, V = v.model.vocabulary;
+  double const W1 = expert::fc1_width(v.expert.activation, 1);
+  int const k = v.router ? v.router->top_k : 0;
+  double forward = 2.0 * H * V;  // output layer
+  for (int i = 0; i < v.model.layers; ++i) {
+    forward += 2.0 * 4.0 * H * H + 2.0 * 2.0 * H * (seq + 1) / 2.0;  // qkv + proj, qk and pv
+    if (v.model.is_moe(i)) {
+      forward += 2.0 * H * v.shape.experts;  // router
+      forward += 2.0 * k * (W1 + 1.0) * H * v.shape.ffn;
+      if (v.shape.shared_ffn > 0) forward += 2.0 * (W1 + 1.0) * H * v.shape.shared_ffn;
+    } else {
+      forward += 2.0 * 3.0 * H * v.model.dense_ffn;  // SwiGLU: gate, linear, out
+    }
+  }
+  return 3.0 * forward;
+}
+
+}  // namespace megamoe
