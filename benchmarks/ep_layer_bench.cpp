@@ -94,7 +94,7 @@ int compare(mm::parallel::environment& env, std::string const& what, std::string
   r.aux_loss_coeff = 1e-2;
   given.router = r;
   mm::context ctx(env.num_threads());
-  ctx.pool().progress().set_interval(std::chrono::microseconds(progress_us));
+  ctx.pool().set_wait_interval(std::chrono::microseconds(progress_us));
   mm::moe_layer<bench_config<First>> first(groups, 0, given);
   mm::moe_layer<bench_config<Second>> second(groups, 0, given);
   first.initialize(7);

@@ -8,10 +8,10 @@
 #include <megamoe/core/buffer.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/parameter.hpp>
-#include <megamoe/core/policy.hpp>
+#include <megamoe/config/policy.hpp>
 #include <megamoe/core/random.hpp>
-#include <megamoe/core/rule_ids.hpp>
-#include <megamoe/core/shape.hpp>
+#include <megamoe/config/rule_ids.hpp>
+#include <megamoe/config/shape.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
 

@@ -2,6 +2,7 @@
 // Start-up rules: each value rule, fed values that break it and only it, reports exactly its id;
 // and the catalogue that both the static_asserts and the start-up check print from is consistent.
 #include <megamoe/config/config.hpp>
+#include <megamoe/config/error.hpp>
 #include <megamoe/config/rules.hpp>
 
 #include <gtest/gtest.h>
@@ -222,7 +223,8 @@ TEST(RuleCatalog, IdsAreSequentialAndMessagesCarryTheirId) {
     EXPECT_EQ(r.message.substr(0, 15), prefix) << r.message;
     EXPECT_TRUE(names.insert(r.name).second) << "duplicate name " << r.name;
   }
-  for (auto const& r : mm::rules::value_rules) EXPECT_EQ(mm::rule(r.id).id, r.id);
+  for (auto const& r : mm::rules::value_rules)
+    EXPECT_EQ(mm::rule(r.which).id, static_cast<int>(r.which));
 }
 
 TEST(ValueRules, TheBaseConfigurationIsValid) {
@@ -246,7 +248,8 @@ TEST(ValueRules, EachBrokenValueReportsExactlyItsRule) {
     covered.insert(c.rule);
   }
   for (auto const& r : mm::rules::value_rules)
-    EXPECT_TRUE(covered.count(r.id)) << "no case breaks R" << r.id;
+    EXPECT_TRUE(covered.count(static_cast<int>(r.which)))
+        << "no case breaks R" << static_cast<int>(r.which);
 }
 
 TEST(ValueRules, SeveralBrokenRulesAreAllNamed) {
@@ -298,4 +301,17 @@ TEST(ValueRules, ValuesOfCheckedTypesPassAtStartUp) {
   EXPECT_TRUE(mm::rules::broken(v2).empty());
   v2.world_size = 10;  // 10 is a multiple of tp=2 but not of etp*ep = 4
   EXPECT_EQ(mm::rules::broken(v2), std::vector<int>{18});
+}
+
+// Code outside config/ names rules by `rules::id`; each name is the catalogue's name of its number.
+TEST(RuleCatalog, NamedIdsAreTheCatalogueEntries) {
+  EXPECT_EQ(mm::rule(mm::rules::id::shape_sizes_valid).name, "shape_sizes_valid");
+  EXPECT_EQ(mm::rule(mm::rules::id::etp_divides_ffn).id, 38);
+  EXPECT_EQ(mm::rule(mm::rules::id::moe_layer_pattern_valid).name, "moe_layer_pattern_valid");
+  EXPECT_EQ(static_cast<std::size_t>(mm::rules::id::moe_layer_pattern_valid),
+            mm::rule_catalog.size());
+  mm::config_error const e(mm::rules::id::attention_needs_tp_cp_pp_one, "TP 2");
+  EXPECT_EQ(e.rule_id(), 36);
+  EXPECT_EQ(e.which(), mm::rules::id::attention_needs_tp_cp_pp_one);
+  EXPECT_EQ(std::string(e.what()).rfind("megamoe[R036]: ", 0), 0u);
 }

@@ -1,69 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <megamoe/core/thread_pool.hpp>
 
-#include "support/rule_of.hpp"
-
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <cstdlib>
-#include <optional>
-#include <string>
+#include <chrono>
+#include <thread>
 #include <vector>
-
-namespace {
-using megamoe::testing::rule_of;
-
-/// Sets an environment variable for one scope.
-class scoped_env {
- public:
-  scoped_env(char const* name, char const* value) : name_(name) {
-    if (char const* old = std::getenv(name)) old_ = old;
-    if (value)
-      setenv(name, value, 1);
-    else
-      unsetenv(name);
-  }
-  ~scoped_env() {
-    if (old_)
-      setenv(name_, old_->c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-  scoped_env(scoped_env const&) = delete;
-  scoped_env& operator=(scoped_env const&) = delete;
-
- private:
-  char const* name_;
-  std::optional<std::string> old_;
-};
-
-}  // namespace
-
-TEST(NumThreads, ParsesPositiveIntegersOnly) {
-  EXPECT_EQ(megamoe::parse_num_threads("1"), 1);
-  EXPECT_EQ(megamoe::parse_num_threads("12"), 12);
-  for (char const* bad : {"", "0", "-2", "x", "3x", " 4", "1e3", "99999999999999999999"})
-    EXPECT_EQ(rule_of([&] { megamoe::parse_num_threads(bad); }), 28) << "'" << bad << "'";
-}
-
-TEST(NumThreads, EnvironmentOverridesCoresPerRank) {
-  {
-    scoped_env env("MEGAMOE_NUM_THREADS", "3");
-    EXPECT_EQ(megamoe::num_threads_from_environment(8), 3);
-  }
-  {
-    scoped_env env("MEGAMOE_NUM_THREADS", nullptr);
-    int const cores = megamoe::available_cores();
-    EXPECT_EQ(megamoe::num_threads_from_environment(1), cores);
-    EXPECT_EQ(megamoe::num_threads_from_environment(cores * 4), 1);  // at least one
-    EXPECT_EQ(megamoe::num_threads_from_environment(2), std::max(1, cores / 2));
-  }
-  {
-    scoped_env env("MEGAMOE_NUM_THREADS", "zero");
-    EXPECT_EQ(rule_of([] { megamoe::num_threads_from_environment(1); }), 28);
-  }
-}
 
 TEST(ThreadPool, RunsEveryTaskExactlyOnce) {
   megamoe::thread_pool pool(3);
@@ -87,4 +30,32 @@ TEST(ThreadPool, TensorContractionOnThePoolMatchesPlainLoops) {
       for (int k = 0; k < 53; ++k) sum += a(i, k) * b(k, j);
       EXPECT_NEAR(c(i, j), sum, 1e-12);
     }
+}
+
+// The thread waiting in `run` calls the installed hook every wait interval while the tasks run,
+// and stops as soon as the hook reports nothing pending.
+TEST(ThreadPool, TheWaitingThreadCallsItsHookUntilNothingIsPending) {
+  megamoe::thread_pool pool(1);
+  pool.set_wait_interval(std::chrono::microseconds(500));
+  struct counter {
+    int calls = 0, pending_for = 0;
+    std::thread::id caller;
+  } c{0, 1000000, {}};
+  auto const poll = [](void* state) {
+    auto* k = static_cast<counter*>(state);
+    k->caller = std::this_thread::get_id();
+    return ++k->calls < k->pending_for;
+  };
+  pool.set_wait_hook({poll, &c});
+  pool.run(1, [](int) { std::this_thread::sleep_for(std::chrono::milliseconds(60)); });
+  EXPECT_GE(c.calls, 5);
+  EXPECT_LT(c.calls, 200);
+  EXPECT_EQ(c.caller, std::this_thread::get_id());
+  c = {0, 3, {}};  // nothing pending after the third call: no more wake-ups
+  pool.run(1, [](int) { std::this_thread::sleep_for(std::chrono::milliseconds(40)); });
+  EXPECT_EQ(c.calls, 3);
+  pool.set_wait_hook({});
+  c = {0, 1000000, {}};
+  pool.run(1, [](int) { std::this_thread::sleep_for(std::chrono::milliseconds(10)); });
+  EXPECT_EQ(c.calls, 0);
 }

@@ -7,6 +7,7 @@
 //
 //   mpiexec -n 4 megamoe_collectives_mpi
 #include <megamoe/parallel/collectives.hpp>
+#include <megamoe/parallel/progress.hpp>
 #include <megamoe/parallel/environment.hpp>
 
 #include <megamoe/core/thread_pool.hpp>
@@ -163,14 +164,19 @@ void malformed(boost::mpi::communicator const& comm, int bad_rank) {
 /// of tests were counted, and once it completed the waiter stopped testing.
 void progress_during_compute(boost::mpi::communicator const& comm) {
   megamoe::thread_pool pool(1);
-  pool.progress().set_interval(std::chrono::microseconds(500));
+  pool.set_wait_interval(std::chrono::microseconds(500));
   std::vector<double> values(1000, 1.0);
   auto pending = mp::all_reduce_sum_start(comm, std::span<double>(values));
-  pool.progress().watch(&pending.handle_);
-  std::uint64_t const before = pool.progress().polls();
-  pool.run(1, [](int) { std::this_thread::sleep_for(std::chrono::milliseconds(100)); });
-  std::uint64_t const rounds = pool.progress().polls() - before;
-  pool.progress().clear();
+  mp::exchange_progress progress;
+  progress.watch(&pending.handle_);
+  std::uint64_t const before = progress.polls();
+  {
+    auto const testing = progress.while_waiting(pool);
+    pool.run(1, [](int) { std::this_thread::sleep_for(std::chrono::milliseconds(100)); });
+  }
+  std::uint64_t const rounds = progress.polls() - before;
+  progress.clear();
+  expect(pool.hook().poll == nullptr, "the pool's hook is removed with the guard");
   expect(pending.handle_ == MPI_REQUEST_NULL, "the exchange completed during the pool's work");
   expect(rounds >= 1 && rounds < 150, "tested in " + std::to_string(rounds) + " rounds");
   pending.wait();

@@ -6,8 +6,8 @@
 // exactly that, so a user's own policy of a slot works like the built-in ones.
 #pragma once
 
-#include <megamoe/core/policy.hpp>
-#include <megamoe/core/shape.hpp>
+#include <megamoe/config/policy.hpp>
+#include <megamoe/config/shape.hpp>
 #include <megamoe/dispatch/tags.hpp>
 #include <megamoe/expert/tags.hpp>
 #include <megamoe/memory/tags.hpp>

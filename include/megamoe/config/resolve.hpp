@@ -11,6 +11,7 @@
 
 #include <megamoe/config/rules.hpp>
 #include <megamoe/config/values.hpp>
+#include <megamoe/config/error.hpp>
 #include <megamoe/core/error.hpp>
 
 #include <optional>

@@ -5,13 +5,14 @@
 // Each predicate reads `config_values` and holds vacuously when a value it needs is `dynamic`,
 // absent (run-time router, unknown world size) or already broken under another rule, so one mistake
 // gives one rule id. Rules R020-R024 are about assembling a type and live where types are assembled
-// (core/policy.hpp, config/config.hpp); R028 and R029 are about the environment
+// (config/policy.hpp, config/config.hpp); R028 and R029 are about the environment
 // (core/thread_pool.hpp, parallel/environment.hpp).
 #pragma once
 
 #include <megamoe/config/values.hpp>
+#include <megamoe/config/error.hpp>
 #include <megamoe/core/error.hpp>
-#include <megamoe/core/rule_ids.hpp>
+#include <megamoe/config/rule_ids.hpp>
 
 #include <array>
 #include <string>
@@ -312,54 +313,54 @@ constexpr bool values_resolved(config_values const& v) {
 
 /// A rule that reads configuration values: its id and its predicate.
 struct value_rule {
-  int id;
+  rules::id which;
   bool (*holds)(config_values const&);
 };
 
 /// Every value rule, in id order; the start-up check runs all of them.
 inline constexpr std::array<value_rule, 35> value_rules{{
-    {1, shape_sizes_valid},
-    {2, top_k_within_experts},
-    {3, ep_divides_experts},
-    {4, groups_divide_experts},
-    {5, group_top_k_within_groups},
-    {6, top_k_at_least_group_top_k},
-    {7, expert_bias_needs_sigmoid_family},
-    {8, softmax_after_topk_needs_k_above_one},
-    {9, capacity_needs_compatible_balancing},
-    {10, pad_to_capacity_needs_capacity},
-    {11, quantization_padding_matches_recipe},
-    {12, router_padding_not_with_all_gather},
-    {13, hierarchical_needs_expert_parallelism},
-    {14, expert_bias_linear_needs_etp_one},
-    {15, shared_expert_width_positive},
-    {16, degrees_positive},
-    {17, world_fits_attention_grid},
-    {18, world_fits_expert_grid},
-    {19, local_dispatch_needs_one_expert_rank},
-    {25, sinkhorn_without_aux_losses},
-    {26, router_numbers_in_range},
-    {27, values_resolved},
-    {30, quantized_storage_needs_quantized_recipe},
-    {31, top_k_within_chosen_groups},
-    {32, hierarchical_needs_etp_one},
-    {33, overlap_needs_etp_one},
-    {37, bf16_backends_need_a_recipe},
-    {38, etp_divides_ffn},
-    {39, model_sizes_valid},
-    {40, heads_divide_hidden},
-    {41, head_size_even},
-    {42, query_groups_divide_heads},
-    {43, attention_is_multi_head},
-    {44, dense_ffn_for_dense_layers},
-    {45, moe_layer_pattern_valid},
+    {id::shape_sizes_valid, shape_sizes_valid},
+    {id::top_k_within_experts, top_k_within_experts},
+    {id::ep_divides_experts, ep_divides_experts},
+    {id::groups_divide_experts, groups_divide_experts},
+    {id::group_top_k_within_groups, group_top_k_within_groups},
+    {id::top_k_at_least_group_top_k, top_k_at_least_group_top_k},
+    {id::expert_bias_needs_sigmoid_family, expert_bias_needs_sigmoid_family},
+    {id::softmax_after_topk_needs_k_above_one, softmax_after_topk_needs_k_above_one},
+    {id::capacity_needs_compatible_balancing, capacity_needs_compatible_balancing},
+    {id::pad_to_capacity_needs_capacity, pad_to_capacity_needs_capacity},
+    {id::quantization_padding_matches_recipe, quantization_padding_matches_recipe},
+    {id::router_padding_not_with_all_gather, router_padding_not_with_all_gather},
+    {id::hierarchical_needs_expert_parallelism, hierarchical_needs_expert_parallelism},
+    {id::expert_bias_linear_needs_etp_one, expert_bias_linear_needs_etp_one},
+    {id::shared_expert_width_positive, shared_expert_width_positive},
+    {id::degrees_positive, degrees_positive},
+    {id::world_fits_attention_grid, world_fits_attention_grid},
+    {id::world_fits_expert_grid, world_fits_expert_grid},
+    {id::local_dispatch_needs_one_expert_rank, local_dispatch_needs_one_expert_rank},
+    {id::sinkhorn_without_aux_losses, sinkhorn_without_aux_losses},
+    {id::router_numbers_in_range, router_numbers_in_range},
+    {id::values_resolved, values_resolved},
+    {id::quantized_storage_needs_quantized_recipe, quantized_storage_needs_quantized_recipe},
+    {id::top_k_within_chosen_groups, top_k_within_chosen_groups},
+    {id::hierarchical_needs_etp_one, hierarchical_needs_etp_one},
+    {id::overlap_needs_etp_one, overlap_needs_etp_one},
+    {id::bf16_backends_need_a_recipe, bf16_backends_need_a_recipe},
+    {id::etp_divides_ffn, etp_divides_ffn},
+    {id::model_sizes_valid, model_sizes_valid},
+    {id::heads_divide_hidden, heads_divide_hidden},
+    {id::head_size_even, head_size_even},
+    {id::query_groups_divide_heads, query_groups_divide_heads},
+    {id::attention_is_multi_head, attention_is_multi_head},
+    {id::dense_ffn_for_dense_layers, dense_ffn_for_dense_layers},
+    {id::moe_layer_pattern_valid, moe_layer_pattern_valid},
 }};
 
 /// The ids of every broken rule, in id order (empty when the values are valid).
 inline std::vector<int> broken(config_values const& v) {
   std::vector<int> ids;
   for (auto const& r : value_rules)
-    if (!r.holds(v)) ids.push_back(r.id);
+    if (!r.holds(v)) ids.push_back(static_cast<int>(r.which));
   return ids;
 }
 
@@ -372,7 +373,7 @@ inline void require_valid(config_values const& v) {
     details += (i == 1 ? "also broken: " : "; ");
     details += rule(ids[i]).message;
   }
-  throw config_error(ids.front(), details);
+  throw config_error(static_cast<id>(ids.front()), details);
 }
 
 /// Compile-time check of a configuration type; `static_assert(megamoe::rules::check<C>())`.

@@ -1,89 +1,30 @@
 // SPDX-License-Identifier: Apache-2.0
-// megamoe/core/thread_pool.hpp — megamoe's one thread pool, and how many threads it gets.
+// megamoe/core/thread_pool.hpp — megamoe's one thread pool.
 //
 // No OpenMP: megamoe owns one pool per process; Eigen products and Tensor expressions run on it
-// through its ThreadPoolDevice, or single-threaded inside its tasks. Only the main thread calls
-// MPI: while it waits for the pool's tasks it can keep non-blocking exchanges moving (Open MPI has
-// no progress thread), by testing the requests registered in `progress()`.
+// through its ThreadPoolDevice, or single-threaded inside its tasks. The thread that waits for the
+// pool's tasks may do other work meanwhile through a `wait_hook` (the overlapped exchanges keep
+// their MPI requests moving that way: parallel/progress.hpp). How many threads a rank gets is
+// parallel/threads.hpp's business.
 #pragma once
 
-#include <megamoe/core/error.hpp>
 #include <megamoe/core/tensor.hpp>
 
-#include <mpi.h>
-#include <sched.h>
-
 #include <algorithm>
-#include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <cstdlib>
 #include <mutex>
-#include <string>
-#include <thread>
-#include <vector>
 
 namespace megamoe {
 
-/// Cores this process may run on (its CPU affinity), at least 1.
-inline int available_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1U, std::thread::hardware_concurrency());
-}
-
-/// Parses a MEGAMOE_NUM_THREADS value: a positive integer, or R028.
-inline int parse_num_threads(std::string const& text) {
-  char* end = nullptr;
-  errno = 0;
-  long const n = std::strtol(text.c_str(), &end, 10);
-  bool const digits_only =
-      !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
-  if (!digits_only || end != text.c_str() + text.size() || errno == ERANGE || n < 1 || n > 4096)
-    throw config_error(28, "got '" + text + "'");
-  return static_cast<int>(n);
-}
-
-/// Threads for this process: MEGAMOE_NUM_THREADS when set, otherwise the cores divided by the ranks
-/// that share this machine, at least 1.
-inline int num_threads_from_environment(int ranks_on_node = 1) {
-  if (char const* text = std::getenv("MEGAMOE_NUM_THREADS")) return parse_num_threads(text);
-  return std::max(1, available_cores() / std::max(1, ranks_on_node));
-}
-
-/// MPI requests in flight that the thread waiting in `thread_pool::run` tests every `interval`,
-/// so that they progress while the pool computes. The requests must stay where they are while
-/// registered; a completed one reads MPI_REQUEST_NULL afterwards, as after MPI_Wait.
-class exchange_progress {
- public:
-  void watch(MPI_Request* request) { requests_.push_back(request); }
-  void clear() noexcept { requests_.clear(); }
-  [[nodiscard]] bool empty() const noexcept { return requests_.empty(); }
-  [[nodiscard]] std::chrono::microseconds interval() const noexcept { return interval_; }
-  void set_interval(std::chrono::microseconds every) noexcept { interval_ = every; }
-  /// Tests every pending request once (main thread only); counts the rounds. Returns whether any
-  /// is still pending.
-  bool poll() {
-    ++polls_;
-    bool pending = false;
-    for (MPI_Request* r : requests_)
-      if (*r != MPI_REQUEST_NULL) {
-        int flag = 0;
-        MPI_Test(r, &flag, MPI_STATUS_IGNORE);
-        pending = pending || flag == 0;
-      }
-    return pending;
-  }
-  /// Rounds of tests so far (for tests and benchmarks).
-  [[nodiscard]] std::uint64_t polls() const noexcept { return polls_; }
-
- private:
-  std::vector<MPI_Request*> requests_;
-  std::chrono::microseconds interval_{200};
-  std::uint64_t polls_ = 0;
+/// What the thread waiting in `thread_pool::run` does besides waiting: every interval it calls
+/// `poll(state)`, which says whether anything is still pending (false: it then waits quietly for
+/// the tasks). Only the caller of `run` ever calls it. parallel::exchange_progress installs one
+/// while non-blocking MPI exchanges are in flight, since Open MPI has no progress thread.
+struct wait_hook {
+  bool (*poll)(void* state) = nullptr;
+  void* state = nullptr;
 };
 
 /// A fixed set of worker threads with an Eigen device for Tensor expressions.
@@ -106,7 +47,7 @@ class thread_pool {
   template <class Task>
   void run(int count, Task const& task) {
     if (count <= 0) return;
-    if (!progress_.empty()) return run_testing(count, task);
+    if (hook_.poll != nullptr) return run_polling(count, task);
     Eigen::Barrier done(static_cast<unsigned>(count));
     struct job {
       Task const* task;
@@ -124,13 +65,18 @@ class thread_pool {
   /// The index in [0, size()) of the pool thread running the caller, or -1 outside the pool.
   [[nodiscard]] int current_thread() const noexcept { return pool_.CurrentThreadId(); }
 
-  /// Requests the waiting thread tests during `run` (none: it just sleeps until the tasks end).
-  [[nodiscard]] exchange_progress& progress() noexcept { return progress_; }
+  /// Installs what the waiting thread does while `run` waits (an empty hook: nothing, it sleeps).
+  void set_wait_hook(wait_hook hook) noexcept { hook_ = hook; }
+  [[nodiscard]] wait_hook const& hook() const noexcept { return hook_; }
+  /// How often the waiting thread wakes to call the hook.
+  void set_wait_interval(std::chrono::microseconds every) noexcept { interval_ = every; }
+  [[nodiscard]] std::chrono::microseconds wait_interval() const noexcept { return interval_; }
 
  private:
-  /// `run` while requests are registered: the caller wakes every interval to test them.
+  /// `run` with a hook: the caller wakes every interval to call it, until it reports nothing
+  /// pending or the tasks end.
   template <class Task>
-  void run_testing(int count, Task const& task) {
+  void run_polling(int count, Task const& task) {
     struct job {
       Task const* task;
       std::mutex lock;
@@ -147,17 +93,18 @@ class thread_pool {
     std::unique_lock hold(shared.lock);
     auto const done = [&] { return shared.remaining == 0; };
     bool pending = true;
-    while (pending && !shared.finished.wait_for(hold, progress_.interval(), done)) {
+    while (pending && !shared.finished.wait_for(hold, interval_, done)) {
       hold.unlock();
-      pending = progress_.poll();
+      pending = hook_.poll(hook_.state);
       hold.lock();
     }
-    shared.finished.wait(hold, done);  // every exchange complete: no more wake-ups
+    shared.finished.wait(hold, done);  // nothing pending: no more wake-ups
   }
 
   Eigen::ThreadPool pool_;
   Eigen::ThreadPoolDevice device_;
-  exchange_progress progress_;
+  wait_hook hook_{};
+  std::chrono::microseconds interval_{200};
 };
 
 /// Runs `body(begin, end)` over [0, count) cut into one contiguous range per pool thread (at most

@@ -23,6 +23,7 @@
 #include <megamoe/dispatch/token_rows.hpp>
 #include <megamoe/parallel/collectives.hpp>
 #include <megamoe/parallel/environment.hpp>
+#include <megamoe/parallel/progress.hpp>
 
 #include <algorithm>
 #include <array>
@@ -437,14 +438,15 @@ class all_to_all_dispatcher {
       arriving(g)[0].wait();
       arriving(g)[1].wait();
       for (auto& r : in_flight_)
-        if (r.handle_ != MPI_REQUEST_NULL) pool.progress().watch(&r.handle_);
+        if (r.handle_ != MPI_REQUEST_NULL) progress_.watch(&r.handle_);
       try {
+        auto const testing = progress_.while_waiting(pool);
         compute(pieces_[g].first, pieces_[g].last);
       } catch (...) {
-        pool.progress().clear();
+        progress_.clear();
         throw;
       }
-      pool.progress().clear();
+      progress_.clear();
       depart(pieces_[g], departing(g));
     }
     for (auto& r : in_flight_) r.wait();
@@ -550,6 +552,7 @@ class all_to_all_dispatcher {
   std::vector<std::int64_t> expert_start_;
   std::vector<piece> pieces_;
   std::vector<parallel::request> in_flight_;
+  parallel::exchange_progress progress_;  // in_flight_ tested while a piece computes
   std::vector<MPI_Aint> offsets_;
   std::vector<int> lengths_;
   std::int64_t rows_ = 0, received_ = 0;

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <megamoe/core/buffer.hpp>
+#include <megamoe/config/error.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
@@ -196,7 +197,7 @@ class hierarchical_dispatcher {
   static boost::mpi::communicator const& whole_experts(expert_groups const& groups) {
     if (groups.etp_size() != 1)
       throw parallel::agreed_config_error(
-          32, config_error(32, "ETP is " + std::to_string(groups.etp_size())).what());
+          rules::id::hierarchical_needs_etp_one, config_error(rules::id::hierarchical_needs_etp_one, "ETP is " + std::to_string(groups.etp_size())).what());
     return groups.ep();
   }
 

@@ -11,7 +11,7 @@
 //   default)
 #pragma once
 
-#include <megamoe/core/policy.hpp>
+#include <megamoe/config/policy.hpp>
 
 #include <concepts>
 #include <string_view>

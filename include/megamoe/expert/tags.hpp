@@ -8,7 +8,7 @@
 // Options come in any order, each kind at most once.
 #pragma once
 
-#include <megamoe/core/policy.hpp>
+#include <megamoe/config/policy.hpp>
 
 #include <string_view>
 

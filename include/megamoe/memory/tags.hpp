@@ -11,7 +11,7 @@
 // activations (and, optionally, the primary weights) as the precision recipe's codes + scales.
 #pragma once
 
-#include <megamoe/core/policy.hpp>
+#include <megamoe/config/policy.hpp>
 
 #include <string_view>
 

@@ -15,6 +15,7 @@
 #include <megamoe/core/buffer.hpp>
 #include <megamoe/core/thread_pool.hpp>
 #include <megamoe/expert/backends.hpp>
+#include <megamoe/parallel/threads.hpp>
 #include <megamoe/router/router.hpp>
 
 #include <array>

@@ -22,6 +22,7 @@
 #include <megamoe/config/resolve.hpp>
 #include <megamoe/core/buffer.hpp>
 #include <megamoe/core/cpu_features.hpp>
+#include <megamoe/config/error.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/parameter.hpp>
 #include <megamoe/core/random.hpp>
@@ -131,11 +132,10 @@ class moe_layer {
       expert::exact_operands>;
   using operands_type = operands_for<quantized_weights>;  // the routed experts'
   using shared_operands_type = operands_for<false>;
+  // Every rule the type's fixed values can break fails here, with its id.
+  static_assert(rules::check<Config>());
   static_assert(!rounds_operands || std::is_same_v<scalar, float>,
                 "megamoe: the bf16, FP8 and FP4 recipes keep fp32 master weights");
-  static_assert(!quantized_weights || rounds_operands,
-                "megamoe: memory::quantized_weights needs a precision recipe that quantizes "
-                "weights (rule R030)");
 
   /// One rank (dispatch::local): `layer_number` names the parameters (decoder.layers.{i}); `given`
   /// supplies what the type left to start-up (sizes, a run-time router). Every configuration rule
@@ -497,14 +497,14 @@ class moe_layer {
       given.ep = l.ep;
     }
     config_values v = resolve<Config>(given);
-    if (!v.router) throw config_error(27, "moe_layer: give the run-time router's settings");
+    if (!v.router) throw config_error(rules::id::values_resolved, "moe_layer: give the run-time router's settings");
     if (auto const why = expert::unavailable_reason(expert_settings.backend); !why.empty())
       throw input_error(
           "moe_layer: expert::" + std::string(expert::name_of(expert_settings.backend)) +
           " cannot run here: " + why);
     if (dispatcher_kind == dispatch::dispatcher::local &&
         (v.parallel.ep != 1 || v.parallel.etp != 1))
-      throw config_error(19,
+      throw config_error(rules::id::local_dispatch_needs_one_expert_rank,
                          "moe_layer with dispatch::local runs its experts on one rank: EP and "
                          "ETP must be 1 (EP " +
                              std::to_string(v.parallel.ep) + ", ETP " +

@@ -13,7 +13,7 @@
 // `vocab_size`, `layernorm_epsilon`, `rotary_base`).
 #pragma once
 
-#include <megamoe/core/policy.hpp>
+#include <megamoe/config/policy.hpp>
 
 #include <array>
 #include <cstdint>

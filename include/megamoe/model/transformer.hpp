@@ -13,6 +13,7 @@
 #pragma once
 
 #include <megamoe/config/resolve.hpp>
+#include <megamoe/config/error.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/parameter.hpp>
 #include <megamoe/core/random.hpp>
@@ -48,6 +49,8 @@ struct transformer_output {
 
 template <class Config>
 class transformer {
+  static_assert(rules::check<Config>());
+
  public:
   using moe_type = moe_layer<Config>;
   using scalar = typename moe_type::scalar;
@@ -274,7 +277,7 @@ class transformer {
     // The attention's own limit first: a layout it cannot run is R036, whatever the type says.
     for (auto const degree : {given.tp, given.cp, given.pp})
       if (degree && *degree != 1)
-        throw config_error(36, "TP " + std::to_string(given.tp.value_or(1)) + ", CP " +
+        throw config_error(rules::id::attention_needs_tp_cp_pp_one, "TP " + std::to_string(given.tp.value_or(1)) + ", CP " +
                                    std::to_string(given.cp.value_or(1)) + ", PP " +
                                    std::to_string(given.pp.value_or(1)));
     config_values v = resolve<Config>(given);
@@ -289,11 +292,11 @@ class transformer {
       add(v.model.vocabulary, "vocab_size");
       add(v.model.dense_ffn, "ffn_hidden_size");
       if (!v.model.moe_layers.is_list()) add(v.model.moe_layers.every, "moe_layer_freq");
-      throw config_error(27, "the transformer's model sizes left to start-up: " + missing);
+      throw config_error(rules::id::values_resolved, "the transformer's model sizes left to start-up: " + missing);
     }
     auto const& d = v.parallel;
     if (d.tp != 1 || d.cp != 1 || d.pp != 1)
-      throw config_error(36, "TP " + std::to_string(d.tp) + ", CP " + std::to_string(d.cp) +
+      throw config_error(rules::id::attention_needs_tp_cp_pp_one, "TP " + std::to_string(d.tp) + ", CP " + std::to_string(d.cp) +
                                  ", PP " + std::to_string(d.pp));
     return v;
   }

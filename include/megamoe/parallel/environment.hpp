@@ -8,8 +8,9 @@
 // rank left waiting in a collective.
 #pragma once
 
+#include <megamoe/config/error.hpp>
 #include <megamoe/core/error.hpp>
-#include <megamoe/core/thread_pool.hpp>
+#include <megamoe/parallel/threads.hpp>
 #include <megamoe/parallel/watchdog.hpp>
 
 #include <mpi.h>
@@ -36,8 +37,8 @@ struct agreed_failure {
 /// A broken configuration rule that every rank agreed on.
 class agreed_config_error : public config_error, public agreed_failure {
  public:
-  agreed_config_error(int rule_id, std::string const& text)
-      : config_error(config_error::verbatim(rule_id, text)) {}
+  agreed_config_error(rules::id which, std::string const& text)
+      : config_error(config_error::verbatim(which, text)) {}
 };
 
 /// Bad input that every rank agreed on.
@@ -89,7 +90,7 @@ inline void agree_on_failure(boost::mpi::communicator const& comm, std::exceptio
     text.assign(chars.begin(), chars.end());
     text += " [reported by rank " + std::to_string(first_failing) + "]";
   }
-  if (rule_id != 0) throw agreed_config_error(rule_id, text);
+  if (rule_id != 0) throw agreed_config_error(static_cast<rules::id>(rule_id), text);
   throw agreed_input_error(text);
 }
 
@@ -138,7 +139,7 @@ class environment {
       double watchdog_seconds = 0.0;
       check_on_every_rank(world_, [&] {
         if (env_.thread_level() < boost::mpi::threading::funneled)
-          throw config_error(29, "the MPI library granted a lower thread level");
+          throw config_error(rules::id::mpi_thread_level_funneled, "the MPI library granted a lower thread level");
         num_threads_ = num_threads_from_environment(ranks_on_node_);
         if (char const* text = std::getenv("MEGAMOE_WATCHDOG_SECONDS"))
           watchdog_seconds = parse_watchdog_seconds(text);

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <megamoe/core/parameter.hpp>
+#include <megamoe/core/tensor.hpp>
 #include <megamoe/parallel/collectives.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <megamoe/config/rules.hpp>
+#include <megamoe/config/error.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/parallel/rank_generator.hpp>
 #include <megamoe/parallel/tags.hpp>
@@ -48,13 +49,13 @@ struct layout {
   /// Every rank computes the same answer from the same values, so on an error each rank throws the
   /// same `config_error` and none waits on another.
   static layout resolve(int world_size, degrees const& d) {
-    if (!rules::degrees_positive(d)) throw config_error(16, describe(d, world_size));
-    if (!rules::degrees_resolved(d)) throw config_error(27, describe(d, world_size));
+    if (!rules::degrees_positive(d)) throw config_error(rules::id::degrees_positive, describe(d, world_size));
+    if (!rules::degrees_resolved(d)) throw config_error(rules::id::values_resolved, describe(d, world_size));
     if (!rules::world_fits_attention_grid(d, world_size))
-      throw config_error(17, "world size " + std::to_string(world_size) +
+      throw config_error(rules::id::world_fits_attention_grid, "world size " + std::to_string(world_size) +
                                  ", tp*cp*pp = " + std::to_string(d.tp * d.cp * d.pp));
     if (!rules::world_fits_expert_grid(d, world_size))
-      throw config_error(18, "world size " + std::to_string(world_size) +
+      throw config_error(rules::id::world_fits_expert_grid, "world size " + std::to_string(world_size) +
                                  ", etp*ep*pp = " + std::to_string(d.etp * d.ep * d.pp));
     layout l;
     l.world_size = world_size;

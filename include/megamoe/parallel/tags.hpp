@@ -10,7 +10,7 @@
 // world. DP and EDP are never in the type; they follow from the world size.
 #pragma once
 
-#include <megamoe/core/policy.hpp>
+#include <megamoe/config/policy.hpp>
 
 #include <string_view>
 

@@ -11,6 +11,7 @@
 // Off, recording costs one relaxed atomic load per collective; on, a lock and a clock read.
 #pragma once
 
+#include <megamoe/config/error.hpp>
 #include <megamoe/core/error.hpp>
 
 #include <mpi.h>
@@ -206,7 +207,7 @@ inline double parse_watchdog_seconds(std::string const& text) {
   char* end = nullptr;
   double const seconds = std::strtod(text.c_str(), &end);
   if (text.empty() || end != text.c_str() + text.size() || !(seconds >= 0.0) || seconds > 1e7)
-    throw config_error(35, "got '" + text + "'");
+    throw config_error(rules::id::watchdog_seconds_valid, "got '" + text + "'");
   return seconds;
 }
 

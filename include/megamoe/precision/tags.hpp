@@ -13,7 +13,7 @@
 // Bit-exact definitions: docs/spec/precision.md of the design documents.
 #pragma once
 
-#include <megamoe/core/policy.hpp>
+#include <megamoe/config/policy.hpp>
 
 #include <string_view>
 

@@ -10,6 +10,7 @@
 //   megamoe::router::topk_router<float> router(router_config.settings, router_config.num_experts);
 #pragma once
 
+#include <megamoe/config/error.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/router/router.hpp>
 #include <megamoe/router/tags.hpp>
@@ -107,7 +108,7 @@ inline void read_balancing(nlohmann::json const& j, settings& s) {
     } else if (type == "global_aux_loss") {
       s.global_aux_loss_coeff = coeff;
     } else if (type == "sinkhorn" && type_list.size() == 1) {
-      if (coeff != 0.0) throw config_error(25, "moe_aux_loss_coeff is " + std::to_string(coeff));
+      if (coeff != 0.0) throw config_error(rules::id::sinkhorn_without_aux_losses, "moe_aux_loss_coeff is " + std::to_string(coeff));
       s.sinkhorn = true;
     } else if (type == "none" && type_list.size() == 1) {
       // no balancing loss

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <megamoe/config/rules.hpp>
+#include <megamoe/config/error.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/random.hpp>
 #include <megamoe/core/tensor.hpp>
@@ -161,7 +162,7 @@ class topk_router {
     padding_multiple_ =
         config.quantization_multiple != 0 ? config.quantization_multiple : padding_multiple;
     if (config.pad_for_quantization && padding_multiple_ <= 0)
-      throw config_error(11, "pass the precision recipe's padding multiple to the router");
+      throw config_error(rules::id::quantization_padding_matches_recipe, "pass the precision recipe's padding multiple to the router");
     state_.bias_update_rate = static_cast<float>(config.bias_update_rate);
     if (config.expert_bias) {
       state_.expert_bias.assign(static_cast<std::size_t>(num_experts), 0.0F);

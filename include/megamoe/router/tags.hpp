@@ -13,7 +13,7 @@
 // routers.
 #pragma once
 
-#include <megamoe/core/policy.hpp>
+#include <megamoe/config/policy.hpp>
 
 #include <concepts>
 #include <optional>

@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// megamoe/core/rule_ids.hpp — the one list of configuration rules and their messages.
+// megamoe/config/rule_ids.hpp — the one list of configuration rules and their messages.
 //
 // Every configuration error megamoe reports, whether a static_assert at compile time or an
 // exception at start-up, starts with `megamoe[Rnnn]:`. A static_assert needs a string literal, so
 // each message is a macro; the run-time catalogue below is built from the same macros, so both
-// sides say the same words. Messages name the slot and say what must hold.
+// sides say the same words. Messages name the slot and say what must hold. Code outside config/
+// names a rule by `rules::id` (its name), never by its number.
 #pragma once
 
 #include <array>
@@ -127,6 +128,57 @@
 
 namespace megamoe {
 
+namespace rules {
+/// Every rule by name; the value is its number (the nnn of megamoe[Rnnn]).
+enum class id : int {
+  shape_sizes_valid = 1,
+  top_k_within_experts = 2,
+  ep_divides_experts = 3,
+  groups_divide_experts = 4,
+  group_top_k_within_groups = 5,
+  top_k_at_least_group_top_k = 6,
+  expert_bias_needs_sigmoid_family = 7,
+  softmax_after_topk_needs_k_above_one = 8,
+  capacity_needs_compatible_balancing = 9,
+  pad_to_capacity_needs_capacity = 10,
+  quantization_padding_matches_recipe = 11,
+  router_padding_not_with_all_gather = 12,
+  hierarchical_needs_expert_parallelism = 13,
+  expert_bias_linear_needs_etp_one = 14,
+  shared_expert_width_positive = 15,
+  degrees_positive = 16,
+  world_fits_attention_grid = 17,
+  world_fits_expert_grid = 18,
+  local_dispatch_needs_one_expert_rank = 19,
+  one_policy_per_kind = 20,
+  only_megamoe_policies = 21,
+  every_slot_filled = 22,
+  one_option_per_kind = 23,
+  only_accepted_options = 24,
+  sinkhorn_without_aux_losses = 25,
+  router_numbers_in_range = 26,
+  values_resolved = 27,
+  num_threads_positive = 28,
+  mpi_thread_level_funneled = 29,
+  quantized_storage_needs_quantized_recipe = 30,
+  top_k_within_chosen_groups = 31,
+  hierarchical_needs_etp_one = 32,
+  overlap_needs_etp_one = 33,
+  ranks_per_node_valid = 34,
+  watchdog_seconds_valid = 35,
+  attention_needs_tp_cp_pp_one = 36,
+  bf16_backends_need_a_recipe = 37,
+  etp_divides_ffn = 38,
+  model_sizes_valid = 39,
+  heads_divide_hidden = 40,
+  head_size_even = 41,
+  query_groups_divide_heads = 42,
+  attention_is_multi_head = 43,
+  dense_ffn_for_dense_layers = 44,
+  moe_layer_pattern_valid = 45,
+};
+}  // namespace rules
+
 /// One configuration rule: its number, a short name that reads as the claim it checks, and the
 /// message printed when it is broken.
 struct rule_info {
@@ -187,6 +239,9 @@ inline constexpr std::array<rule_info, 45> rule_catalog{{
 /// The catalogue entry of rule `id` (1-based).
 constexpr rule_info const& rule(int id) {
   return rule_catalog.at(static_cast<std::size_t>(id - 1));
+}
+constexpr rule_info const& rule(rules::id which) {
+  return rule(static_cast<int>(which));
 }
 
 }  // namespace megamoe
