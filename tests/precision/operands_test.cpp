@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// The operand quantizer of the recipes (precision::quantize<F>) against the format quantizers of
-// quantize.hpp, which the precision vectors check bit for bit: the same codes, scales and
-// dequantized values for every operand format of every recipe, on shapes with partial blocks.
+// grouped_operands (precision/operands.hpp): a recipe's GEMM operands for grouped experts. Each
+// expert's rows and weights are quantized on their own, with their own per-tensor scale or NVFP4
+// amax and blocks that never straddle two experts, so the dequantized operand of every expert
+// equals megamoe's quantizer applied to that expert's slice alone; an expert with no rows is
+// skipped. Checked for every recipe that rounds operands.
+#include <megamoe/core/buffer.hpp>
 #include <megamoe/core/random.hpp>
+#include <megamoe/core/thread_pool.hpp>
 #include <megamoe/precision/operands.hpp>
-#include <megamoe/precision/quantize.hpp>
-#include <megamoe/precision/recipe.hpp>
 
 #include <gtest/gtest.h>
 
@@ -20,116 +22,68 @@ namespace {
 std::vector<float> values(int rows, int cols, std::uint64_t seed) {
   std::vector<float> v(static_cast<std::size_t>(rows) * cols);
   for (std::size_t i = 0; i < v.size(); ++i)
-    v[i] = static_cast<float>(mm::standard_normal(seed, i) * (1.0 + static_cast<double>(i % 7)));
+    v[i] = static_cast<float>(mm::standard_normal(seed, i));
   return v;
 }
 
-/// Values of q in format F as floats.
-template <pr::operand_format F>
-std::vector<float> values_of(pr::quantized_matrix const& q) {
-  std::vector<float> out(static_cast<std::size_t>(q.rows) * q.cols);
+/// The slice's values through quantize<F> with the scale the recipe gives a slice of its own.
+template <class Recipe, pr::operand_format F>
+std::vector<float> alone(float const* x, int rows, int cols) {
+  std::span<float const> const slice(x, static_cast<std::size_t>(rows) * cols);
+  float const scale = F.scale == pr::scale_kind::per_tensor
+                          ? pr::scale_from_amax(pr::amax_of(slice), pr::max_of(F.element))
+                          : 1.0F;
+  pr::quantized_matrix q;
+  pr::quantize<F>(x, rows, cols, scale, 0, q);
+  std::vector<float> out(slice.size());
   pr::dequantize<F>(
-      q, [&](int r, int c, float v) { out[static_cast<std::size_t>(r) * q.cols + c] = v; });
+      q, [&](int r, int c, float v) { out[static_cast<std::size_t>(r) * cols + c] = v; });
   return out;
 }
 
-constexpr int rows = 37, cols = 160;  // partial blocks along both dimensions
-
-TEST(RecipeOperands, PerTensorMatchesTheFormatQuantizer) {
-  constexpr auto f = pr::format_of(pr::fp8_tensorwise<pr::current>::value, pr::operand_role::grad,
-                                   pr::operand_usage::rowwise);
-  static_assert(f.element == pr::element_kind::e5m2 && f.scale == pr::scale_kind::per_tensor);
-  auto const v = values(rows, cols, 1);
-  float const scale = pr::scale_from_amax(pr::amax_of(v), pr::max_finite<pr::e5m2>);
-  pr::quantized_matrix q;
-  pr::quantize<f>(v.data(), rows, cols, scale, 0, q);
-  auto const want = pr::quantize_per_tensor<pr::e5m2>(v, rows, cols, scale);
-  EXPECT_EQ(q.codes, want.codes);
-  EXPECT_EQ(values_of<f>(q), pr::dequantize<pr::e5m2>(want));
-}
-
-TEST(RecipeOperands, BlockwiseMatchesTheFormatQuantizer) {
-  auto const v = values(rows, cols, 2);
-  constexpr auto x =
-      pr::format_of(pr::fp8_blockwise::value, pr::operand_role::input, pr::operand_usage::rowwise);
-  constexpr auto w =
-      pr::format_of(pr::fp8_blockwise::value, pr::operand_role::weight, pr::operand_usage::rowwise);
-  pr::quantized_matrix qx, qw;
-  pr::quantize<x>(v.data(), rows, cols, 1.0F, 0, qx);
-  pr::quantize<w>(v.data(), rows, cols, 1.0F, 0, qw);
-  auto const wx = pr::quantize_blockwise<pr::e4m3>(v, rows, cols, 1, 128, true);
-  auto const ww = pr::quantize_blockwise<pr::e4m3>(v, rows, cols, 128, 128, true);
-  EXPECT_EQ(qx.codes, wx.codes);
-  EXPECT_EQ(qx.scale_inv, wx.scale_inv);
-  EXPECT_EQ(qw.codes, ww.codes);
-  EXPECT_EQ(qw.scale_inv, ww.scale_inv);
-  EXPECT_EQ(values_of<w>(qw), pr::dequantize<pr::e4m3>(ww));
-}
-
-TEST(RecipeOperands, Mxfp8MatchesTheFormatQuantizer) {
-  auto const v = values(rows, cols, 3);
-  constexpr auto f =
-      pr::format_of(pr::mxfp8::value, pr::operand_role::grad, pr::operand_usage::columnwise);
-  static_assert(f.block_cols == 32 && f.scale == pr::scale_kind::e8m0_blocks);
-  pr::quantized_matrix q;
-  pr::quantize<f>(v.data(), rows, cols, 1.0F, 0, q);
-  auto const want = pr::quantize_mxfp8<pr::e4m3>(v, rows, cols);
-  EXPECT_EQ(q.codes, want.codes);
-  EXPECT_EQ(q.scale_codes, want.scales);
-  EXPECT_EQ(values_of<f>(q), pr::dequantize<pr::e4m3>(want));
-}
-
-TEST(RecipeOperands, Nvfp4MatchesTheFormatQuantizer) {
-  auto const v = values(rows, cols, 4);
-  constexpr auto x =
-      pr::format_of(pr::nvfp4::value, pr::operand_role::input, pr::operand_usage::rowwise);
-  constexpr auto w =
-      pr::format_of(pr::nvfp4::value, pr::operand_role::weight, pr::operand_usage::rowwise);
-  constexpr auto g =
-      pr::format_of(pr::nvfp4::value, pr::operand_role::grad, pr::operand_usage::rowwise);
-  static_assert(!x.stochastic && !x.hadamard && w.block_rows == 16 && g.stochastic);
-  static_assert(
-      pr::format_of(pr::nvfp4::value, pr::operand_role::grad, pr::operand_usage::columnwise)
-          .hadamard);
-  pr::quantized_matrix qx, qw, qg;
-  pr::quantize<x>(v.data(), rows, cols, 1.0F, 0, qx);
-  pr::quantize<w>(v.data(), rows, cols, 1.0F, 0, qw);
-  pr::quantize<g>(v.data(), rows, cols, 1.0F, 99, qg);
-  auto const wx = pr::quantize_nvfp4(v, rows, cols);
-  auto const ww = pr::quantize_nvfp4(v, rows, cols, true);
-  auto const wg = pr::quantize_nvfp4(v, rows, cols, false, pr::fp4_rounding::stochastic, 99);
-  for (auto const& [q, want] : {std::pair{&qx, &wx}, std::pair{&qw, &ww}, std::pair{&qg, &wg}}) {
-    EXPECT_EQ(q->codes, want->packed);
-    EXPECT_EQ(q->scale_codes, want->scales);
-    EXPECT_EQ(q->global_amax, want->global_amax);
+template <class Recipe>
+void every_expert_is_quantized_on_its_own() {
+  SCOPED_TRACE(std::string(Recipe::name));
+  using operands = pr::grouped_operands<Recipe>;
+  mm::thread_pool pool(2);
+  mm::buffer<float> rows_a, rows_b, weights;
+  operands ops(3);
+  ops.bind(pool, rows_a, rows_b, weights);
+  // Three experts: 40 rows, none, 35 rows; the third's values are 100 times larger, so a scale
+  // shared with the first would be wrong for both.
+  int const cols = 64;
+  std::vector<std::int64_t> const offsets{0, 40, 40, 75};
+  auto x = values(75, cols, 1);
+  for (std::size_t i = 40 * cols; i < x.size(); ++i) x[i] *= 100.0F;
+  float const* got = ops.input(mm::expert::linear::fc1, x.data(), cols, offsets, 0, 3);
+  for (int e = 0; e < 3; ++e) {
+    auto const off = offsets[static_cast<std::size_t>(e)];
+    int const n = static_cast<int>(offsets[static_cast<std::size_t>(e) + 1] - off);
+    if (n == 0) continue;
+    auto const want = alone<Recipe, operands::input_row>(x.data() + off * cols, n, cols);
+    for (std::size_t i = 0; i < want.size(); ++i)
+      ASSERT_EQ(got[static_cast<std::size_t>(off * cols) + i], want[i]) << "expert " << e;
   }
-  EXPECT_EQ(values_of<w>(qw), pr::dequantize(ww));
+  // The weights [E, rows, cols]: each expert's matrix on its own too.
+  int const rows = 48;
+  auto w = values(3 * rows, cols, 2);
+  for (std::size_t i = 0; i < static_cast<std::size_t>(rows) * cols; ++i) w[i] *= 0.01F;
+  float const* wq = ops.weight(mm::expert::linear::fc1, pr::operand_usage::rowwise, w.data(), rows,
+                               cols, 0, 3);
+  for (int e = 0; e < 3; ++e) {
+    auto const off = static_cast<std::size_t>(e) * rows * cols;
+    auto const want = alone<Recipe, operands::weight_row>(w.data() + off, rows, cols);
+    for (std::size_t i = 0; i < want.size(); ++i)
+      ASSERT_EQ(wq[off + i], want[i]) << "weights of expert " << e;
+  }
 }
 
-TEST(RecipeOperands, Bf16IsRoundToNearestEven) {
-  auto const v = values(rows, cols, 5);
-  constexpr auto f =
-      pr::format_of(pr::bf16::value, pr::operand_role::input, pr::operand_usage::rowwise);
-  pr::quantized_matrix q;
-  pr::quantize<f>(v.data(), rows, cols, 1.0F, 0, q);
-  auto const got = values_of<f>(q);
-  for (std::size_t i = 0; i < v.size(); ++i) ASSERT_EQ(got[i], pr::round_to_bf16(v[i]));
-  EXPECT_EQ(q.bytes(), 2 * v.size());
+TEST(GroupedOperands, EveryExpertIsQuantizedOnItsOwn) {
+  every_expert_is_quantized_on_its_own<pr::bf16>();
+  every_expert_is_quantized_on_its_own<pr::fp8_tensorwise<pr::current>>();
+  every_expert_is_quantized_on_its_own<pr::fp8_blockwise>();
+  every_expert_is_quantized_on_its_own<pr::mxfp8>();
+  every_expert_is_quantized_on_its_own<pr::nvfp4>();
 }
-
-// The table of docs/spec/precision.md §8, checked where it is compiled.
-using pr::operand_role;
-static_assert(pr::same_copies(pr::fp8_tensorwise<pr::delayed>::value, operand_role::input));
-static_assert(pr::same_copies(pr::fp8_blockwise::value, operand_role::weight));
-static_assert(!pr::same_copies(pr::fp8_blockwise::value, operand_role::input));
-static_assert(!pr::same_copies(pr::mxfp8::value, operand_role::weight));
-static_assert(pr::same_copies(pr::nvfp4::value, operand_role::weight));
-static_assert(!pr::same_copies(pr::nvfp4::value, operand_role::grad));
-static_assert(pr::format_of(pr::fp8_tensorwise<pr::current>::value, operand_role::input,
-                            pr::operand_usage::rowwise)
-                  .element == pr::element_kind::e4m3);
-static_assert(pr::format_of(pr::fp8_tensorwise<pr::current, pr::fp8_format::e4m3>::value,
-                            operand_role::grad, pr::operand_usage::rowwise)
-                  .element == pr::element_kind::e4m3);
 
 }  // namespace

@@ -7,10 +7,13 @@
 // line per section; a section (or a field inside one) that no check reads fails the run. The one
 // statistical section, the stochastic-rounding demonstration, is checked statistically. The
 // program is built twice, at -O0 and at -O3 -march=native -ffp-contract=fast, and both must pass.
+// The quantizer checked is megamoe's own (precision::quantize<F>, the one the recipes run), in the
+// operand format each section describes; the scale arithmetic is precision/scaling.hpp's.
 #include "vectors/object_fields.hpp"
 
 #include <megamoe/precision/formats.hpp>
 #include <megamoe/precision/quantize.hpp>
+#include <megamoe/precision/scaling.hpp>
 
 #include <openssl/evp.h>
 #include <nlohmann/json.hpp>
@@ -22,6 +25,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <optional>
+#include <type_traits>
 #include <iostream>
 #include <map>
 #include <set>
@@ -37,6 +42,57 @@ namespace {
 
 using vectors::mismatch;
 using vectors::object_fields;
+
+// --- megamoe's quantizer in a section's format -----------------------------------------------------
+
+template <class E>
+constexpr mp::element_kind kind_of() {
+  if constexpr (std::is_same_v<E, mp::e4m3>) return mp::element_kind::e4m3;
+  if constexpr (std::is_same_v<E, mp::e5m2>) return mp::element_kind::e5m2;
+  return mp::element_kind::e2m1;
+}
+template <class E>
+constexpr mp::operand_format per_tensor_format{kind_of<E>(), mp::scale_kind::per_tensor};
+template <class E>
+constexpr mp::operand_format mxfp8_format{kind_of<E>(), mp::scale_kind::e8m0_blocks, 1, 32};
+constexpr mp::operand_format blockwise_format(int block_rows, bool power_of_2) {
+  return {mp::element_kind::e4m3, mp::scale_kind::fp32_blocks, block_rows, 128, power_of_2};
+}
+constexpr mp::operand_format nvfp4_format(int block_rows) {
+  return {mp::element_kind::e2m1, mp::scale_kind::nvfp4_blocks, block_rows, 16};
+}
+
+/// x [rows, cols] quantized by megamoe in format F.
+template <mp::operand_format F>
+mp::quantized_matrix quantized(std::vector<float> const& x, int rows, int cols,
+                               float tensor_scale = 1.0F,
+                               std::optional<float> global_amax = std::nullopt) {
+  mp::quantized_matrix q;
+  mp::quantize<F>(x.data(), rows, cols, tensor_scale, 0, q, global_amax);
+  return q;
+}
+
+/// The dequantized values of q (format F), row-major.
+template <mp::operand_format F>
+std::vector<float> dequantized_values(mp::quantized_matrix const& q) {
+  std::vector<float> out(static_cast<std::size_t>(q.rows) * q.cols);
+  mp::dequantize<F>(
+      q, [&](int r, int c, float v) { out[static_cast<std::size_t>(r) * q.cols + c] = v; });
+  return out;
+}
+
+/// The E2M1 code of element i of an NVFP4 matrix (two per byte, element 2i in the low nibble).
+std::uint8_t fp4_code(mp::quantized_matrix const& q, std::size_t i) {
+  return static_cast<std::uint8_t>((q.codes[i / 2] >> (4 * (i % 2))) & 0xF);
+}
+
+std::vector<float> transposed(std::vector<float> const& x, int rows, int cols) {
+  std::vector<float> t(x.size());
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c)
+      t[static_cast<std::size_t>(c) * rows + r] = x[static_cast<std::size_t>(r) * cols + c];
+  return t;
+}
 
 std::uint32_t bits_of(float x) {
   return std::bit_cast<std::uint32_t>(x);
@@ -274,10 +330,12 @@ void check_per_tensor_entry(object_fields& f, std::vector<float> const& xs) {
   float const scale = mp::scale_from_amax(amax, mp::max_finite<F>);
   same_float(f.where() + ".scale", scale, fp32_of(f.take("scale"), "scale"));
   if (f.has("scale_bits")) same_bits(f.where() + ".scale_bits", scale, f.take("scale_bits"));
-  auto const q = mp::quantize_per_tensor<F>(xs, 1, static_cast<int>(xs.size()), scale);
-  same_float(f.where() + ".scale_inv", q.scale_inv, fp32_of(f.take("scale_inv"), "scale_inv"));
+  constexpr auto format = per_tensor_format<F>;
+  auto const q = quantized<format>(xs, 1, static_cast<int>(xs.size()), scale);
+  same_float(f.where() + ".scale_inv", q.scale_inv.at(0),
+             fp32_of(f.take("scale_inv"), "scale_inv"));
   if (f.has("scale_inv_bits"))
-    same_bits(f.where() + ".scale_inv_bits", q.scale_inv, f.take("scale_inv_bits"));
+    same_bits(f.where() + ".scale_inv_bits", q.scale_inv.at(0), f.take("scale_inv_bits"));
   if (f.has("scaled")) {
     std::vector<float> scaled;
     for (float x : xs) scaled.push_back(x * scale);
@@ -289,13 +347,14 @@ void check_per_tensor_entry(object_fields& f, std::vector<float> const& xs) {
     for (auto c : q.codes) values.push_back(mp::decode<F>(c));
     same_floats(f.where() + ".fp8_value", values, f.take("fp8_value"));
   }
-  same_floats(f.where() + ".dequant", mp::dequantize<F>(q), f.take("dequant"));
+  same_floats(f.where() + ".dequant", dequantized_values<format>(q), f.take("dequant"));
   if (f.has("pow2_scale")) {
     float const pow2 = mp::scale_from_amax(amax, mp::max_finite<F>, true);
     same_float(f.where() + ".pow2_scale", pow2, fp32_of(f.take("pow2_scale"), "pow2_scale"));
-    auto const p = mp::quantize_per_tensor<F>(xs, 1, static_cast<int>(xs.size()), pow2);
+    auto const p = quantized<format>(xs, 1, static_cast<int>(xs.size()), pow2);
     same_ints(f.where() + ".pow2_code", p.codes, f.take("pow2_code"));
-    same_floats(f.where() + ".pow2_dequant", mp::dequantize<F>(p), f.take("pow2_dequant"));
+    same_floats(f.where() + ".pow2_dequant", dequantized_values<format>(p),
+                f.take("pow2_dequant"));
   }
 }
 
@@ -358,7 +417,10 @@ void check_blockwise_row(json const& j) {
   for (bool pow2 : {true, false}) {
     object_fields v(f.take(pow2 ? "pow2" : "fp32_scale"),
                     pow2 ? "blockwise_1x128_row.pow2" : "blockwise_1x128_row.fp32_scale");
-    auto const q = mp::quantize_blockwise<mp::e4m3>(xs, 1, 128, 1, 128, pow2);
+    auto const q = pow2 ? quantized<blockwise_format(1, true)>(xs, 1, 128)
+                        : quantized<blockwise_format(1, false)>(xs, 1, 128);
+    auto const dequant = pow2 ? dequantized_values<blockwise_format(1, true)>(q)
+                              : dequantized_values<blockwise_format(1, false)>(q);
     float const scale = mp::scale_from_amax(mp::amax_of(xs), 448.0F, pow2);
     same_float(v.where() + ".scale", scale, fp32_of(v.take("scale"), "scale"));
     same_float(v.where() + ".scale_inv", q.scale_inv[0], fp32_of(v.take("scale_inv"), "scale_inv"));
@@ -366,7 +428,7 @@ void check_blockwise_row(json const& j) {
     if (v.has("scale_inv_bits"))
       same_bits(v.where() + ".scale_inv_bits", q.scale_inv[0], v.take("scale_inv_bits"));
     same_ints(v.where() + ".code", q.codes, v.take("code"));
-    same_floats(v.where() + ".dequant", mp::dequantize<mp::e4m3>(q), v.take("dequant"));
+    same_floats(v.where() + ".dequant", dequant, v.take("dequant"));
     v.require_all_handled();
   }
   f.require_all_handled();
@@ -391,14 +453,21 @@ void check_blockwise_2d(json const& j) {
   int const rows = shape.at(0), cols = shape.at(1);
   auto x = generated(rows, cols, 37, 101, [](int i, int) { return static_cast<float>(1 + i % 5); });
   x[3 * static_cast<std::size_t>(cols) + 7] = 300.0F;
-  auto const xt = mp::transposed(x, rows, cols);
+  auto const xt = transposed(x, rows, cols);
   for (bool pow2 : {false, true}) {
     object_fields s(f.take(pow2 ? "pow2_scales" : "fp32_scales"),
                     std::string("blockwise_2d_tensor.") + (pow2 ? "pow2_scales" : "fp32_scales"));
-    auto const row = mp::quantize_blockwise<mp::e4m3>(x, rows, cols, 1, 128, pow2);
-    auto const col = mp::quantize_blockwise<mp::e4m3>(xt, cols, rows, 1, 128, pow2);
-    auto const tile = mp::quantize_blockwise<mp::e4m3>(x, rows, cols, 128, 128, pow2);
-    auto check = [&](char const* name, mp::blockwise_fp8 const& q) {
+    auto blocks = [&](int block_rows, std::vector<float> const& v, int r, int c) {
+      if (block_rows == 1)
+        return pow2 ? quantized<blockwise_format(1, true)>(v, r, c)
+                    : quantized<blockwise_format(1, false)>(v, r, c);
+      return pow2 ? quantized<blockwise_format(128, true)>(v, r, c)
+                  : quantized<blockwise_format(128, false)>(v, r, c);
+    };
+    auto const row = blocks(1, x, rows, cols);
+    auto const col = blocks(1, xt, cols, rows);
+    auto const tile = blocks(128, x, rows, cols);
+    auto check = [&](char const* name, mp::quantized_matrix const& q) {
       object_fields c(s.take(name), s.where() + "." + name);
       c.describe({"layout", "note"});
       auto const& si = c.take("scale_inv");
@@ -456,8 +525,8 @@ void check_mx_variant(object_fields& v, std::vector<float> const& xs, bool te, i
   same_ints(v.where() + ".code", codes, v.take("code"));
   same_floats(v.where() + ".dequant", deq, v.take("dequant"));
   if (te) {
-    auto const q = mp::quantize_mxfp8<F>(xs, 1, static_cast<int>(xs.size()));
-    same_ints(v.where() + ".code (quantize_mxfp8)", q.codes, v.take("code"));
+    auto const q = quantized<mxfp8_format<F>>(xs, 1, static_cast<int>(xs.size()));
+    same_ints(v.where() + ".code (quantize<mxfp8>)", q.codes, v.take("code"));
   }
   v.require_all_handled();
 }
@@ -526,12 +595,12 @@ void check_mxfp8(json const& j, json const& whole) {
     auto x =
         generated(rows, cols, 29, 83, [](int i, int) { return static_cast<float>(1 + i % 5); });
     x[5 * static_cast<std::size_t>(cols) + 40] = -90.0F;
-    auto const row = mp::quantize_mxfp8<mp::e4m3>(x, rows, cols);
-    auto const col = mp::quantize_mxfp8<mp::e4m3>(mp::transposed(x, rows, cols), cols, rows);
-    same_ints(r.where() + ".rowwise_e8m0", row.scales, r.take("rowwise_e8m0"));
+    auto const row = quantized<mxfp8_format<mp::e4m3>>(x, rows, cols);
+    auto const col = quantized<mxfp8_format<mp::e4m3>>(transposed(x, rows, cols), cols, rows);
+    same_ints(r.where() + ".rowwise_e8m0", row.scale_codes, r.take("rowwise_e8m0"));
     same_text(r.where() + ".rowwise_codes_hex", hex_bytes(row.codes), r.take("rowwise_codes_hex"));
     same_text(r.where() + ".rowwise_sha256", sha256_hex(row.codes), r.take("rowwise_sha256"));
-    same_ints(r.where() + ".columnwise_e8m0", col.scales, r.take("columnwise_e8m0"));
+    same_ints(r.where() + ".columnwise_e8m0", col.scale_codes, r.take("columnwise_e8m0"));
     same_text(r.where() + ".columnwise_codes_hex", hex_bytes(col.codes),
               r.take("columnwise_codes_hex"));
     same_text(r.where() + ".columnwise_sha256", sha256_hex(col.codes), r.take("columnwise_sha256"));
@@ -566,13 +635,14 @@ void check_nvfp4_block(object_fields& b, std::vector<float> const& xs, float glo
   for (auto c : codes) deq.push_back(mp::decode<mp::e2m1>(c) * factor);
   same_floats(b.where() + ".dequant", deq, b.take("dequant"));
   // The whole-tensor quantizer gives the same codes and scale for this block.
-  auto const q = mp::quantize_nvfp4(xs, 1, static_cast<int>(xs.size()), false,
-                                    mp::fp4_rounding::nearest_even, 0, global_amax);
+  constexpr auto format = nvfp4_format(1);
+  auto const q = quantized<format>(xs, 1, static_cast<int>(xs.size()), 1.0F, global_amax);
   for (std::size_t i = 0; i < codes.size(); ++i)
-    if (q.code(i) != codes[i])
-      throw mismatch(b.where() + ": quantize_nvfp4 code " + std::to_string(i));
-  if (q.scales.at(0) != s.e4m3_code) throw mismatch(b.where() + ": quantize_nvfp4 scale");
-  same_floats(b.where() + ".dequant (quantize_nvfp4)", mp::dequantize(q), b.take("dequant"));
+    if (fp4_code(q, i) != codes[i])
+      throw mismatch(b.where() + ": quantize<nvfp4> code " + std::to_string(i));
+  if (q.scale_codes.at(0) != s.e4m3_code) throw mismatch(b.where() + ": quantize<nvfp4> scale");
+  same_floats(b.where() + ".dequant (quantize<nvfp4>)", dequantized_values<format>(q),
+              b.take("dequant"));
 }
 
 void check_global(object_fields& f, float global_amax) {
@@ -650,8 +720,9 @@ void check_nvfp4_2d(json const& j) {
   float const global_amax = mp::amax_of(x);
   same_float("nvfp4_2d.global_amax", global_amax, fp32_of(f.take("global_amax"), "global_amax"));
   check_global(f, global_amax);
-  auto const tiles = mp::quantize_nvfp4(x, rows, cols, true);
-  auto const rowwise = mp::quantize_nvfp4(x, rows, cols, false);
+  auto const tiles = quantized<nvfp4_format(16)>(x, rows, cols);
+  auto const rowwise = quantized<nvfp4_format(1)>(x, rows, cols);
+  int const col_blocks = (cols + 15) / 16;
   auto const& list = f.take("tiles_16x16");
   for (std::size_t t = 0; t < list.size(); ++t) {
     object_fields e(list[t], "nvfp4_2d.tiles_16x16[" + std::to_string(t) + "]");
@@ -664,11 +735,10 @@ void check_nvfp4_2d(json const& j) {
       for (int c = 0; c < 16; ++c) {
         std::size_t const i = static_cast<std::size_t>(ti * 16 + r) * cols + (tj * 16 + c);
         tile_amax = std::max(tile_amax, std::fabs(x[i]));
-        codes.push_back(tiles.code(i));
+        codes.push_back(fp4_code(tiles, i));
       }
     same_float(e.where() + ".tile_amax", tile_amax, fp32_of(e.take("tile_amax"), "tile_amax"));
-    std::uint8_t const scale =
-        tiles.scales.at(static_cast<std::size_t>(ti * tiles.grid.col_blocks() + tj));
+    std::uint8_t const scale = tiles.scale_codes.at(static_cast<std::size_t>(ti * col_blocks + tj));
     same_int(e.where() + ".scale_e4m3_code", scale, e.take("scale_e4m3_code"));
     same_float(e.where() + ".scale_e4m3_value", mp::decode<mp::e4m3>(scale),
                fp32_of(e.take("scale_e4m3_value"), "v"));
@@ -678,8 +748,8 @@ void check_nvfp4_2d(json const& j) {
               e.take("codes_hex_rowmajor"));
     std::vector<std::uint8_t> row_scales;
     for (int r = 0; r < 16; ++r)
-      row_scales.push_back(rowwise.scales.at(
-          static_cast<std::size_t>((ti * 16 + r) * rowwise.grid.col_blocks() + tj)));
+      row_scales.push_back(
+          rowwise.scale_codes.at(static_cast<std::size_t>((ti * 16 + r) * col_blocks + tj)));
     same_ints(e.where() + ".for_comparison_1x16_scale_codes_per_row", row_scales,
               e.take("for_comparison_1x16_scale_codes_per_row"));
     e.require_all_handled();
@@ -701,7 +771,9 @@ void check_rht16(json const& j) {
     auto const y = mp::rht16(std::span<float const, 16>(xs.data(), 16));
     same_floats(c.where() + ".output_fp32", std::vector<float>(y.begin(), y.end()),
                 c.take("output_fp32"));
-    same_floats(c.where() + ".output_bf16", mp::rht16_rows_bf16(xs, 1, 16), c.take("output_bf16"));
+    std::vector<float> bf16 = xs;
+    mp::rht16_bf16(bf16);
+    same_floats(c.where() + ".output_bf16", bf16, c.take("output_bf16"));
     c.require_all_handled();
   }
   f.require_all_handled();

@@ -3,10 +3,8 @@
 // slice quantized on its own (its own per-tensor scale or NVFP4 amax, blocks that never straddle
 // two experts), the codes kept, and the values the GEMMs read dequantized into shared workspaces.
 //
-//   quantized_matrix            codes + scales of one matrix, as stored (FP4 two codes per byte)
-//   quantize<F>(...)            one matrix in operand format F (bit-exact to docs/spec §2-§6)
-//   dequantize<F>(q, store)     store(row, col, value) for every element
 //   grouped_operands<Recipe>    the hooks expert::grouped_mlp calls before each of its six GEMMs
+//                               (each matrix through precision::quantize<F>, quantize.hpp)
 //
 // Why dequantize: the fp32 kernels multiply fp32 values, and every dequantized value (code times
 // scale, one fp32 multiply) is exactly what the reference's GEMM multiplies; so "dequantize, then
@@ -27,6 +25,7 @@
 #include <megamoe/precision/formats.hpp>
 #include <megamoe/precision/quantize.hpp>
 #include <megamoe/precision/recipe.hpp>
+#include <megamoe/precision/scaling.hpp>
 #include <megamoe/precision/tags.hpp>
 
 #include <algorithm>
@@ -41,239 +40,6 @@
 #include <vector>
 
 namespace megamoe::precision {
-
-/// One quantized matrix [rows, cols] (blocks along cols), as stored.
-struct quantized_matrix {
-  int rows = 0, cols = 0;
-  std::vector<std::uint8_t> codes;        // FP8: 1 byte per element, FP4: 2 per byte, BF16: 2 bytes
-  std::vector<float> scale_inv;           // per-tensor: one; blockwise FP8: one per block
-  std::vector<std::uint8_t> scale_codes;  // MXFP8: E8M0 per block; NVFP4: E4M3 per block
-  float global_amax = 0.0F;               // NVFP4: the tensor amax the block scales sit under
-  bool has_global_amax = false;
-
-  /// Bytes of codes and scales.
-  [[nodiscard]] std::size_t bytes() const noexcept {
-    return codes.size() + scale_inv.size() * sizeof(float) + scale_codes.size() +
-           (has_global_amax ? sizeof(float) : 0);
-  }
-};
-
-namespace detail {
-
-template <element_kind E>
-struct element_type_of;
-template <>
-struct element_type_of<element_kind::e4m3> {
-  using type = e4m3;
-};
-template <>
-struct element_type_of<element_kind::e5m2> {
-  using type = e5m2;
-};
-template <>
-struct element_type_of<element_kind::e2m1> {
-  using type = e2m1;
-};
-
-/// Calls fn(r, first, end, block) for every row r of a [rows, cols] matrix in blocks of br x bc and
-/// every block the row crosses: columns [first, end) of row r lie in block `block` (row-major
-/// block numbering). The loops the quantizers run, without a division per element.
-template <class Fn>
-void for_each_row_segment(int rows, int cols, int br, int bc, Fn&& fn) {
-  int const col_blocks = (cols + bc - 1) / bc;
-  for (int r = 0; r < rows; ++r) {
-    auto const first_block =
-        static_cast<std::size_t>(r / br) * static_cast<std::size_t>(col_blocks);
-    for (int cb = 0; cb < col_blocks; ++cb)
-      fn(r, cb * bc, std::min(cols, (cb + 1) * bc), first_block + static_cast<std::size_t>(cb));
-  }
-}
-
-/// dst[c * dst_ld + r] = src[r * src_ld + c] for a [rows, cols] source, in 32 x 32 tiles so that
-/// both sides stay in cache.
-inline void transpose_into(float const* src, int rows, int cols, std::ptrdiff_t src_ld, float* dst,
-                           std::ptrdiff_t dst_ld) {
-  constexpr int tile = 32;
-  for (int r0 = 0; r0 < rows; r0 += tile)
-    for (int c0 = 0; c0 < cols; c0 += tile) {
-      int const r1 = std::min(rows, r0 + tile), c1 = std::min(cols, c0 + tile);
-      for (int r = r0; r < r1; ++r)
-        for (int c = c0; c < c1; ++c) dst[c * dst_ld + r] = src[r * src_ld + c];
-    }
-}
-
-/// The amax of each block of a [rows, cols] matrix in blocks of br x bc (NaN propagates).
-inline void block_amax_into(float const* v, int rows, int cols, int br, int bc,
-                            std::vector<float>& amax) {
-  int const col_blocks = (cols + bc - 1) / bc;
-  amax.assign(static_cast<std::size_t>((rows + br - 1) / br) * col_blocks, 0.0F);
-  for_each_row_segment(rows, cols, br, bc, [&](int r, int first, int end, std::size_t b) {
-    float const* row = v + static_cast<std::ptrdiff_t>(r) * cols;
-    float m = amax[b];
-    bool nan = std::isnan(m);
-    for (int c = first; c < end; ++c) {
-      float const a = std::fabs(row[c]);
-      nan |= a != a;
-      m = a > m ? a : m;
-    }
-    amax[b] = nan ? std::numeric_limits<float>::quiet_NaN() : m;
-  });
-}
-
-}  // namespace detail
-
-/// The fp8 maximum of an element kind (448, 57344, 6; 0 for BF16 and fp32).
-constexpr float max_of(element_kind e) {
-  switch (e) {
-    case element_kind::e4m3: return max_finite<e4m3>;
-    case element_kind::e5m2: return max_finite<e5m2>;
-    case element_kind::e2m1: return max_finite<e2m1>;
-    default: return 0.0F;
-  }
-}
-
-/// Quantizes a row-major [rows, cols] matrix in format F. `tensor_scale` is the per-tensor scale
-/// (per-tensor formats only); `seed` drives stochastic rounding.
-template <operand_format F>
-void quantize(float const* v, int rows, int cols, float tensor_scale, std::uint64_t seed,
-              quantized_matrix& q) {
-  static_assert(F.element != element_kind::fp32, "fp32 operands are not quantized");
-  auto const n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
-  q.rows = rows;
-  q.cols = cols;
-  q.scale_inv.clear();
-  q.scale_codes.clear();
-  q.global_amax = 0.0F;
-  q.has_global_amax = F.scale == scale_kind::nvfp4_blocks;
-  if constexpr (F.element == element_kind::bf16) {
-    q.codes.resize(2 * n);
-    for (std::size_t i = 0; i < n; ++i) {
-      std::uint16_t const bits = to_bf16_bits(v[i]);
-      std::memcpy(q.codes.data() + 2 * i, &bits, 2);
-    }
-  } else {
-    using E = typename detail::element_type_of<F.element>::type;
-    constexpr int br = F.block_rows, bc = F.block_cols;
-    if constexpr (F.scale == scale_kind::per_tensor) {
-      q.codes.resize(n);
-      for (std::size_t i = 0; i < n; ++i) q.codes[i] = encode<E>(v[i] * tensor_scale);
-      q.scale_inv.assign(1, 1.0F / tensor_scale);
-    } else if constexpr (F.scale == scale_kind::fp32_blocks) {
-      detail::block_amax_into(v, rows, cols, br, bc, q.scale_inv);
-      for (float& s : q.scale_inv) s = scale_from_amax(s, max_finite<E>, F.power_of_2);
-      q.codes.resize(n);
-      detail::for_each_row_segment(rows, cols, br, bc,
-                                   [&](int r, int first, int end, std::size_t b) {
-                                     float const scale = q.scale_inv[b];
-                                     auto const row = static_cast<std::size_t>(r) * cols;
-                                     for (auto i = row + first; i < row + end; ++i)
-                                       q.codes[i] = encode<E>(v[i] * scale);
-                                   });
-      for (float& s : q.scale_inv) s = 1.0F / s;
-    } else if constexpr (F.scale == scale_kind::e8m0_blocks) {
-      std::vector<float> amax;
-      detail::block_amax_into(v, rows, cols, br, bc, amax);
-      q.scale_codes.resize(amax.size());
-      for (std::size_t b = 0; b < amax.size(); ++b) q.scale_codes[b] = mxfp8_scale<E>(amax[b]);
-      q.codes.resize(n);
-      detail::for_each_row_segment(rows, cols, br, bc,
-                                   [&](int r, int first, int end, std::size_t b) {
-                                     float const factor = e8m0_reciprocal(q.scale_codes[b]);
-                                     auto const row = static_cast<std::size_t>(r) * cols;
-                                     for (auto i = row + first; i < row + end; ++i)
-                                       q.codes[i] = encode<E>(v[i] * factor);
-                                   });
-    } else {
-      static_assert(F.scale == scale_kind::nvfp4_blocks);
-      q.global_amax = amax_of(std::span<float const>(v, n));
-      auto const g = nvfp4_global(q.global_amax);
-      std::vector<float> amax;
-      detail::block_amax_into(v, rows, cols, br, bc, amax);
-      q.scale_codes.resize(amax.size());
-      std::vector<float> s_enc_b(amax.size());
-      for (std::size_t b = 0; b < amax.size(); ++b) {
-        auto const scale = nvfp4_block(amax[b], g);
-        q.scale_codes[b] = scale.e4m3_code;
-        s_enc_b[b] = scale.s_enc_b;
-      }
-      q.codes.assign((n + 1) / 2, 0);
-      detail::for_each_row_segment(
-          rows, cols, br, bc, [&](int r, int first, int end, std::size_t b) {
-            float const factor = s_enc_b[b];
-            auto const row = static_cast<std::size_t>(r) * cols;
-            for (auto i = row + first; i < row + end; ++i) {
-              float const y = nvfp4_scaled(v[i], factor);
-              std::uint8_t code = 0;
-              if constexpr (F.stochastic) {
-                code = encode_e2m1_stochastic(y, uniform_of(seed, i));
-              } else {
-                code = encode<e2m1>(y);
-              }
-              q.codes[i / 2] |= static_cast<std::uint8_t>(code << (4 * (i % 2)));
-            }
-          });
-    }
-  }
-}
-
-/// Calls store(r, c, value) with the dequantized value of every element of q (format F).
-template <operand_format F, class Store>
-void dequantize(quantized_matrix const& q, Store&& store) {
-  int const rows = q.rows, cols = q.cols;
-  // Formats without blocks walk whole rows.
-  constexpr bool blocked = F.scale == scale_kind::fp32_blocks ||
-                           F.scale == scale_kind::e8m0_blocks ||
-                           F.scale == scale_kind::nvfp4_blocks;
-  detail::for_each_row_segment(
-      rows, cols, blocked ? F.block_rows : 1, blocked ? F.block_cols : std::max(cols, 1),
-      [&](int r, int first, int end, std::size_t b) {
-        auto const row = static_cast<std::size_t>(r) * cols;
-        if constexpr (F.element == element_kind::bf16) {
-          for (int c = first; c < end; ++c) {
-            std::uint16_t bits = 0;
-            std::memcpy(&bits, q.codes.data() + 2 * (row + c), 2);
-            store(r, c, from_bf16_bits(bits));
-          }
-        } else {
-          using E = typename detail::element_type_of<F.element>::type;
-          float factor = 1.0F;
-          if constexpr (F.scale == scale_kind::per_tensor) factor = q.scale_inv[0];
-          if constexpr (F.scale == scale_kind::fp32_blocks) factor = q.scale_inv[b];
-          if constexpr (F.scale == scale_kind::e8m0_blocks) factor = e8m0_value(q.scale_codes[b]);
-          if constexpr (F.scale == scale_kind::nvfp4_blocks)
-            factor = nvfp4_dequant_factor(q.scale_codes[b], q.global_amax);
-          for (int c = first; c < end; ++c) {
-            auto const i = row + static_cast<std::size_t>(c);
-            if constexpr (F.scale == scale_kind::nvfp4_blocks) {
-              auto const code = static_cast<std::uint8_t>((q.codes[i / 2] >> (4 * (i % 2))) & 0xF);
-              store(r, c, decode<e2m1>(code) * factor);
-            } else {
-              store(r, c, decode<E>(q.codes[i]) * factor);
-            }
-          }
-        }
-      });
-}
-
-/// The per-tensor part of q's dequantization (per-tensor scales, NVFP4's global scale; 1 for the
-/// others): q's values over it are codes times block scales, exact BF16 values, which is what the
-/// tile backend multiplies (expert::gemm_problem::a_unit). 1 where the tensor has no usable scale.
-template <operand_format F>
-float tensor_factor(quantized_matrix const& q) {
-  float u = 1.0F;
-  if constexpr (F.scale == scale_kind::per_tensor) u = q.scale_inv.empty() ? 1.0F : q.scale_inv[0];
-  if constexpr (F.scale == scale_kind::nvfp4_blocks) u = q.global_amax * nvfp4_inverse_range;
-  return u > 0.0F && std::isfinite(u) ? u : 1.0F;
-}
-
-/// The dequantized values of q as a row-major vector (for tests and tools).
-template <operand_format F>
-std::vector<double> dequantized(quantized_matrix const& q) {
-  std::vector<double> out(static_cast<std::size_t>(q.rows) * q.cols);
-  dequantize<F>(q,
-                [&](int r, int c, float v) { out[static_cast<std::size_t>(r) * q.cols + c] = v; });
-  return out;
-}
 
 /// The amax reduction of a rank alone (see grouped_operands).
 struct no_amax_reduction {
@@ -746,12 +512,7 @@ class grouped_operands {
     thread_local std::vector<float> source;
     source.assign(static_cast<std::size_t>(padded) * static_cast<std::size_t>(cols), 0.0F);
     detail::transpose_into(x, n, cols, cols, source.data(), padded);
-    if constexpr (F.hadamard) {
-      for (std::size_t start = 0; start < source.size(); start += 16) {
-        auto const y = rht16(std::span<float const, 16>(source.data() + start, 16));
-        for (std::size_t j = 0; j < 16; ++j) source[start + j] = round_to_bf16(y[j]);
-      }
-    }
+    if constexpr (F.hadamard) rht16_bf16(source);
     quantize<F>(source.data(), cols, padded, scale, seed, q);
   }
 
