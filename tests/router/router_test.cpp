@@ -6,6 +6,7 @@
 #include <megamoe/config/config.hpp>
 #include <megamoe/router/megatron_config.hpp>
 #include <megamoe/router/router.hpp>
+#include <megamoe/router/scores.hpp>
 
 #include "reference/router_reference.hpp"
 
@@ -671,7 +672,11 @@ TEST(StaticPolicies, MakeRouterFromAConfiguration) {
   using cfg = mm::make_config<mm::shape<mm::hidden<16>, mm::ffn<32>, mm::experts<8>>,
                               mm::router::top_k<2, mm::router::dtype<double>>>;
   auto router = mr::make_router<cfg>();
-  static_assert(std::is_same_v<decltype(router), mr::topk_router<double>>);
+  // The same router code as the run-time router's, with its plan in the type.
+  static_assert(std::is_same_v<decltype(router),
+                               mr::topk_router<double, float, mr::fixed_plan<mr::route_plan{
+                                                                  .capacity = mr::capacity_choice::off}>>>);
+  static_assert(decltype(router)::plan_in_type && !mr::topk_router<double>::plan_in_type);
   EXPECT_EQ(router.num_experts(), 8);
 }
 

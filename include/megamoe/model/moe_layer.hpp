@@ -99,7 +99,7 @@ class moe_layer {
   using scalar = detail::layer_scalar<Config>;
   using logit = std::conditional_t<detail::router_in_double<Config>(), double, float>;
   using score = std::conditional_t<std::is_same_v<scalar, double>, double, float>;
-  using router_type = router::topk_router<logit, score>;
+  using router_type = router::router_class_t<typename Config::router, logit, score>;
   static constexpr expert::settings expert_settings = Config::expert::value;
   static constexpr memory::settings memory_settings = Config::memory::value;
   static constexpr expert::activation_function activation = expert_settings.activation;
