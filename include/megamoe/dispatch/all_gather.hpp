@@ -14,6 +14,7 @@
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
 #include <megamoe/dispatch/groups.hpp>
+#include <megamoe/dispatch/exchange.hpp>
 #include <megamoe/dispatch/token_rows.hpp>
 #include <megamoe/parallel/collectives.hpp>
 #include <megamoe/parallel/environment.hpp>
@@ -28,7 +29,7 @@ namespace megamoe::dispatch {
 
 /// T: the layer's scalar; P: the router's probs type.
 template <class T, class P>
-class all_gather_dispatcher {
+class all_gather_dispatcher : public sequential_exchange<all_gather_dispatcher<T, P>, T, P> {
  public:
   all_gather_dispatcher(expert_groups const& groups, int hidden)
       : groups_(groups),

@@ -20,6 +20,7 @@
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
 #include <megamoe/dispatch/groups.hpp>
+#include <megamoe/dispatch/exchange.hpp>
 #include <megamoe/dispatch/token_rows.hpp>
 #include <megamoe/parallel/collectives.hpp>
 #include <megamoe/parallel/environment.hpp>
@@ -39,7 +40,7 @@
 namespace megamoe::dispatch {
 
 /// T: the layer's scalar; P: the router's probs type.
-template <class T, class P>
+template <class T, class P, bool Overlapped = false>
 class all_to_all_dispatcher {
  public:
   /// `overlap_pieces` > 1: the exchanges of `dispatch_compute_combine` and
@@ -251,6 +252,35 @@ class all_to_all_dispatcher {
         });
     send_rows_.combine(pool, back, hidden_, dx, true);
     send_rows_.scatter_probs(back_probs, 0, grad_probs);
+  }
+
+  /// The layer's exchange (dispatch/exchange.hpp): overlapped by pieces of local experts when the
+  /// type says so (dispatch::all_to_all_overlap, timed as experts), else dispatch, compute, combine.
+  template <expert_computation Compute>
+  void forward(thread_pool& pool, stage_times& times, T const* tokens, T* rows,
+               row_matrix<P> const& probs, T* row_probs, T const* expert_out, T* out,
+               Compute&& compute) {
+    if constexpr (Overlapped) {
+      times.time(layer_stage::experts, [&] {
+        dispatch_compute_combine(pool, tokens, rows, probs, row_probs, expert_out, out, compute);
+      });
+    } else {
+      sequential_forward(*this, pool, times, tokens, rows, probs, row_probs, expert_out, out,
+                         compute);
+    }
+  }
+  template <expert_computation Compute>
+  void backward(thread_pool& pool, stage_times& times, T const* dy, T* grad_rows,
+                T* grad_row_probs, T* dx, row_matrix<P>& grad_probs, Compute&& compute) {
+    if constexpr (Overlapped) {
+      times.time(layer_stage::experts, [&] {
+        dispatch_compute_combine_grad(pool, dy, grad_rows, grad_row_probs, dx, grad_probs,
+                                      compute);
+      });
+    } else {
+      sequential_backward(*this, pool, times, dy, grad_rows, grad_row_probs, dx, grad_probs,
+                          compute);
+    }
   }
 
   [[nodiscard]] std::size_t saved_bytes() const noexcept {

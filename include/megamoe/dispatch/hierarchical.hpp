@@ -24,6 +24,7 @@
 #include <megamoe/core/thread_pool.hpp>
 #include <megamoe/dispatch/groups.hpp>
 #include <megamoe/dispatch/nodes.hpp>
+#include <megamoe/dispatch/exchange.hpp>
 #include <megamoe/dispatch/token_rows.hpp>
 #include <megamoe/parallel/collectives.hpp>
 #include <megamoe/parallel/environment.hpp>
@@ -55,7 +56,7 @@ struct node_traffic {
 
 /// T: the layer's scalar; P: the router's probs type.
 template <class T, class P>
-class hierarchical_dispatcher {
+class hierarchical_dispatcher : public sequential_exchange<hierarchical_dispatcher<T, P>, T, P> {
  public:
   hierarchical_dispatcher(expert_groups const& groups, int hidden)
       : groups_(groups), nodes_(whole_experts(groups)), hidden_(hidden) {
@@ -150,16 +151,16 @@ class hierarchical_dispatcher {
       for (int c = 0; c < W; ++c)
         probs_out[std::ptrdiff_t{r} * W + c] =
             static_cast<T>(probs(stage_a_.source_token(r), expert_at(stage_a_.row_expert(r), c)));
-    T const* received = forward(pool, tokens, rows, probs_out);
+    T const* received = forward_hops(pool, tokens, rows, probs_out);
     for (int j = 0; j < expert_rows_.rows(); ++j)
       row_probs[j] =
           received[std::ptrdiff_t{expert_rows_.source_token(j)} * L + expert_rows_.row_expert(j)];
   }
   void dispatch(thread_pool& pool, T const* tokens, T* rows) {
-    forward(pool, tokens, rows, nullptr);
+    forward_hops(pool, tokens, rows, nullptr);
   }
   void combine(thread_pool& pool, T const* rows, T* out) {
-    backward(pool, rows, out, false, nullptr);
+    backward_hops(pool, rows, out, false, nullptr);
   }
   void combine_grad(thread_pool& pool, T const* grad_rows, T const* grad_row_probs, T* dx,
                     row_matrix<P>& grad_probs) {
@@ -169,7 +170,7 @@ class hierarchical_dispatcher {
     for (int j = 0; j < expert_rows_.rows(); ++j)
       at_b[std::ptrdiff_t{expert_rows_.source_token(j)} * L + expert_rows_.row_expert(j)] =
           grad_row_probs[j];
-    T const* at_a = backward(pool, grad_rows, dx, true, at_b);
+    T const* at_a = backward_hops(pool, grad_rows, dx, true, at_b);
     for (int r = 0; r < stage_a_.rows(); ++r) {
       int const t = stage_a_.source_token(r);
       for (int c = 0; c < W; ++c) {
@@ -243,7 +244,7 @@ class hierarchical_dispatcher {
 
   /// Token rows (and, when `probs_a` is given, their probs [rows of A, R*L]) through both
   /// exchanges into the expert rows; returns the probs received by B [rows of B, L].
-  T const* forward(thread_pool& pool, T const* tokens, T* rows, T const* probs_a) {
+  T const* forward_hops(thread_pool& pool, T const* tokens, T* rows, T const* probs_a) {
     int const H = hidden_, W = width_, L = groups_.local_experts();
     T* out_a = rows_[0].reserve(std::size_t(stage_a_.rows()) * H);
     stage_a_.gather(pool, tokens, H, out_a);
@@ -269,7 +270,7 @@ class hierarchical_dispatcher {
   /// Expert rows back to the tokens, each hop adding what it can (out: set, or added to with
   /// `add`); when `probs_b` [rows of B, L] is given, it travels back too, and the probs arriving at
   /// exchange A's send side [rows of A, R*L] are returned.
-  T const* backward(thread_pool& pool, T const* rows, T* out, bool add, T const* probs_b) {
+  T const* backward_hops(thread_pool& pool, T const* rows, T* out, bool add, T const* probs_b) {
     int const H = hidden_, W = width_, L = groups_.local_experts();
     T* sums_b = rows_[3].reserve(std::size_t(rows_b_) * H);
     expert_rows_.combine(pool, rows, H, sums_b, false);

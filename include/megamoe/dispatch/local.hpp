@@ -18,6 +18,7 @@
 
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
+#include <megamoe/dispatch/exchange.hpp>
 #include <megamoe/dispatch/token_rows.hpp>
 
 #include <cstdint>
@@ -28,7 +29,7 @@ namespace megamoe::dispatch {
 
 /// T: the layer's scalar; P: the router's probs type.
 template <class T, class P>
-class local_dispatcher {
+class local_dispatcher : public sequential_exchange<local_dispatcher<T, P>, T, P> {
  public:
   explicit local_dispatcher(int hidden) : hidden_(hidden) {}
 

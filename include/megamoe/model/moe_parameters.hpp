@@ -1,0 +1,49 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/model/moe_parameters.hpp — how an MoE layer's parameters are named and numbered: the
+// reference's names (`decoder.layers.{i}.mlp.router.weight`, `...experts.linear_fc1.weight{e}`,
+// ...) and, for every element of this rank's copy or shard, its number in the whole parameter,
+// so that every parallel mapping draws the same initial weights.
+#pragma once
+
+#include <megamoe/core/random.hpp>
+#include <megamoe/core/tensor.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace megamoe {
+
+/// The prefix of layer `layer_number`'s MoE parameters.
+inline std::string moe_parameter_prefix(int layer_number) {
+  return "decoder.layers." + std::to_string(layer_number) + ".mlp.";
+}
+
+/// How element (r, c) of this rank's copy or shard of a parameter is numbered in the whole
+/// parameter (row-major): ETP shards are row and column offsets; a SwiGLU fc1 shard holds rows of
+/// the gate half and of the linear half.
+struct element_numbering {
+  std::int64_t global_cols = 0;
+  std::int64_t col_offset = 0;
+  std::int64_t half_rows = 0;  // > 0: local rows [0, half_rows) are the gate's, the rest linear
+  std::int64_t first_row = 0, second_row = 0;
+
+  [[nodiscard]] std::uint64_t global(Eigen::Index r, Eigen::Index c) const {
+    std::int64_t const row =
+        half_rows == 0 || r < half_rows ? first_row + r : second_row + (r - half_rows);
+    return static_cast<std::uint64_t>(row * global_cols + col_offset + c);
+  }
+};
+
+/// Draws `value` from N(0, std^2) as a function of (seed + the parameter's number, the element's
+/// number in the whole parameter); a bias is 0.
+template <class T>
+void draw_parameter(row_matrix_map<T> value, std::uint64_t seed, std::uint64_t index,
+                    element_numbering const& numbering, double std, bool bias) {
+  for (Eigen::Index r = 0; r < value.rows(); ++r)
+    for (Eigen::Index c = 0; c < value.cols(); ++c)
+      value(r, c) = bias ? T(0)
+                         : static_cast<T>(std * standard_normal(seed + index,
+                                                                numbering.global(r, c)));
+}
+
+}  // namespace megamoe

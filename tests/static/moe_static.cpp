@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: Apache-2.0
+// The MoE layer's stage interfaces, checked where they are compiled: every dispatcher is a
+// `token_dispatcher` (the overlapped all-to-all too), the expert stage an `expert_stage_of`, the
+// builder picks the dispatcher class a policy names, and types that lack a part are rejected.
+#include <megamoe/config/config.hpp>
+#include <megamoe/dispatch/dispatcher.hpp>
+#include <megamoe/dispatch/exchange.hpp>
+#include <megamoe/model/moe_experts.hpp>
+#include <megamoe/model/moe_types.hpp>
+
+#include <type_traits>
+
+namespace mm = megamoe;
+namespace md = megamoe::dispatch;
+
+namespace {
+
+static_assert(md::token_dispatcher<md::local_dispatcher<float, float>, float, float>);
+static_assert(md::token_dispatcher<md::all_gather_dispatcher<double, double>, double, double>);
+static_assert(md::token_dispatcher<md::all_to_all_dispatcher<float, float>, float, float>);
+static_assert(md::token_dispatcher<md::all_to_all_dispatcher<float, float, true>, float, float>);
+static_assert(md::token_dispatcher<md::hierarchical_dispatcher<float, double>, float, double>);
+// The probs' type is part of the interface.
+static_assert(!md::token_dispatcher<md::local_dispatcher<float, float>, float, double>);
+
+/// A dispatcher without an exchange (only plan and the single moves) is not one.
+struct moves_rows_only {
+  void plan(mm::thread_pool&, mm::mask_matrix const&, int, std::exception_ptr) {}
+  [[nodiscard]] int expert_rows() const { return 0; }
+  [[nodiscard]] std::span<std::int64_t const> tokens_per_local_expert() const { return {}; }
+  void dispatch(mm::thread_pool&, float const*, float*, mm::row_matrix<float> const&, float*) {}
+  [[nodiscard]] std::size_t saved_bytes() const { return 0; }
+};
+static_assert(!md::token_dispatcher<moves_rows_only, float, float>);
+
+using shape = mm::shape<mm::hidden<16>, mm::ffn<24>, mm::experts<8>>;
+template <class... Policies>
+using types_of = mm::moe_types<mm::make_config<shape, Policies...>>;
+
+// The builder: auto is local on one rank, all_to_all_overlap the overlapped all-to-all.
+static_assert(std::is_same_v<types_of<>::dispatcher_type, md::local_dispatcher<float, float>>);
+static_assert(std::is_same_v<types_of<md::all_to_all>::dispatcher_type,
+                             md::all_to_all_dispatcher<float, float>>);
+static_assert(std::is_same_v<types_of<md::all_to_all_overlap<2>>::dispatcher_type,
+                             md::all_to_all_dispatcher<float, float, true>>);
+static_assert(std::is_same_v<types_of<mm::precision::fp64>::dispatcher_type,
+                             md::local_dispatcher<double, double>>);
+// A static router's plan is in its type; the memory policy decides what is kept.
+static_assert(types_of<>::router_type::plan_in_type);
+static_assert(types_of<>::keeps(mm::memory::layer_buffer::fc1_output));
+static_assert(!types_of<mm::memory::recompute<mm::memory::moe_act>>::keeps(
+    mm::memory::layer_buffer::activation));
+static_assert(!types_of<mm::precision::bf16>::keeps(mm::memory::layer_buffer::expert_rows));
+
+static_assert(mm::expert_stage_of<mm::expert_stage<types_of<>>, float>);
+static_assert(mm::expert_stage_of<mm::expert_stage<types_of<mm::precision::fp64>>, double>);
+static_assert(!mm::expert_stage_of<mm::expert_stage<types_of<>>, double>);
+static_assert(!mm::expert_stage_of<moves_rows_only, float>);
+
+}  // namespace
