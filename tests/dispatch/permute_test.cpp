@@ -1,12 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
-// Permutation: the row order, drop-and-pad, unpermute with and without probs, chunk re-ordering,
-// each against a direct computation from its definition.
+// Permutation (dispatch/permute.hpp): the row order, drop-and-pad, a window of experts,
+// unpermute with and without probs (summed in the wider type), chunk re-ordering and the shape
+// errors, each against a direct computation from its definition.
+#include <megamoe/core/error.hpp>
 #include <megamoe/dispatch/permute.hpp>
-#include <megamoe/router/capacity.hpp>
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
 #include <random>
+#include <span>
+#include <utility>
 #include <vector>
 
 namespace mm = megamoe;
@@ -105,27 +111,58 @@ TEST(Permute, SortChunksConcatenatesChunksInTheGivenOrder) {
       mm::input_error);
 }
 
-TEST(Permute, PadRoutingMapSwitchesOnLowestIndexUnroutedTokens) {
-  auto map = random_map(20, 6, 2, 3);
-  auto const before = map;
-  mm::router::pad_routing_map(map, 4);
-  for (int e = 0; e < 6; ++e) {
-    int count = 0, added = 0, last_added = -1, first_skipped_zero = 20;
-    for (int t = 0; t < 20; ++t) {
-      count += map(t, e);
-      if (map(t, e) && !before(t, e)) {
-        ++added;
-        last_added = t;
+TEST(Permute, AWindowOfExpertsIsNumberedFromZero) {
+  int const T = 8, E = 5;
+  auto const map = random_map(T, E, 2, 4);
+  md::permutation p;
+  md::make_permutation(map, p, 0, 1, 3);
+  ASSERT_EQ(p.tokens_per_expert.size(), 3U);
+  int j = 0;
+  for (int e = 1; e < 4; ++e) {
+    EXPECT_EQ(p.tokens_per_expert[static_cast<std::size_t>(e - 1)], map.col(e).cast<int>().sum());
+    for (int t = 0; t < T; ++t)
+      if (map(t, e)) {
+        EXPECT_EQ(p.source_token[static_cast<std::size_t>(j)], t);
+        EXPECT_EQ(p.row_expert[static_cast<std::size_t>(j)], e - 1);
+        ++j;
       }
-      if (!map(t, e)) first_skipped_zero = std::min(first_skipped_zero, t);
-      EXPECT_GE(map(t, e), before(t, e));
-    }
-    EXPECT_EQ(count % 4, 0);
-    EXPECT_LT(added, 4);
-    if (added > 0) {
-      EXPECT_LT(last_added, first_skipped_zero);
-    }
   }
+  EXPECT_EQ(p.rows(), j);
+  EXPECT_EQ(p.num_tokens, T);
+  EXPECT_FALSE(p.drop_and_pad);
+  md::make_permutation(map, p, 0, 3);  // to the last expert
+  EXPECT_EQ(p.tokens_per_expert.size(), 2U);
+  EXPECT_THROW(md::make_permutation(map, p, 0, 3, 3), mm::input_error);
+  EXPECT_THROW(md::make_permutation(map, p, 0, -1, 2), mm::input_error);
+}
+
+TEST(Permute, RowCountsMustMatchThePermutation) {
+  auto const map = random_map(6, 3, 1, 5);
+  md::permutation p;
+  md::make_permutation(map, p);
+  mm::row_matrix<float> rows, out;
+  EXPECT_THROW(md::permute(mm::row_matrix<float>::Zero(5, 2), p, rows), mm::input_error);
+  EXPECT_THROW(md::unpermute(mm::row_matrix<float>::Zero(7, 2), p, out), mm::input_error);
+  EXPECT_NO_THROW(md::unpermute(mm::row_matrix<float>::Zero(6, 2), p, out));
+}
+
+TEST(Permute, UnpermuteSumsInTheWiderOfRowsAndProbs) {
+  // One token, three rows: 1, 2^-24, 2^-24. In float each 2^-24 is lost against 1 (ties to even);
+  // with fp64 probs the sum is taken in double and rounded once, keeping 1 + 2^-23.
+  mm::mask_matrix const map = mm::mask_matrix::Ones(1, 3);
+  md::permutation p;
+  md::make_permutation(map, p);
+  mm::row_matrix<float> rows(3, 1);
+  rows << 1.0F, 0x1p-24F, 0x1p-24F;
+  std::vector<double> const probs{1.0, 1.0, 1.0};
+  mm::row_matrix<float> out;
+  md::unpermute(rows, p, out, std::span<double const>(probs));
+  EXPECT_EQ(out(0, 0), 1.0F + 0x1p-23F);
+  md::unpermute(rows, p, out);
+  EXPECT_EQ(out(0, 0), 1.0F);
+  std::vector<float> const float_probs{1.0F, 1.0F, 1.0F};
+  md::unpermute(rows, p, out, std::span<float const>(float_probs));
+  EXPECT_EQ(out(0, 0), 1.0F);
 }
 
 }  // namespace

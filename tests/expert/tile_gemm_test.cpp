@@ -1,25 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
 // The BF16 tile GEMM (expert/tile_gemm.hpp) against a plain double-precision product of the same
 // BF16 values, for shapes with tails in every dimension: on the emulated tile unit everywhere, on
-// the AMX unit where this process may use it. Where /proc/cpuinfo lists amx_tile but the AMX test
-// would skip (the OS refused, or megamoe's detection is wrong), the test fails instead.
+// the AMX and AVX512-BF16 units where this process may use them; packing from memory against
+// packing value by value, denormals flushed, depths that must agree, and the units following the
+// CPU and the environment. Where /proc/cpuinfo lists amx_tile but the AMX test would skip (the OS
+// refused, or megamoe's detection is wrong), the test fails instead. The tile backend under the
+// experts' FFN is in backends_test.cpp.
 #include <megamoe/core/cpu_features.hpp>
 #include <megamoe/core/random.hpp>
-#include <megamoe/expert/backends.hpp>
-#include <megamoe/expert/mlp.hpp>
 #include <megamoe/expert/tile_gemm.hpp>
-#include <megamoe/precision/operands.hpp>
+
+#include "expert/tile_units.hpp"
 
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
 #include <iterator>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -27,6 +26,12 @@
 namespace tl = megamoe::expert::tiles;
 
 namespace {
+
+using megamoe::testing::amx_skip_reason;
+using megamoe::testing::avx512_bf16_skip_reason;
+using megamoe::testing::bf16_normal;
+using megamoe::testing::cpuinfo_lists;
+using megamoe::testing::cpuinfo_lists_amx;
 
 struct shape {
   int m, n, k;
@@ -37,42 +42,6 @@ std::vector<shape> const shapes = {{1, 1, 1},    {7, 13, 37},  {16, 16, 32},  {1
                                    {16, 17, 32}, {16, 16, 33}, {32, 32, 64},  {33, 31, 65},
                                    {5, 200, 70}, {97, 131, 3}, {64, 257, 96}, {0, 8, 8},
                                    {8, 0, 8},    {8, 8, 0},    {45, 160, 96}};
-
-/// A BF16 value drawn from N(0, 1): both the kernel and the reference read exactly this.
-float bf16_normal(std::uint64_t seed, std::uint64_t i) {
-  return megamoe::round_to_bf16(static_cast<float>(megamoe::standard_normal(seed, i)));
-}
-
-/// Whether /proc/cpuinfo's flags name `flag` (" amx_tile", " avx512_bf16").
-bool cpuinfo_lists(std::string_view flag) {
-  std::ifstream in("/proc/cpuinfo");
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str().find(flag) != std::string::npos;
-}
-bool cpuinfo_lists_amx() {
-  return cpuinfo_lists(" amx_tile");
-}
-
-/// Why the AMX tests cannot run here (empty: they can). Where /proc/cpuinfo lists amx_tile and AMX
-/// is not disabled on purpose, not running is a failure.
-std::string amx_skip_reason() {
-  auto const& cpu = megamoe::cpu();
-  if (cpu.use_amx()) return {};
-  if (cpuinfo_lists_amx() && !cpu.amx_disabled_by_environment)
-    ADD_FAILURE() << "/proc/cpuinfo lists amx_tile, but: " << cpu.amx_unavailable_reason();
-  return cpu.amx_unavailable_reason();
-}
-
-/// The same for the AVX512-BF16 vector unit.
-std::string avx512_bf16_skip_reason() {
-  auto const& cpu = megamoe::cpu();
-  if (cpu.use_avx512_bf16()) return {};
-  if (cpuinfo_lists(" avx512_bf16") && !cpu.avx512_disabled_by_environment)
-    ADD_FAILURE() << "/proc/cpuinfo lists avx512_bf16, but: "
-                  << cpu.avx512_bf16_unavailable_reason();
-  return cpu.avx512_bf16_unavailable_reason();
-}
 
 /// Runs every shape on `Tiles`, A and B packed in both orientations, and checks each entry
 /// against the double product within the fp32 summation bound (K + 2) u sum |a b|.
@@ -290,114 +259,6 @@ TEST(TileGemm, AmxFollowsCpuAndEnvironment) {
   if (!cpuinfo_lists_amx()) {
     EXPECT_FALSE(cpu.use_amx());
   }
-}
-
-}  // namespace
-
-// --- The tile backend under the experts' FFN ---------------------------------------------------
-
-namespace {
-
-namespace ex = megamoe::expert;
-namespace pr = megamoe::precision;
-
-/// Forward and backward of a SwiGLU FFN over three experts (one without rows) under a precision
-/// recipe, on Backend; every output and gradient.
-template <class Backend, class Recipe>
-std::vector<std::vector<float>> ffn_step(megamoe::thread_pool& pool) {
-  ex::mlp_sizes const sizes{3, 40, 24, ex::activation_function::swiglu, false};
-  int const H = sizes.hidden, F = sizes.ffn, W1 = sizes.fc1_rows();
-  std::vector<std::int64_t> const per_expert{5, 0, 37};
-  int const N = 42;
-  ex::expert_parameters<float> params(sizes);
-  for (int e = 0; e < sizes.experts; ++e) {
-    auto w1 = params.fc1(e);
-    auto w2 = params.fc2(e);
-    for (Eigen::Index i = 0; i < w1.size(); ++i)
-      w1.data()[i] = 0.2F * static_cast<float>(megamoe::standard_normal(20 + e, i));
-    for (Eigen::Index i = 0; i < w2.size(); ++i)
-      w2.data()[i] = 0.2F * static_cast<float>(megamoe::standard_normal(30 + e, i));
-  }
-  auto normal = [](std::size_t n, std::uint64_t seed) {
-    std::vector<float> v(n);
-    for (std::size_t i = 0; i < n; ++i)
-      v[i] = static_cast<float>(megamoe::standard_normal(seed, i));
-    return v;
-  };
-  auto const x = normal(std::size_t(N) * H, 1), dy = normal(std::size_t(N) * H, 2);
-  std::vector<float> probs(N);
-  for (int i = 0; i < N; ++i) probs[static_cast<std::size_t>(i)] = 0.25F + 0.01F * i;
-  ex::grouped_rows<float> const rows{N, per_expert, probs.data()};
-  std::vector<float> fc1(std::size_t(N) * W1), act(std::size_t(N) * F), out(std::size_t(N) * H);
-  std::vector<float> grad_act(act.size()), grad_fc1(fc1.size()), grad_in(out.size()), grad_p(N);
-  megamoe::buffer<float> a, b, w;
-  pr::grouped_operands<Recipe> ops(sizes.experts);
-  ops.bind(pool, a, b, w);
-  ex::executor<float> exec(pool);
-  ex::grouped_mlp<ex::activation_function::swiglu, Backend, float> mlp(sizes);
-  mlp.forward(exec, params, rows, x.data(), fc1.data(), act.data(), out.data(), {}, ops);
-  mlp.backward(exec, params, rows, x.data(), fc1.data(), act.data(), dy.data(), grad_act.data(),
-               grad_fc1.data(), grad_in.data(), grad_p.data(), {}, ops);
-  std::vector<std::vector<float>> result{out, grad_in, grad_p};
-  for (int e = 0; e < sizes.experts; ++e) {
-    auto const g1 = params.grad_fc1(e);
-    auto const g2 = params.grad_fc2(e);
-    result.emplace_back(g1.data(), g1.data() + g1.size());
-    result.emplace_back(g2.data(), g2.data() + g2.size());
-  }
-  return result;
-}
-
-void expect_close(std::vector<std::vector<float>> const& got,
-                  std::vector<std::vector<float>> const& want) {
-  ASSERT_EQ(got.size(), want.size());
-  for (std::size_t t = 0; t < got.size(); ++t) {
-    double largest = 0.0, worst = 0.0;
-    for (std::size_t i = 0; i < got[t].size(); ++i) {
-      largest = std::max(largest, std::abs(static_cast<double>(want[t][i])));
-      worst = std::max(worst, std::abs(static_cast<double>(got[t][i]) - want[t][i]));
-    }
-    EXPECT_LE(worst, 1e-5 * largest) << "tensor " << t;
-  }
-}
-
-/// Every recipe on Backend against the grouped backend: per-tensor factors (FP8 tensorwise,
-/// NVFP4's global scale) come off before the tiles and back on after the product.
-template <class Backend>
-void every_recipe_as_the_grouped_backend(megamoe::thread_pool& pool) {
-  auto one = [&]<class Recipe>(char const* name, Recipe) {
-    SCOPED_TRACE(name);
-    expect_close(ffn_step<Backend, Recipe>(pool), ffn_step<ex::grouped_gemm, Recipe>(pool));
-  };
-  one("bf16", pr::bf16{});
-  one("fp8 delayed", pr::fp8_tensorwise<pr::delayed>{});
-  one("fp8 current", pr::fp8_tensorwise<pr::current>{});
-  one("fp8 blockwise", pr::fp8_blockwise{});
-  one("mxfp8", pr::mxfp8{});
-  one("nvfp4", pr::nvfp4{});
-}
-
-TEST(TileBackend, EmulatedTilesRunEveryRecipeAsTheGroupedBackend) {
-  megamoe::thread_pool pool(2);
-  auto const before = tl::products_issued().load();
-  every_recipe_as_the_grouped_backend<ex::tile_backend<tl::emulated_tiles>>(pool);
-  EXPECT_GT(tl::products_issued().load(), before);
-}
-
-TEST(TileBackend, VectorTilesRunEveryRecipeAsTheGroupedBackend) {
-  if (auto const why = avx512_bf16_skip_reason(); !why.empty()) GTEST_SKIP() << why;
-#if MEGAMOE_HAS_AMX_INTRINSICS
-  megamoe::thread_pool pool(2);
-  every_recipe_as_the_grouped_backend<ex::tile_backend<tl::vector_tiles>>(pool);
-#endif
-}
-
-TEST(TileBackend, AmxTilesRunEveryRecipeAsTheGroupedBackend) {
-  if (auto const why = amx_skip_reason(); !why.empty()) GTEST_SKIP() << why;
-#if MEGAMOE_HAS_AMX_INTRINSICS
-  megamoe::thread_pool pool(2);
-  every_recipe_as_the_grouped_backend<ex::backend_t<ex::gemm_backend::amx>>(pool);
-#endif
 }
 
 }  // namespace

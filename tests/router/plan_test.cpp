@@ -17,8 +17,9 @@ namespace {
 
 TEST(RoutePlan, EveryValidSettingRunsItsOwnPlan) {
   int valid = 0;
-  for (auto score : {mr::score_function::softmax_after_topk, mr::score_function::softmax_before_topk,
-                     mr::score_function::sigmoid, mr::score_function::sqrtsoftplus})
+  for (auto score :
+       {mr::score_function::softmax_after_topk, mr::score_function::softmax_before_topk,
+        mr::score_function::sigmoid, mr::score_function::sqrtsoftplus})
     for (bool sinkhorn : {false, true})
       for (bool groups : {false, true})
         for (bool bias : {false, true})
@@ -53,10 +54,10 @@ TEST(RoutePlan, EveryValidSettingRunsItsOwnPlan) {
 TEST(RoutePlan, TheTypesPlanIsTheOnlyOneItTakes) {
   using policy = mr::aux_loss_free<4, mr::group_limit<4, 2>>;
   constexpr auto plan = mr::plan_of(policy::value, true);
-  static_assert(plan.score == mr::score_function::sigmoid && plan.group_limit &&
-                plan.expert_bias && plan.normalize && plan.capacity == mr::capacity_choice::off);
-  static_assert(std::is_same_v<mr::router_of<policy>,
-                               mr::topk_router<float, float, mr::fixed_plan<plan>>>);
+  static_assert(plan.score == mr::score_function::sigmoid && plan.group_limit && plan.expert_bias &&
+                plan.normalize && plan.capacity == mr::capacity_choice::off);
+  static_assert(
+      std::is_same_v<mr::router_of<policy>, mr::topk_router<float, float, mr::fixed_plan<plan>>>);
   EXPECT_NO_THROW(mr::make_router<policy>(16));
   auto other = policy::value;
   other.score = mr::score_function::sqrtsoftplus;
