@@ -20,8 +20,8 @@
 #include <megamoe/config/resolve.hpp>
 #include <megamoe/config/rules.hpp>
 #include <megamoe/core/random.hpp>
-#include <megamoe/model/counts.hpp>
 #include <megamoe/io/safetensors.hpp>
+#include <megamoe/model/counts.hpp>
 #include <megamoe/model/transformer.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 #include <megamoe/train/corpus.hpp>
@@ -62,8 +62,9 @@ struct options {
 
 /// Every parallel degree is left to the job: TP, CP and PP from their flags (1 for now), ETP
 /// following TP, EP taking the expert grid's ranks (or --ep).
-using job_mapping = mm::parallel::mapping<mm::parallel::tp<mm::dynamic>, mm::parallel::cp<mm::dynamic>,
-                                          mm::parallel::pp<mm::dynamic>, mm::parallel::ep<mm::dynamic>>;
+using job_mapping =
+    mm::parallel::mapping<mm::parallel::tp<mm::dynamic>, mm::parallel::cp<mm::dynamic>,
+                          mm::parallel::pp<mm::dynamic>, mm::parallel::ep<mm::dynamic>>;
 
 template <int H, int F, int E, class Router, class Model>
 using preset_config = mm::make_config<mm::shape<mm::hidden<H>, mm::ffn<F>, mm::experts<E>>, Router,
@@ -72,14 +73,12 @@ using preset_config = mm::make_config<mm::shape<mm::hidden<H>, mm::ffn<F>, mm::e
 
 /// tiny: quick runs; small (default): 4 layers, MoE every other layer, 8 experts top-2;
 /// fine: fine-grained experts, every layer MoE, 16 experts top-4 with the aux-loss-free router.
-using tiny_config =
-    preset_config<64, 128, 4, rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>,
-                  md::decoder<md::layers<2>, md::heads<4>, md::vocabulary<256>, md::dense_ffn<256>,
-                              md::moe_layer_freq<2>>>;
-using small_config =
-    preset_config<128, 256, 8, rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>,
-                  md::decoder<md::layers<4>, md::heads<4>, md::vocabulary<256>, md::dense_ffn<512>,
-                              md::moe_layer_freq<2>>>;
+using tiny_config = preset_config<64, 128, 4, rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>,
+                                  md::decoder<md::layers<2>, md::heads<4>, md::vocabulary<256>,
+                                              md::dense_ffn<256>, md::moe_layer_freq<2>>>;
+using small_config = preset_config<128, 256, 8, rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>,
+                                   md::decoder<md::layers<4>, md::heads<4>, md::vocabulary<256>,
+                                               md::dense_ffn<512>, md::moe_layer_freq<2>>>;
 using fine_config = preset_config<128, 96, 16, rt::aux_loss_free<4, rt::seq_aux_loss<1e-4>>,
                                   md::decoder<md::layers<4>, md::heads<4>, md::vocabulary<256>>>;
 static_assert(mm::rules::check<tiny_config>() && mm::rules::check<small_config>() &&

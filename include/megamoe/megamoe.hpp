@@ -45,17 +45,17 @@
 #include <megamoe/parallel/watchdog.hpp>
 
 #include <megamoe/router/capacity.hpp>
+#include <megamoe/router/expert_bias.hpp>
 #include <megamoe/router/gating.hpp>
 #include <megamoe/router/groups.hpp>
-#include <megamoe/router/expert_bias.hpp>
 #include <megamoe/router/losses.hpp>
+#include <megamoe/router/megatron_config.hpp>
 #include <megamoe/router/output.hpp>
 #include <megamoe/router/plan.hpp>
+#include <megamoe/router/router.hpp>
 #include <megamoe/router/scores.hpp>
 #include <megamoe/router/sinkhorn.hpp>
 #include <megamoe/router/top_k.hpp>
-#include <megamoe/router/megatron_config.hpp>
-#include <megamoe/router/router.hpp>
 
 #include <megamoe/precision/formats.hpp>
 #include <megamoe/precision/operands.hpp>

@@ -164,9 +164,10 @@ TEST(Describe, RuntimeRouterDescribesAsTheStaticOne) {
 
 TEST(Describe, TheModelSlotUsesReferenceNames) {
   namespace md = mm::model;
-  using cfg = mm::make_config<small_shape, md::decoder<md::layers<6>, md::heads<8>, md::vocabulary<512>,
-                                                       md::dense_ffn<256>, md::moe_layer_freq<3>,
-                                                       md::rope_base<5e5>>>;
+  using cfg =
+      mm::make_config<small_shape,
+                      md::decoder<md::layers<6>, md::heads<8>, md::vocabulary<512>,
+                                  md::dense_ffn<256>, md::moe_layer_freq<3>, md::rope_base<5e5>>>;
   auto const m = mm::describe<cfg>().json["model"];
   EXPECT_EQ(m["policy"], "decoder");
   EXPECT_EQ(m["num_layers"], 6);
@@ -178,9 +179,9 @@ TEST(Describe, TheModelSlotUsesReferenceNames) {
   EXPECT_EQ(m["vocab_size"], 512);
   EXPECT_EQ(m["rotary_base"], 5e5);
   EXPECT_EQ(m["layernorm_epsilon"], 1e-5);
-  using listed = mm::make_config<small_shape, md::decoder<md::layers<3>, md::heads<mm::dynamic>,
-                                                          md::dense_ffn<96>,
-                                                          md::moe_layer_pattern<1, 0, 1>>>;
+  using listed =
+      mm::make_config<small_shape, md::decoder<md::layers<3>, md::heads<mm::dynamic>,
+                                               md::dense_ffn<96>, md::moe_layer_pattern<1, 0, 1>>>;
   auto const l = mm::describe<listed>().json["model"];
   EXPECT_EQ(l["moe_layer_freq"], json::array({1, 0, 1}));
   EXPECT_EQ(l["num_attention_heads"], "dynamic");
@@ -208,12 +209,11 @@ TEST(Describe, TheFlatFormHoldsEveryFieldOnce) {
   }
   EXPECT_EQ(d.flat.size(), fields + 2);  // + policies, defaults
   EXPECT_EQ(d.flat["defaults"], d.json["defaults"]);
-  for (char const* key : {"num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
-                          "ffn_hidden_size", "moe_ffn_hidden_size", "num_moe_experts",
-                          "moe_router_topk", "moe_layer_freq", "vocab_size",
-                          "tensor_model_parallel_size", "context_parallel_size",
-                          "pipeline_model_parallel_size", "expert_model_parallel_size",
-                          "expert_tensor_parallel_size"})
+  for (char const* key :
+       {"num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
+        "moe_ffn_hidden_size", "num_moe_experts", "moe_router_topk", "moe_layer_freq", "vocab_size",
+        "tensor_model_parallel_size", "context_parallel_size", "pipeline_model_parallel_size",
+        "expert_model_parallel_size", "expert_tensor_parallel_size"})
     EXPECT_TRUE(d.flat.contains(key)) << key;
   EXPECT_EQ(d.flat["quantization_padding_multiple"], 32);
   EXPECT_EQ(d.flat["moe_router_padding_multiple"], "recipe");

@@ -84,9 +84,9 @@ TEST(Resolve, AStaticRouterRejectsDifferentStartUpSettings) {
 
 TEST(Resolve, ModelSizesLeftOpenAreGivenAtStartUpWithTheSameRules) {
   namespace md = mm::model;
-  using cfg = mm::make_config<mm::shape<mm::hidden<64>, mm::ffn<64>, mm::experts<8>>,
-                              md::decoder<md::heads<mm::dynamic>, md::vocabulary<256>,
-                                          md::moe_layer_freq<mm::dynamic>>>;
+  using cfg = mm::make_config<
+      mm::shape<mm::hidden<64>, mm::ffn<64>, mm::experts<8>>,
+      md::decoder<md::heads<mm::dynamic>, md::vocabulary<256>, md::moe_layer_freq<mm::dynamic>>>;
   static_assert(mm::rules::check<cfg>());
   EXPECT_EQ(mm::values_of<cfg>().model.query_groups, mm::dynamic);
   auto const v = mm::resolve<cfg>(
@@ -112,9 +112,7 @@ TEST(Resolve, ModelSizesLeftOpenAreGivenAtStartUpWithTheSameRules) {
   EXPECT_EQ(mm::resolve<cfg>({.world_size = 1, .layers = 4, .heads = 8, .moe_layer_freq = 1})
                 .model.dense_ffn,
             0);
-  EXPECT_EQ(rule_of([] {
-              mm::resolve<cfg>({.world_size = 1, .heads = 8, .query_groups = 2});
-            }),
+  EXPECT_EQ(rule_of([] { mm::resolve<cfg>({.world_size = 1, .heads = 8, .query_groups = 2}); }),
             43);
   // A size the type fixes may be given only with the same value.
   EXPECT_THROW(mm::resolve<cfg>({.world_size = 1, .vocabulary = 512}), mm::input_error);

@@ -95,11 +95,13 @@ TEST(GemmBackends, EveryFp32BackendComputesEveryProblemOfABatch) {
   }
 }
 
-TEST(GemmBackends, PerExpertAndGroupedHonourLeadingDimensions) {
+TEST(GemmBackends, EveryFp32BackendHonoursLeadingDimensions) {
   megamoe::thread_pool pool(3);
   expect_every_orientation<ex::per_expert_gemm, float>(pool, true);
   expect_every_orientation<ex::grouped_gemm, float>(pool, true);
   expect_every_orientation<ex::grouped_gemm, double>(pool, true);
+  expect_every_orientation<ex::tensor_gemm, float>(pool, true);
+  expect_every_orientation<ex::tensor_gemm, double>(pool, true);
 }
 
 TEST(GroupedGemm, SplitsCutTheWorkIntoContiguousSharesOfRows) {

@@ -6,13 +6,7 @@
 // share of rows of a problem crossing the kc and nc blocks leaving every other row alone. The
 // blocking constants are checked against what its comments promise (registers, cache sizes).
 
-// GCC 12 at -O3 emits the header's transpose_rows out of line in this file (which calls the
-// packing directly) and then reports the _mm512_undefined_ps() of its shuffles as
-// -Wuninitialized; the header silences only -Wmaybe-uninitialized. The value is never read.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <megamoe/expert/sgemm_avx512.hpp>
-#pragma GCC diagnostic pop
 
 #include <megamoe/core/cpu_features.hpp>
 #include <megamoe/expert/gemm.hpp>

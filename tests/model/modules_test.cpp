@@ -356,9 +356,9 @@ TEST(Transformer, SizesLeftToStartUpAreGivenOrNamedInTheError) {
   EXPECT_EQ(model.layers(), 3);
   EXPECT_TRUE(model.is_moe(0) && !model.is_moe(1) && model.is_moe(2));
   EXPECT_EQ(model.moe_layers().size(), 2u);
-  EXPECT_EQ(megamoe::testing::rule_of(
-                [] { mm::transformer<open> m({.layers = 3, .vocabulary = 0}); }),
-            39);
+  EXPECT_EQ(
+      megamoe::testing::rule_of([] { mm::transformer<open> m({.layers = 3, .vocabulary = 0}); }),
+      39);
   // A size the type fixes may only be given again with the same value.
   EXPECT_THROW(mm::transformer<open>({.layers = 2, .heads = 3, .vocabulary = 9}), mm::input_error);
 }

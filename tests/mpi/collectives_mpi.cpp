@@ -7,8 +7,8 @@
 //
 //   mpiexec -n 4 megamoe_collectives_mpi
 #include <megamoe/parallel/collectives.hpp>
-#include <megamoe/parallel/progress.hpp>
 #include <megamoe/parallel/environment.hpp>
+#include <megamoe/parallel/progress.hpp>
 
 #include <megamoe/core/thread_pool.hpp>
 

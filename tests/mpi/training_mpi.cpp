@@ -34,10 +34,10 @@ namespace md = mm::model;
 using decoder = md::decoder<md::layers<2>, md::heads<2>, md::vocabulary<256>, md::dense_ffn<20>,
                             md::moe_layer_freq<2>>;
 template <class Dispatch, class Precision, class Parallel, class Memory = mm::memory::keep_all>
-using config = mm::make_config<mm::shape<mm::hidden<16>, mm::ffn<12>, mm::experts<4>>,
-                               rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>, Dispatch,
-                               mm::expert::mlp<mm::expert::swiglu>, Precision, Parallel, Memory,
-                               decoder>;
+using config =
+    mm::make_config<mm::shape<mm::hidden<16>, mm::ffn<12>, mm::experts<4>>,
+                    rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>, Dispatch,
+                    mm::expert::mlp<mm::expert::swiglu>, Precision, Parallel, Memory, decoder>;
 using mapped = mm::parallel::mapping<mm::parallel::etp<mm::dynamic>, mm::parallel::ep<mm::dynamic>>;
 using one_rank = mm::parallel::mapping<>;
 

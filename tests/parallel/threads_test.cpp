@@ -63,4 +63,3 @@ TEST(NumThreads, EnvironmentOverridesCoresPerRank) {
     EXPECT_EQ(rule_of([] { megamoe::num_threads_from_environment(1); }), 28);
   }
 }
-

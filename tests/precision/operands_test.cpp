@@ -68,8 +68,8 @@ void every_expert_is_quantized_on_its_own() {
   int const rows = 48;
   auto w = values(3 * rows, cols, 2);
   for (std::size_t i = 0; i < static_cast<std::size_t>(rows) * cols; ++i) w[i] *= 0.01F;
-  float const* wq = ops.weight(mm::expert::linear::fc1, pr::operand_usage::rowwise, w.data(), rows,
-                               cols, 0, 3);
+  float const* wq =
+      ops.weight(mm::expert::linear::fc1, pr::operand_usage::rowwise, w.data(), rows, cols, 0, 3);
   for (int e = 0; e < 3; ++e) {
     auto const off = static_cast<std::size_t>(e) * rows * cols;
     auto const want = alone<Recipe, operands::weight_row>(w.data() + off, rows, cols);

@@ -138,8 +138,8 @@ TEST(Quantize, Nvfp4MatchesTheReference) {
   // A given global amax (the amax of the whole tensor a slice belongs to).
   pr::quantized_matrix q;
   pr::quantize<nvfp4_1x16>(v.data(), rows, cols, 1.0F, 0, q, 3.0F * pr::amax_of(v));
-  auto const given = ref::quantize_nvfp4(v, rows, cols, false, ref::fp4_rounding::nearest_even,
-                                         0, 3.0F * pr::amax_of(v));
+  auto const given = ref::quantize_nvfp4(v, rows, cols, false, ref::fp4_rounding::nearest_even, 0,
+                                         3.0F * pr::amax_of(v));
   EXPECT_EQ(q.codes, given.packed);
   EXPECT_EQ(q.scale_codes, given.scales);
   EXPECT_EQ(values_of<nvfp4_1x16>(q), ref::dequantize(given));

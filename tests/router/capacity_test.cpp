@@ -175,4 +175,15 @@ TEST(Capacity, PadRoutingMapByHand) {
   EXPECT_EQ(map, want);
 }
 
+TEST(Capacity, PadRoutingMapRefusesAMultipleBelowOneAndFillsWhatFewTokensAllow) {
+  mm::mask_matrix map = mm::mask_matrix::Zero(3, 2);
+  map(1, 0) = 1;
+  EXPECT_THROW(mr::pad_routing_map(map, 0), mm::input_error);
+  EXPECT_THROW(mr::pad_routing_map(map, -4), mm::input_error);
+  // Three tokens cannot make a multiple of 4: expert 0 gets every token, expert 1 stays empty.
+  mr::pad_routing_map(map, 4);
+  EXPECT_EQ(map.col(0).cast<int>().sum(), 3);
+  EXPECT_EQ(map.col(1).cast<int>().sum(), 0);
+}
+
 }  // namespace

@@ -19,11 +19,11 @@ using b = mm::make_config<mm::precision::bf16, mm::dispatch::all_to_all, r::top_
 static_assert(std::is_same_v<a, b>);
 static_assert(std::is_same_v<a::expert, mm::defaults::expert>);
 static_assert(std::is_same_v<a::memory, mm::defaults::memory>);
-static_assert(std::is_same_v<mm::make_config<small>,
-                             mm::basic_config<small, mm::defaults::router, mm::defaults::dispatch,
-                                              mm::defaults::expert, mm::defaults::precision,
-                                              mm::defaults::parallel, mm::defaults::memory,
-                                              mm::defaults::model>>);
+static_assert(std::is_same_v<
+              mm::make_config<small>,
+              mm::basic_config<small, mm::defaults::router, mm::defaults::dispatch,
+                               mm::defaults::expert, mm::defaults::precision,
+                               mm::defaults::parallel, mm::defaults::memory, mm::defaults::model>>);
 
 // The defaults of megamoe::defaults are the defaults of config_values (what describe() marks).
 constexpr auto defaults_values = mm::values_of<mm::make_config<small>>();

@@ -70,11 +70,11 @@ TEST(ByteCorpus, MissingEmptyOrTooSmallCorporaAreErrors) {
 
 namespace rt = mm::router;
 namespace md = mm::model;
-using tiny_moe = mm::make_config<
-    mm::shape<mm::hidden<32>, mm::ffn<48>, mm::experts<4>>, rt::top_k<2, rt::aux_loss<1e-2>>,
-    mm::dispatch::local, mm::expert::mlp<mm::expert::swiglu>, mm::precision::fp32,
-    md::decoder<md::layers<2>, md::heads<4>, md::vocabulary<256>, md::dense_ffn<64>,
-                md::moe_layer_freq<2>>>;
+using tiny_moe = mm::make_config<mm::shape<mm::hidden<32>, mm::ffn<48>, mm::experts<4>>,
+                                 rt::top_k<2, rt::aux_loss<1e-2>>, mm::dispatch::local,
+                                 mm::expert::mlp<mm::expert::swiglu>, mm::precision::fp32,
+                                 md::decoder<md::layers<2>, md::heads<4>, md::vocabulary<256>,
+                                             md::dense_ffn<64>, md::moe_layer_freq<2>>>;
 
 /// MoE layer, then a dense layer; small initial weights.
 mm::transformer<tiny_moe> two_layer_model() {

@@ -25,13 +25,13 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
-#include <optional>
-#include <type_traits>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace mp = megamoe::precision;
@@ -43,7 +43,8 @@ namespace {
 using vectors::mismatch;
 using vectors::object_fields;
 
-// --- megamoe's quantizer in a section's format -----------------------------------------------------
+// --- megamoe's quantizer in a section's format
+// -----------------------------------------------------
 
 template <class E>
 constexpr mp::element_kind kind_of() {
@@ -353,8 +354,7 @@ void check_per_tensor_entry(object_fields& f, std::vector<float> const& xs) {
     same_float(f.where() + ".pow2_scale", pow2, fp32_of(f.take("pow2_scale"), "pow2_scale"));
     auto const p = quantized<format>(xs, 1, static_cast<int>(xs.size()), pow2);
     same_ints(f.where() + ".pow2_code", p.codes, f.take("pow2_code"));
-    same_floats(f.where() + ".pow2_dequant", dequantized_values<format>(p),
-                f.take("pow2_dequant"));
+    same_floats(f.where() + ".pow2_dequant", dequantized_values<format>(p), f.take("pow2_dequant"));
   }
 }
 

@@ -7,9 +7,9 @@
 #include "vectors/vector_file.hpp"
 
 #include <megamoe/dispatch/permute.hpp>
+#include <megamoe/router/capacity.hpp>
 #include <megamoe/router/gating.hpp>
 #include <megamoe/router/megatron_config.hpp>
-#include <megamoe/router/capacity.hpp>
 #include <megamoe/router/router.hpp>
 
 #include <string>
@@ -164,7 +164,8 @@ void flip_capacity_ties(router::routing_output<L>& out, router::settings const& 
   out.probs = reversed_probs.colwise().reverse();
   out.routing_map = reversed_map.colwise().reverse();
   for (Eigen::Index e = 0; e < E; ++e)
-    out.tokens_per_expert[static_cast<std::size_t>(e)] = out.routing_map.col(e).template cast<std::int64_t>().sum();
+    out.tokens_per_expert[static_cast<std::size_t>(e)] =
+        out.routing_map.col(e).template cast<std::int64_t>().sum();
 }
 
 template <class L>
@@ -217,14 +218,13 @@ check_result run(vector_file& file, router::megatron_router_config const& rc,
     Eigen::MatrixXd mine = my_logits.template cast<double>();
     if (options.fault == planted_fault::logit_above_bound ||
         options.fault == planted_fault::logit_within_bound)
-      plant_logit_error(mine, logits, logit_bound,
-                        options.fault == planted_fault::logit_above_bound ? 1.0 + 1e-6
-                                                                          : 1.0 - 1e-6);
+      plant_logit_error(
+          mine, logits, logit_bound,
+          options.fault == planted_fault::logit_above_bound ? 1.0 + 1e-6 : 1.0 - 1e-6);
     cmp.close_within(at + ".inputs.logits (gating)", mine, logits, rtol, atol, logit_bound);
 
     // A copy: a planted fault may change what megamoe's router gave.
-    router::routing_output<L> out =
-        router.route(logits, {.seq_length = S, .micro_batch_size = B});
+    router::routing_output<L> out = router.route(logits, {.seq_length = S, .micro_batch_size = B});
     if (options.fault == planted_fault::flipped_ties && rc.router.capacity_factor)
       flip_capacity_ties(out, rc.router);
     object_fields o(mb.take("outputs"), at + ".outputs");
@@ -392,15 +392,14 @@ check_result run(vector_file& file, router::megatron_router_config const& rc,
     row_matrix<float> grad_hidden, grad_weight;
     router::gating_backward<L>(upstream, hidden, weight, grad_hidden, grad_weight);
     Eigen::MatrixXd const upstream_error =
-        maps_agree ? Eigen::MatrixXd((rtol * megatron_grad.template cast<double>().cwiseAbs())
-                                         .array() +
-                                     atol)
+        maps_agree ? Eigen::MatrixXd(
+                         (rtol * megatron_grad.template cast<double>().cwiseAbs()).array() + atol)
                    : Eigen::MatrixXd::Zero(upstream.rows(), upstream.cols());
     Eigen::MatrixXd const upstream_error_t = upstream_error.transpose();
-    cmp.close_within(at + ".outputs.grad_router_weight", grad_weight,
-                     matrix_of<float>(o.take("grad_router_weight"), "grw"), rtol, atol,
-                     product_bound(upstream.transpose(), hidden, unit_roundoff<L>(),
-                                   &upstream_error_t));
+    cmp.close_within(
+        at + ".outputs.grad_router_weight", grad_weight,
+        matrix_of<float>(o.take("grad_router_weight"), "grw"), rtol, atol,
+        product_bound(upstream.transpose(), hidden, unit_roundoff<L>(), &upstream_error_t));
     cmp.close_within(at + ".outputs.grad_hidden", grad_hidden,
                      matrix_of<float>(o.take("grad_hidden"), "gh"), rtol, atol,
                      product_bound(upstream, weight, unit_roundoff<L>(), &upstream_error));

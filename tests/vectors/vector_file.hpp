@@ -77,9 +77,9 @@ struct check_result {
 /// catches a wrong router (`--fault`): such a run must fail.
 enum class planted_fault {
   none,
-  flipped_ties,            // capacity keeps the highest-index candidates instead of the lowest
-  logit_above_bound,       // one gating logit off by just more than its allowance
-  logit_within_bound,      // the same, just less than its allowance (must still pass)
+  flipped_ties,        // capacity keeps the highest-index candidates instead of the lowest
+  logit_above_bound,   // one gating logit off by just more than its allowance
+  logit_within_bound,  // the same, just less than its allowance (must still pass)
 };
 
 /// Options shared by checkers.

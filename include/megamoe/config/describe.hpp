@@ -228,8 +228,8 @@ inline nlohmann::ordered_json model_json(std::string_view policy, model::setting
   j["num_layers"] = size_or_dynamic(m.layers);
   j["num_attention_heads"] = size_or_dynamic(m.heads);
   j["num_query_groups"] = size_or_dynamic(m.query_groups);
-  bool const head_known = m.heads != dynamic && m.heads > 0 && hidden != dynamic && hidden > 0 &&
-                          hidden % m.heads == 0;
+  bool const head_known =
+      m.heads != dynamic && m.heads > 0 && hidden != dynamic && hidden > 0 && hidden % m.heads == 0;
   j["kv_channels"] = head_known ? nlohmann::ordered_json(hidden / m.heads)
                                 : nlohmann::ordered_json("from hidden_size / num_attention_heads");
   j["ffn_hidden_size"] = size_or_dynamic(m.dense_ffn);

@@ -105,18 +105,18 @@
   "megamoe[R035]: MEGAMOE_WATCHDOG_SECONDS must be a number of seconds > 0 (or 0 / unset: " \
   "off)"
 
-#define MEGAMOE_RULE_R038                                                                      \
+#define MEGAMOE_RULE_R038                                                                       \
   "megamoe[R038]: parallel::etp must divide shape ffn (each expert-tensor-parallel rank holds " \
   "an equal share of every expert's FFN width)"
-#define MEGAMOE_RULE_R039                                                                      \
-  "megamoe[R039]: model layers, heads, query_groups and vocabulary must be positive (or "      \
+#define MEGAMOE_RULE_R039                                                                 \
+  "megamoe[R039]: model layers, heads, query_groups and vocabulary must be positive (or " \
   "dynamic), dense_ffn must not be negative, and norm_epsilon and rope_base must be positive"
 #define MEGAMOE_RULE_R040 "megamoe[R040]: model heads must divide shape hidden"
 #define MEGAMOE_RULE_R041                                                                       \
   "megamoe[R041]: the head size (shape hidden / model heads) must be even: RoPE rotates pairs " \
   "of dimensions"
 #define MEGAMOE_RULE_R042 "megamoe[R042]: model query_groups must divide model heads"
-#define MEGAMOE_RULE_R043                                                                         \
+#define MEGAMOE_RULE_R043                                                                          \
   "megamoe[R043]: model query_groups must equal model heads (multi-head attention; grouped-query " \
   "attention is not implemented)"
 #define MEGAMOE_RULE_R044                                                                          \

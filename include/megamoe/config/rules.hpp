@@ -9,10 +9,10 @@
 // (core/thread_pool.hpp, parallel/environment.hpp).
 #pragma once
 
-#include <megamoe/config/values.hpp>
 #include <megamoe/config/error.hpp>
-#include <megamoe/core/error.hpp>
 #include <megamoe/config/rule_ids.hpp>
+#include <megamoe/config/values.hpp>
+#include <megamoe/core/error.hpp>
 
 #include <array>
 #include <string>
@@ -243,8 +243,8 @@ constexpr bool model_sizes_valid(config_values const& v) {
   auto const& m = v.model;
   return detail::positive_or_dynamic(m.layers) && detail::positive_or_dynamic(m.heads) &&
          detail::positive_or_dynamic(m.query_groups) && detail::positive_or_dynamic(m.vocabulary) &&
-         (m.dense_ffn == dynamic || m.dense_ffn >= 0) && detail::finite_above(m.norm_epsilon, 0.0) &&
-         detail::finite_above(m.rope_base, 0.0);
+         (m.dense_ffn == dynamic || m.dense_ffn >= 0) &&
+         detail::finite_above(m.norm_epsilon, 0.0) && detail::finite_above(m.rope_base, 0.0);
 }
 
 /// R040

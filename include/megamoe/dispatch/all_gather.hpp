@@ -13,8 +13,8 @@
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
-#include <megamoe/dispatch/groups.hpp>
 #include <megamoe/dispatch/exchange.hpp>
+#include <megamoe/dispatch/groups.hpp>
 #include <megamoe/dispatch/token_rows.hpp>
 #include <megamoe/parallel/collectives.hpp>
 #include <megamoe/parallel/environment.hpp>

@@ -19,8 +19,8 @@
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
-#include <megamoe/dispatch/groups.hpp>
 #include <megamoe/dispatch/exchange.hpp>
+#include <megamoe/dispatch/groups.hpp>
 #include <megamoe/dispatch/token_rows.hpp>
 #include <megamoe/parallel/collectives.hpp>
 #include <megamoe/parallel/environment.hpp>
@@ -255,7 +255,8 @@ class all_to_all_dispatcher {
   }
 
   /// The layer's exchange (dispatch/exchange.hpp): overlapped by pieces of local experts when the
-  /// type says so (dispatch::all_to_all_overlap, timed as experts), else dispatch, compute, combine.
+  /// type says so (dispatch::all_to_all_overlap, timed as experts), else dispatch, compute,
+  /// combine.
   template <expert_computation Compute>
   void forward(thread_pool& pool, stage_times& times, T const* tokens, T* rows,
                row_matrix<P> const& probs, T* row_probs, T const* expert_out, T* out,
@@ -270,12 +271,11 @@ class all_to_all_dispatcher {
     }
   }
   template <expert_computation Compute>
-  void backward(thread_pool& pool, stage_times& times, T const* dy, T* grad_rows,
-                T* grad_row_probs, T* dx, row_matrix<P>& grad_probs, Compute&& compute) {
+  void backward(thread_pool& pool, stage_times& times, T const* dy, T* grad_rows, T* grad_row_probs,
+                T* dx, row_matrix<P>& grad_probs, Compute&& compute) {
     if constexpr (Overlapped) {
       times.time(layer_stage::experts, [&] {
-        dispatch_compute_combine_grad(pool, dy, grad_rows, grad_row_probs, dx, grad_probs,
-                                      compute);
+        dispatch_compute_combine_grad(pool, dy, grad_rows, grad_row_probs, dx, grad_probs, compute);
       });
     } else {
       sequential_backward(*this, pool, times, dy, grad_rows, grad_row_probs, dx, grad_probs,

@@ -42,10 +42,10 @@ struct any_expert_computation {
 ///   dispatch(pool, tokens, rows, probs, row_probs) tokens -> rows alone (recomputation)
 ///   saved_bytes()                                 bookkeeping kept from forward to backward
 template <class D, class T, class P>
-concept token_dispatcher =
-    requires(D& d, D const& cd, thread_pool& pool, stage_times& times, mask_matrix const& map,
-             T const* in, T* out, row_matrix<P> const& probs, row_matrix<P>& grad_probs,
-             detail::any_expert_computation compute) {
+concept token_dispatcher = requires(D& d, D const& cd, thread_pool& pool, stage_times& times,
+                                    mask_matrix const& map, T const* in, T* out,
+                                    row_matrix<P> const& probs, row_matrix<P>& grad_probs,
+                                    detail::any_expert_computation compute) {
   d.plan(pool, map, 0, std::exception_ptr{});
   d.dispatch(pool, in, out, probs, out);
   { cd.expert_rows() } -> std::convertible_to<int>;
@@ -93,8 +93,8 @@ class sequential_exchange {
                        expert_out, out, compute);
   }
   template <expert_computation Compute>
-  void backward(thread_pool& pool, stage_times& times, T const* dy, T* grad_rows,
-                T* grad_row_probs, T* dx, row_matrix<P>& grad_probs, Compute&& compute) {
+  void backward(thread_pool& pool, stage_times& times, T const* dy, T* grad_rows, T* grad_row_probs,
+                T* dx, row_matrix<P>& grad_probs, Compute&& compute) {
     sequential_backward(static_cast<Derived&>(*this), pool, times, dy, grad_rows, grad_row_probs,
                         dx, grad_probs, compute);
   }

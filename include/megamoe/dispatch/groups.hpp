@@ -25,7 +25,8 @@ class expert_groups {
         experts_(num_experts) {
     if (num_experts % ep_->size() != 0)
       throw config_error(
-          rules::id::ep_divides_experts, std::to_string(num_experts) + " experts over EP " + std::to_string(ep_->size()));
+          rules::id::ep_divides_experts,
+          std::to_string(num_experts) + " experts over EP " + std::to_string(ep_->size()));
   }
 
   [[nodiscard]] boost::mpi::communicator const& tp_ep() const noexcept { return *tp_ep_; }

@@ -17,14 +17,14 @@
 // (routed tokens first, then padding) become its routing map.
 #pragma once
 
-#include <megamoe/core/buffer.hpp>
 #include <megamoe/config/error.hpp>
+#include <megamoe/core/buffer.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
+#include <megamoe/dispatch/exchange.hpp>
 #include <megamoe/dispatch/groups.hpp>
 #include <megamoe/dispatch/nodes.hpp>
-#include <megamoe/dispatch/exchange.hpp>
 #include <megamoe/dispatch/token_rows.hpp>
 #include <megamoe/parallel/collectives.hpp>
 #include <megamoe/parallel/environment.hpp>
@@ -198,7 +198,10 @@ class hierarchical_dispatcher : public sequential_exchange<hierarchical_dispatch
   static boost::mpi::communicator const& whole_experts(expert_groups const& groups) {
     if (groups.etp_size() != 1)
       throw parallel::agreed_config_error(
-          rules::id::hierarchical_needs_etp_one, config_error(rules::id::hierarchical_needs_etp_one, "ETP is " + std::to_string(groups.etp_size())).what());
+          rules::id::hierarchical_needs_etp_one,
+          config_error(rules::id::hierarchical_needs_etp_one,
+                       "ETP is " + std::to_string(groups.etp_size()))
+              .what());
     return groups.ep();
   }
 

@@ -32,8 +32,9 @@ inline int parse_ranks_per_node(std::string const& text, int world_size) {
       !text.empty() && text.size() < 9 && text.find_first_not_of("0123456789") == std::string::npos;
   int const r = digits ? std::stoi(text) : 0;
   if (r < 1 || world_size % r != 0)
-    throw config_error(rules::id::ranks_per_node_valid, "MEGAMOE_RANKS_PER_NODE='" + text + "' for a world of " +
-                               std::to_string(world_size) + " ranks");
+    throw config_error(rules::id::ranks_per_node_valid, "MEGAMOE_RANKS_PER_NODE='" + text +
+                                                            "' for a world of " +
+                                                            std::to_string(world_size) + " ranks");
   return r;
 }
 
@@ -62,7 +63,10 @@ class node_layout {
     }
     if (range[0] != -range[1])
       throw parallel::agreed_config_error(
-          rules::id::ranks_per_node_valid, config_error(rules::id::ranks_per_node_valid, "MEGAMOE_RANKS_PER_NODE differs between ranks").what());
+          rules::id::ranks_per_node_valid,
+          config_error(rules::id::ranks_per_node_valid,
+                       "MEGAMOE_RANKS_PER_NODE differs between ranks")
+              .what());
     std::optional<boost::mpi::communicator> shared;
     if (per_node > 0) {
       key = world.rank() / per_node;
@@ -104,9 +108,10 @@ class node_layout {
       if (std::any_of(filled.begin(), filled.end(), [&](int c) { return c != per_node_; })) {
         std::string counts;
         for (int c : filled) counts += (counts.empty() ? "" : ", ") + std::to_string(c);
-        throw config_error(rules::id::ranks_per_node_valid, "the " + std::to_string(n) + " ranks of an EP group lie on " +
-                                   std::to_string(nodes_) + " nodes holding " + counts +
-                                   " of them; every node must hold the same number");
+        throw config_error(rules::id::ranks_per_node_valid,
+                           "the " + std::to_string(n) + " ranks of an EP group lie on " +
+                               std::to_string(nodes_) + " nodes holding " + counts +
+                               " of them; every node must hold the same number");
       }
     });
     rank_at_.resize(static_cast<std::size_t>(n));

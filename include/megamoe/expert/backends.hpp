@@ -144,7 +144,8 @@ struct grouped_gemm {
   }
 };
 
-/// Eigen Tensor contractions on the pool's device, one problem after another.
+/// Eigen Tensor contractions on the pool's device, one problem after another (each operand a
+/// corner of its leading dimension).
 struct tensor_gemm {
   static constexpr gemm_backend id = gemm_backend::tensor_contraction;
   template <gemm_op Op, class T>
@@ -155,15 +156,26 @@ struct tensor_gemm {
     constexpr std::array<Eigen::IndexPair<int>, 1> dims{
         Eigen::IndexPair<int>(Op == gemm_op::tn ? 0 : 1, Op == gemm_op::nt ? 1 : 0)};
     auto const& device = exec.pool().device();
+    // Each operand is the [rows, cols] corner of a row-major array whose rows are ld apart.
+    auto const corner = [](auto& full, int rows, int cols) {
+      return full.slice(Eigen::array<Eigen::Index, 2>{0, 0},
+                        Eigen::array<Eigen::Index, 2>{rows, cols});
+    };
+    auto const stride = [](int ld, int cols) { return ld > 0 ? ld : cols; };
     for (auto const& p : problems) {
       if (p.m == 0 || p.n == 0) continue;
-      matrix c(p.c, p.m, p.n);
+      matrix c_full(p.c, p.m, stride(p.ldc, p.n));
+      auto c = corner(c_full, p.m, p.n);
       if (p.k == 0) {
         if (!p.accumulate) c.device(device) = c.constant(T(0));
         continue;
       }
-      const_matrix a(p.a, Op == gemm_op::tn ? p.k : p.m, Op == gemm_op::tn ? p.m : p.k);
-      const_matrix b(p.b, Op == gemm_op::nt ? p.n : p.k, Op == gemm_op::nt ? p.k : p.n);
+      int const a_rows = Op == gemm_op::tn ? p.k : p.m, a_cols = Op == gemm_op::tn ? p.m : p.k;
+      int const b_rows = Op == gemm_op::nt ? p.n : p.k, b_cols = Op == gemm_op::nt ? p.k : p.n;
+      const_matrix a_full(p.a, a_rows, stride(p.lda, a_cols));
+      const_matrix b_full(p.b, b_rows, stride(p.ldb, b_cols));
+      auto const a = corner(a_full, a_rows, a_cols);
+      auto const b = corner(b_full, b_rows, b_cols);
       if (p.accumulate) {
         c.device(device) += a.contract(b, dims);
       } else {

@@ -52,9 +52,11 @@ struct sgemm_blocking {
 #if MEGAMOE_HAS_AVX512_KERNELS
 
 // GCC 12's unmasked shuffles start from _mm512_undefined_ps(), which -Wmaybe-uninitialized reports
-// once they are inlined here; the value is never read.
+// once they are inlined here (and -Wuninitialized where a caller makes GCC emit them out of line);
+// the value is never read.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 namespace detail {
 

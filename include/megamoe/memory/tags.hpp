@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// megamoe/memory/tags.hpp — the memory slot (tags only): what the layer keeps, recomputes, or stores
-// in low precision.
+// megamoe/memory/tags.hpp — the memory slot (tags only): what the layer keeps, recomputes, or
+// stores in low precision.
 //
 //   memory::keep_all                                        save every activation backward needs
 //   memory::recompute<memory::moe_act>                      keep fc1's output, redo act * prob

@@ -23,8 +23,8 @@ constexpr std::int64_t parameter_count(config_values const& v) {
   for (int i = 0; i < v.model.layers; ++i) {
     total += 2 * H + 4 * H * H;  // norms, qkv [3H, H] and proj [H, H]
     if (v.model.is_moe(i)) {
-      total += E * H;                            // router
-      total += E * (W1 + 1) * F * H;             // fc1 [W1 F, H] and fc2 [H, F] per expert
+      total += E * H;                 // router
+      total += E * (W1 + 1) * F * H;  // fc1 [W1 F, H] and fc2 [H, F] per expert
       if (v.expert.bias) total += E * (W1 * F + H);
       if (Fs > 0) total += (W1 + 1) * Fs * H + (v.expert.shared_expert_gate ? H : 0);
     } else {

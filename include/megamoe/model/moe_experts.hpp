@@ -59,9 +59,9 @@ struct routed_rows {
 /// What the layer asks of an expert stage X over rows of T: the routed experts [first, last) on
 /// their rows forward and backward (the dispatcher calls them, once or per piece).
 template <class X, class T>
-concept expert_stage_of =
-    requires(X& x, expert::executor<T>& exec, std::span<std::int64_t const> counts,
-             routed_rows<T> const& rows) {
+concept expert_stage_of = requires(X& x, expert::executor<T>& exec,
+                                   std::span<std::int64_t const> counts,
+                                   routed_rows<T> const& rows) {
   x.forward(exec, counts, rows, 0, 1);
   x.backward(exec, counts, rows, 0, 1);
   { x.local_experts() } -> std::convertible_to<int>;
@@ -85,11 +85,11 @@ class expert_stage {
         routed_mlp_(setup::routed_sizes(v)),
         shared_(setup::shared_sizes(v)),
         shared_mlp_(setup::shared_sizes(v)),
-        routed_ops_(make_operands<routed_operands>(
-            setup::routed_sizes(v).experts, 2 * layer_number + 1,
-            groups == nullptr ? nullptr : &groups->expert_tp())),
-        shared_ops_(make_operands<shared_operands>(
-            1, 2 * layer_number + 2, groups == nullptr ? nullptr : &groups->tp_cp())),
+        routed_ops_(
+            make_operands<routed_operands>(setup::routed_sizes(v).experts, 2 * layer_number + 1,
+                                           groups == nullptr ? nullptr : &groups->expert_tp())),
+        shared_ops_(make_operands<shared_operands>(1, 2 * layer_number + 2,
+                                                   groups == nullptr ? nullptr : &groups->tp_cp())),
         prefix_(moe_parameter_prefix(layer_number)) {
     if (groups != nullptr) {
       first_expert_ = groups->ep().rank() * local_experts();
@@ -138,28 +138,16 @@ class expert_stage {
   /// The forward views of N rows: the buffers the memory policy keeps in the stage, the others
   /// from `f`.
   routed_rows<scalar> forward_rows(frame& f, int n) {
-    auto const N = static_cast<std::size_t>(n), H = hidden(), W1 = fc1_width(local_ffn());
-    routed_rows<scalar> r;
-    r.count = n;
-    r.rows = take(f, memory::layer_buffer::expert_rows, N * H);
-    r.probs = take(f, memory::layer_buffer::row_probs, N);
-    r.fc1 = take(f, memory::layer_buffer::fc1_output, N * W1);
-    r.act = take(f, memory::layer_buffer::activation, N * static_cast<std::size_t>(local_ffn()));
-    r.out = f.take(N * H);
+    auto r = views(n, [&](memory::layer_buffer b, std::size_t size) { return take(f, b, size); });
+    r.out = f.take(static_cast<std::size_t>(n) * hidden());
     return r;
   }
   /// The forward's views of N rows in backward: the kept buffers; `f`'s where the policy keeps
   /// none (the recipe's operands keep codes instead, or backward recomputes into them).
   routed_rows<scalar> kept_rows(frame& f, int n) {
-    auto const N = static_cast<std::size_t>(n), H = hidden(), W1 = fc1_width(local_ffn());
-    routed_rows<scalar> r;
-    r.count = n;
-    r.rows = kept_or_taken(f, memory::layer_buffer::expert_rows, N * H);
-    r.probs = kept_or_taken(f, memory::layer_buffer::row_probs, N);
-    r.fc1 = kept_or_taken(f, memory::layer_buffer::fc1_output, N * W1);
-    r.act = kept_or_taken(f, memory::layer_buffer::activation,
-                          N * static_cast<std::size_t>(local_ffn()));
-    return r;
+    return views(n, [&](memory::layer_buffer b, std::size_t size) {
+      return Types::keeps(b) ? kept_[static_cast<std::size_t>(b)].data() : f.take(size);
+    });
   }
   /// The gradients' views of `rows` from `f`.
   routed_rows<scalar> with_gradients(frame& f, routed_rows<scalar> rows) {
@@ -192,7 +180,8 @@ class expert_stage {
     routed_mlp_.recompute_activation(exec, {r.count, counts, r.probs}, r.fc1, r.act, routed_ops_);
   }
 
-  // --- The shared expert --------------------------------------------------------------------------
+  // --- The shared expert
+  // --------------------------------------------------------------------------
 
   /// The shared expert on every token of x [T,H] (prob 1) and its gate sigma(x g); the output
   /// before the gate stays in the stage's view until `add_shared`.
@@ -254,10 +243,10 @@ class expert_stage {
           auto const d = const_row_matrix_map<scalar>(dy + std::ptrdiff_t{t} * H, 1, H);
           scalar const s = gate_[static_cast<std::size_t>(t)];
           row_matrix_map<scalar>(grad_out + std::ptrdiff_t{t} * H, 1, H) = s * d;
-          scalar const dz =
-              d.cwiseProduct(const_row_matrix_map<scalar>(shared_out_ + std::ptrdiff_t{t} * H, 1, H))
-                  .sum() *
-              s * (scalar(1) - s);
+          scalar const dz = d.cwiseProduct(const_row_matrix_map<scalar>(
+                                               shared_out_ + std::ptrdiff_t{t} * H, 1, H))
+                                .sum() *
+                            s * (scalar(1) - s);
           gate_grad_[static_cast<std::size_t>(t)] = dz;
           grad_input.row(t) += dz * gate_weight_;
         }
@@ -270,15 +259,16 @@ class expert_stage {
     count_[0] = T;
     scalar* grad_probs = f.take(N);
     shared_mlp_.backward(exec, shared_, {T, count_, ones_.data()}, x.data(), shared_fc1_,
-                         shared_act_, grad_out, f.take(N * Fs), f.take(N * fc1_width(Fs)),
-                         grad_out, grad_probs, {}, shared_ops_);
+                         shared_act_, grad_out, f.take(N * Fs), f.take(N * fc1_width(Fs)), grad_out,
+                         grad_probs, {}, shared_ops_);
     exec.parallel_rows(T, [&](int begin, int end) {
       for (int t = begin; t < end; ++t)
         grad_input.row(t) += const_row_matrix_map<scalar>(grad_out + std::ptrdiff_t{t} * H, 1, H);
     });
   }
 
-  // --- Parameters ---------------------------------------------------------------------------------
+  // --- Parameters
+  // ---------------------------------------------------------------------------------
 
   /// f(name, value, grad, kind, number, numbering) for every expert parameter this rank holds,
   /// numbered as on one rank (2.. after the router weight).
@@ -330,7 +320,8 @@ class expert_stage {
     gate_weight_grad_.setZero();
   }
 
-  // --- memory::quantized_weights: the routed experts' weights held as codes -----------------------
+  // --- memory::quantized_weights: the routed experts' weights held as codes
+  // -----------------------
 
   [[nodiscard]] bool holds_weight_values() const noexcept { return experts_.holds_weights(); }
   [[nodiscard]] bool holds_weight_codes() const requires quantized_weights {
@@ -370,7 +361,9 @@ class expert_stage {
   }
 
  private:
-  [[nodiscard]] std::size_t hidden() const { return static_cast<std::size_t>(values_.shape.hidden); }
+  [[nodiscard]] std::size_t hidden() const {
+    return static_cast<std::size_t>(values_.shape.hidden);
+  }
   static constexpr int fc1_width(int ffn) { return expert::fc1_width(activation, ffn); }
 
   /// Buffer b with room for n: the stage's own when the memory policy keeps it, else scratch.
@@ -378,10 +371,19 @@ class expert_stage {
     if (Types::keeps(b)) return kept_[static_cast<std::size_t>(b)].reserve(n);
     return f.take(n);
   }
-  /// The kept buffer b (its forward's values), or scratch of n from `f`.
-  scalar* kept_or_taken(frame& f, memory::layer_buffer b, std::size_t n) {
-    if (Types::keeps(b)) return kept_[static_cast<std::size_t>(b)].data();
-    return f.take(n);
+  /// Rows, probs, fc1 output and activation of N rows, each from pick(buffer, elements).
+  template <class Pick>
+  routed_rows<scalar> views(int n, Pick&& pick) {
+    auto const N = static_cast<std::size_t>(n), H = hidden(),
+               F = static_cast<std::size_t>(local_ffn());
+    routed_rows<scalar> r;
+    r.count = n;
+    r.rows = pick(memory::layer_buffer::expert_rows, N * H);
+    r.probs = pick(memory::layer_buffer::row_probs, N);
+    r.fc1 = pick(memory::layer_buffer::fc1_output,
+                 N * static_cast<std::size_t>(fc1_width(local_ffn())));
+    r.act = pick(memory::layer_buffer::activation, N * F);
+    return r;
   }
   scalar*& shared_view(memory::layer_buffer b) {
     if (b == memory::layer_buffer::shared_fc1_output) return shared_fc1_;

@@ -41,9 +41,8 @@ void draw_parameter(row_matrix_map<T> value, std::uint64_t seed, std::uint64_t i
                     element_numbering const& numbering, double std, bool bias) {
   for (Eigen::Index r = 0; r < value.rows(); ++r)
     for (Eigen::Index c = 0; c < value.cols(); ++c)
-      value(r, c) = bias ? T(0)
-                         : static_cast<T>(std * standard_normal(seed + index,
-                                                                numbering.global(r, c)));
+      value(r, c) =
+          bias ? T(0) : static_cast<T>(std * standard_normal(seed + index, numbering.global(r, c)));
 }
 
 }  // namespace megamoe

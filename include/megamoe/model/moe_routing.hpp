@@ -8,9 +8,9 @@
 // groups.
 #pragma once
 
+#include <megamoe/core/parameter.hpp>
 #include <megamoe/core/stage_times.hpp>
 #include <megamoe/core/tensor.hpp>
-#include <megamoe/core/parameter.hpp>
 #include <megamoe/expert/backends.hpp>
 #include <megamoe/expert/gemm_problem.hpp>
 #include <megamoe/model/context.hpp>
@@ -60,8 +60,8 @@ class routing_stage {
   /// Routes the tokens x [T,H] of a micro-batch. A failure on this rank (say a NaN in its tokens)
   /// is returned, not thrown: the dispatcher's plan makes it an error on every rank instead of a
   /// rank missing from a collective.
-  std::exception_ptr forward(context& ctx, const_row_matrix_map<scalar> x, router::batch_shape batch,
-                             router::route_options const& options) {
+  std::exception_ptr forward(context& ctx, const_row_matrix_map<scalar> x,
+                             router::batch_shape batch, router::route_options const& options) {
     std::exception_ptr failure;
     ctx.stages.time(layer_stage::router, [&] {
       try {
@@ -70,8 +70,8 @@ class routing_stage {
             int const T = static_cast<int>(x.rows()), H = static_cast<int>(x.cols());
             int const E = router_.num_experts();
             logits_.resize(T, E);
-            run_one<expert::gemm_op::nt>(ctx, {T, E, H, x.data(), H, weight_.data(), H,
-                                               logits_.data(), E, false});
+            run_one<expert::gemm_op::nt>(
+                ctx, {T, E, H, x.data(), H, weight_.data(), H, logits_.data(), E, false});
             router_.route(logits_, batch, options, groups_);
             return;
           }

@@ -25,8 +25,7 @@ struct moe_setup {
 
   /// The configuration completed and checked; on a job every rank of the stage checks, and a
   /// broken rule is the same agreed error on all.
-  static config_values values(parallel::process_groups const* groups,
-                              startup_values const& given) {
+  static config_values values(parallel::process_groups const* groups, startup_values const& given) {
     if (groups == nullptr) return checked(nullptr, given);
     config_values v;
     parallel::check_on_every_rank(groups->tp_dp_cp(), [&] { v = checked(groups, given); });
@@ -73,18 +72,11 @@ struct moe_setup {
 
  private:
   static config_values checked(parallel::process_groups const* groups, startup_values given) {
-    if (groups != nullptr) {
-      auto const& l = groups->layout();
-      given.world_size = l.world_size;
-      given.tp = l.tp;
-      given.cp = l.cp;
-      given.pp = l.pp;
-      given.etp = l.etp;
-      given.ep = l.ep;
-    }
+    if (groups != nullptr) given = parallel::with_layout(given, groups->layout());
     config_values v = resolve<Config>(given);
     if (!v.router)
-      throw config_error(rules::id::values_resolved, "moe_layer: give the run-time router's settings");
+      throw config_error(rules::id::values_resolved,
+                         "moe_layer: give the run-time router's settings");
     constexpr auto backend = types::expert_settings.backend;
     if (auto const why = expert::unavailable_reason(backend); !why.empty())
       throw input_error("moe_layer: expert::" + std::string(expert::name_of(backend)) +

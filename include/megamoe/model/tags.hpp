@@ -56,9 +56,7 @@ struct settings {
   double rope_base = 10000.0;  // rotary_base
 
   /// Whether layer i is an MoE layer.
-  [[nodiscard]] constexpr bool is_moe(int layer) const noexcept {
-    return moe_layers.is_moe(layer);
-  }
+  [[nodiscard]] constexpr bool is_moe(int layer) const noexcept { return moe_layers.is_moe(layer); }
   /// Whether any of the first `layers` layers is dense (false while layers is left to start-up
   /// and could be 1).
   [[nodiscard]] constexpr bool has_dense_layer() const noexcept {
@@ -80,9 +78,9 @@ struct dense_ffn_kind {};
 struct moe_layers_kind {};
 struct norm_epsilon_kind {};
 struct rope_base_kind {};
-using all_kinds = boost::mp11::mp_list<layers_kind, heads_kind, query_groups_kind, vocabulary_kind,
-                                       dense_ffn_kind, moe_layers_kind, norm_epsilon_kind,
-                                       rope_base_kind>;
+using all_kinds =
+    boost::mp11::mp_list<layers_kind, heads_kind, query_groups_kind, vocabulary_kind,
+                         dense_ffn_kind, moe_layers_kind, norm_epsilon_kind, rope_base_kind>;
 }  // namespace option
 
 /// Decoder layers (`num_layers`).
@@ -127,9 +125,10 @@ struct moe_layer_pattern {
     s.moe_layers.length = static_cast<int>(sizeof...(Flags));
     int i = 0;
     // Entries beyond max_pattern_layers are dropped; R045 reports the list as too long.
-    ((i < max_pattern_layers ? void(s.moe_layers.moe[static_cast<std::size_t>(i)] =
-                                        static_cast<std::int8_t>(Flags == 0 ? 0 : (Flags == 1 ? 1 : -1)))
-                             : void(),
+    ((i < max_pattern_layers
+          ? void(s.moe_layers.moe[static_cast<std::size_t>(i)] =
+                     static_cast<std::int8_t>(Flags == 0 ? 0 : (Flags == 1 ? 1 : -1)))
+          : void(),
       ++i),
      ...);
   }

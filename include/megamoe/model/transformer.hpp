@@ -12,8 +12,8 @@
 // t = s*B + b.
 #pragma once
 
-#include <megamoe/config/resolve.hpp>
 #include <megamoe/config/error.hpp>
+#include <megamoe/config/resolve.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/parameter.hpp>
 #include <megamoe/core/random.hpp>
@@ -123,7 +123,9 @@ class transformer {
 
   /// Model FLOPs of one token's forward + backward in a sequence of `seq` (megamoe::
   /// flops_per_token).
-  [[nodiscard]] double flops_per_token(int seq) const { return megamoe::flops_per_token(values_, seq); }
+  [[nodiscard]] double flops_per_token(int seq) const {
+    return megamoe::flops_per_token(values_, seq);
+  }
 
   /// Each token's cross-entropy (nats) in the last forward with targets.
   [[nodiscard]] std::span<double const> token_losses() const noexcept {
@@ -263,23 +265,17 @@ class transformer {
     return given;
   }
   static startup_values on_job(parallel::process_groups const& groups, startup_values given) {
-    auto const& l = groups.layout();
-    given.world_size = l.world_size;
-    given.tp = l.tp;
-    given.cp = l.cp;
-    given.pp = l.pp;
-    given.etp = l.etp;
-    given.ep = l.ep;
-    return given;
+    return parallel::with_layout(given, groups.layout());
   }
 
   static config_values checked_values(startup_values const& given) {
     // The attention's own limit first: a layout it cannot run is R036, whatever the type says.
     for (auto const degree : {given.tp, given.cp, given.pp})
       if (degree && *degree != 1)
-        throw config_error(rules::id::attention_needs_tp_cp_pp_one, "TP " + std::to_string(given.tp.value_or(1)) + ", CP " +
-                                   std::to_string(given.cp.value_or(1)) + ", PP " +
-                                   std::to_string(given.pp.value_or(1)));
+        throw config_error(rules::id::attention_needs_tp_cp_pp_one,
+                           "TP " + std::to_string(given.tp.value_or(1)) + ", CP " +
+                               std::to_string(given.cp.value_or(1)) + ", PP " +
+                               std::to_string(given.pp.value_or(1)));
     config_values v = resolve<Config>(given);
     if (!rules::model_resolved(v.model)) {
       std::string missing;
@@ -292,12 +288,14 @@ class transformer {
       add(v.model.vocabulary, "vocab_size");
       add(v.model.dense_ffn, "ffn_hidden_size");
       if (!v.model.moe_layers.is_list()) add(v.model.moe_layers.every, "moe_layer_freq");
-      throw config_error(rules::id::values_resolved, "the transformer's model sizes left to start-up: " + missing);
+      throw config_error(rules::id::values_resolved,
+                         "the transformer's model sizes left to start-up: " + missing);
     }
     auto const& d = v.parallel;
     if (d.tp != 1 || d.cp != 1 || d.pp != 1)
-      throw config_error(rules::id::attention_needs_tp_cp_pp_one, "TP " + std::to_string(d.tp) + ", CP " + std::to_string(d.cp) +
-                                 ", PP " + std::to_string(d.pp));
+      throw config_error(rules::id::attention_needs_tp_cp_pp_one,
+                         "TP " + std::to_string(d.tp) + ", CP " + std::to_string(d.cp) + ", PP " +
+                             std::to_string(d.pp));
     return v;
   }
   static config_values agreed_values(parallel::process_groups const& groups,

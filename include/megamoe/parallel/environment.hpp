@@ -139,7 +139,8 @@ class environment {
       double watchdog_seconds = 0.0;
       check_on_every_rank(world_, [&] {
         if (env_.thread_level() < boost::mpi::threading::funneled)
-          throw config_error(rules::id::mpi_thread_level_funneled, "the MPI library granted a lower thread level");
+          throw config_error(rules::id::mpi_thread_level_funneled,
+                             "the MPI library granted a lower thread level");
         num_threads_ = num_threads_from_environment(ranks_on_node_);
         if (char const* text = std::getenv("MEGAMOE_WATCHDOG_SECONDS"))
           watchdog_seconds = parse_watchdog_seconds(text);

@@ -4,8 +4,9 @@
 // No MPI needed; parallel/process_groups.hpp turns a layout into communicators.
 #pragma once
 
-#include <megamoe/config/rules.hpp>
 #include <megamoe/config/error.hpp>
+#include <megamoe/config/resolve.hpp>
+#include <megamoe/config/rules.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/parallel/rank_generator.hpp>
 #include <megamoe/parallel/tags.hpp>
@@ -49,14 +50,18 @@ struct layout {
   /// Every rank computes the same answer from the same values, so on an error each rank throws the
   /// same `config_error` and none waits on another.
   static layout resolve(int world_size, degrees const& d) {
-    if (!rules::degrees_positive(d)) throw config_error(rules::id::degrees_positive, describe(d, world_size));
-    if (!rules::degrees_resolved(d)) throw config_error(rules::id::values_resolved, describe(d, world_size));
+    if (!rules::degrees_positive(d))
+      throw config_error(rules::id::degrees_positive, describe(d, world_size));
+    if (!rules::degrees_resolved(d))
+      throw config_error(rules::id::values_resolved, describe(d, world_size));
     if (!rules::world_fits_attention_grid(d, world_size))
-      throw config_error(rules::id::world_fits_attention_grid, "world size " + std::to_string(world_size) +
-                                 ", tp*cp*pp = " + std::to_string(d.tp * d.cp * d.pp));
+      throw config_error(rules::id::world_fits_attention_grid,
+                         "world size " + std::to_string(world_size) +
+                             ", tp*cp*pp = " + std::to_string(d.tp * d.cp * d.pp));
     if (!rules::world_fits_expert_grid(d, world_size))
-      throw config_error(rules::id::world_fits_expert_grid, "world size " + std::to_string(world_size) +
-                                 ", etp*ep*pp = " + std::to_string(d.etp * d.ep * d.pp));
+      throw config_error(rules::id::world_fits_expert_grid,
+                         "world size " + std::to_string(world_size) +
+                             ", etp*ep*pp = " + std::to_string(d.etp * d.ep * d.pp));
     layout l;
     l.world_size = world_size;
     l.tp = d.tp;
@@ -83,5 +88,17 @@ struct layout {
            std::to_string(d.etp) + ", ep " + std::to_string(d.ep);
   }
 };
+
+/// `given` with the world size and every degree of the layout `l`: what a layer or model built on
+/// a job's process groups completes its configuration with.
+inline startup_values with_layout(startup_values given, layout const& l) {
+  given.world_size = l.world_size;
+  given.tp = l.tp;
+  given.cp = l.cp;
+  given.pp = l.pp;
+  given.etp = l.etp;
+  given.ep = l.ep;
+  return given;
+}
 
 }  // namespace megamoe::parallel

@@ -8,6 +8,7 @@
 // routed to the expert.
 #pragma once
 
+#include <megamoe/core/error.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/router/tags.hpp>
 
@@ -15,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <numeric>
+#include <string>
 #include <vector>
 
 namespace megamoe::router {
@@ -63,7 +65,11 @@ int apply_capacity(row_matrix<P>& probs, mask_matrix& map, int top_k, double fac
 
 /// Router-side padding for quantized experts: each expert's count becomes a multiple of
 /// `multiple` by switching on its lowest-index tokens not yet routed to it (their probs stay 0).
+/// An expert that lacks enough unrouted tokens (fewer tokens than the multiple) gets all of them.
 inline void pad_routing_map(mask_matrix& map, int multiple) {
+  if (multiple < 1)
+    throw input_error("pad_routing_map: the multiple must be at least 1, got " +
+                      std::to_string(multiple));
   int const tokens = static_cast<int>(map.rows());
   for (Eigen::Index e = 0; e < map.cols(); ++e) {
     int count = 0;

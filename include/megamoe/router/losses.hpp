@@ -42,8 +42,8 @@ class attached_losses {
   [[nodiscard]] mask_matrix const& aux_routing_map() const noexcept { return aux_map_; }
 
   /// z-loss: coeff / TPxCP times the mean over valid tokens of logsumexp(z)^2.
-  void forward_z(row_matrix<L> const& logits, std::span<std::uint8_t const> valid,
-                 int valid_tokens, double coeff, int tp_cp_size, loss_values& out) {
+  void forward_z(row_matrix<L> const& logits, std::span<std::uint8_t const> valid, int valid_tokens,
+                 double coeff, int tp_cp_size, loss_values& out) {
     auto const T = logits.rows(), E = logits.cols();
     lse_.resize(T);
     double sum = 0.0;
@@ -138,8 +138,7 @@ class attached_losses {
               reduced_[static_cast<std::size_t>(e)];
         ++state.global_aux_steps;
       }
-      average_.assign(state.global_tokens_per_expert.begin(),
-                      state.global_tokens_per_expert.end());
+      average_.assign(state.global_tokens_per_expert.begin(), state.global_tokens_per_expert.end());
       for (double& a : average_) a /= state.global_aux_steps;
       double const factor = switch_factor(coeff, tokens_total);
       double const loss = factor * dot(probs_sum_, average_);
@@ -195,9 +194,9 @@ class attached_losses {
         S const weighted = kernels::dot(raw_.data(), ds_.data(), E);
         for (int e = 0; e < E; ++e) {
           S const dr = ds_[static_cast<std::size_t>(e)] / sum - weighted / (sum * sum);
-          grad(t, e) += static_cast<L>(dr * kernels::score_derivative<P.score>(
-                                                 static_cast<S>(z[e]),
-                                                 raw_[static_cast<std::size_t>(e)]));
+          grad(t, e) +=
+              static_cast<L>(dr * kernels::score_derivative<P.score>(
+                                      static_cast<S>(z[e]), raw_[static_cast<std::size_t>(e)]));
         }
       }
     }

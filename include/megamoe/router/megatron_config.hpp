@@ -108,7 +108,9 @@ inline void read_balancing(nlohmann::json const& j, settings& s) {
     } else if (type == "global_aux_loss") {
       s.global_aux_loss_coeff = coeff;
     } else if (type == "sinkhorn" && type_list.size() == 1) {
-      if (coeff != 0.0) throw config_error(rules::id::sinkhorn_without_aux_losses, "moe_aux_loss_coeff is " + std::to_string(coeff));
+      if (coeff != 0.0)
+        throw config_error(rules::id::sinkhorn_without_aux_losses,
+                           "moe_aux_loss_coeff is " + std::to_string(coeff));
       s.sinkhorn = true;
     } else if (type == "none" && type_list.size() == 1) {
       // no balancing loss

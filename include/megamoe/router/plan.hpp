@@ -44,9 +44,9 @@ struct route_plan {
 /// The plan of `s`; capacity per call, or fixed from `s` when `capacity_fixed`.
 constexpr route_plan plan_of(settings const& s, bool capacity_fixed = false) {
   route_plan p;
-  p.capacity = !capacity_fixed                  ? capacity_choice::per_call
+  p.capacity = !capacity_fixed                 ? capacity_choice::per_call
                : s.capacity_factor.has_value() ? capacity_choice::on
-                                                : capacity_choice::off;
+                                               : capacity_choice::off;
   if (s.sinkhorn) {
     p.sinkhorn = true;
     p.normalize = s.top_k > 1;

@@ -173,7 +173,8 @@ class topk_router {
         losses_.template backward_aux<P>(logits_, valid_, batch_, backward_scale, terms,
                                          grad_logits_);
     });
-    if (z_active_ && terms.z_loss) losses_.backward_z(logits_, valid_, backward_scale, grad_logits_);
+    if (z_active_ && terms.z_loss)
+      losses_.backward_z(logits_, valid_, backward_scale, grad_logits_);
     return grad_logits_;
   }
 
@@ -251,14 +252,13 @@ class topk_router {
     // 1. z-loss on the logits.
     z_active_ = config_.z_loss_coeff.has_value() && training_like(options);
     if (z_active_)
-      losses_.forward_z(logits_, valid_, valid_tokens, *config_.z_loss_coeff,
-                        groups.tp_cp.size(), out_.losses);
+      losses_.forward_z(logits_, valid_, valid_tokens, *config_.z_loss_coeff, groups.tp_cp.size(),
+                        out_.losses);
 
     planned([&]<route_plan P>() {
       // 2. Scores and top-k.
       if constexpr (P.sinkhorn) {
-        sinkhorn_.template forward<P>(logits_, k, options.mode, out_.topk_indices,
-                                      out_.topk_probs);
+        sinkhorn_.template forward<P>(logits_, k, options.mode, out_.topk_indices, out_.topk_probs);
       } else {
         topk_.template forward<P>(logits_, state_.expert_bias, config_, out_.topk_indices,
                                   out_.topk_probs);
@@ -283,8 +283,8 @@ class topk_router {
       // 4. Aux losses (own scores and top-k; groups, bias and capacity ignored).
       aux_active_ = training_like(options) && any_aux_loss(config_);
       if (aux_active_)
-        losses_.template forward_aux<P>(logits_, valid_, has_mask_, batch_, config_,
-                                        options.mode, groups, state_, out_.losses);
+        losses_.template forward_aux<P>(logits_, valid_, has_mask_, batch_, config_, options.mode,
+                                        groups, state_, out_.losses);
     });
 
     // 5. Expert-bias counts from the final map, once per training forward.
@@ -305,9 +305,9 @@ class topk_router {
   }
 
   void apply_router_capacity() {
-    out_.capacity = apply_capacity(out_.probs, out_.routing_map, config_.top_k,
-                                   *config_.capacity_factor, config_.token_drop_policy,
-                                   config_.pad_to_capacity, order_);
+    out_.capacity =
+        apply_capacity(out_.probs, out_.routing_map, config_.top_k, *config_.capacity_factor,
+                       config_.token_drop_policy, config_.pad_to_capacity, order_);
   }
 
   /// What is wrong with this call's input, if anything.

@@ -94,8 +94,7 @@ class topk_selection {
       int* idx = &indices(t, 0);
       L const* z = &logits(t, 0);
       if constexpr (P.score == score_function::softmax_after_topk) {
-        select<P>(std::span<L const>(z, static_cast<std::size_t>(E)), s, idx, masked_l_,
-                  groups_l_);
+        select<P>(std::span<L const>(z, static_cast<std::size_t>(E)), s, idx, masked_l_, groups_l_);
         for (int i = 0; i < k; ++i)
           values_[static_cast<std::size_t>(i)] = static_cast<S>(z[idx[i]]);
         kernels::softmax(values_.data(), k, &saved_k_(t, 0));
