@@ -11,6 +11,8 @@
 #include <megamoe/dispatch/exchange.hpp>
 #include <megamoe/dispatch/local.hpp>
 
+#include "support/routing_inputs.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,21 +26,11 @@ namespace md = megamoe::dispatch;
 
 namespace {
 
+using megamoe::testing::random_map;
+
 static_assert(md::token_dispatcher<md::local_dispatcher<float, float>, float, float>);
 static_assert(md::token_dispatcher<md::local_dispatcher<double, float>, double, float>);
 static_assert(!md::token_dispatcher<md::local_dispatcher<double, float>, float, float>);
-
-mm::mask_matrix random_map(int tokens, int experts, int k, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  mm::mask_matrix map = mm::mask_matrix::Zero(tokens, experts);
-  std::vector<int> order(static_cast<std::size_t>(experts));
-  for (int t = 0; t < tokens; ++t) {
-    std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), rng);
-    for (int i = 0; i < k; ++i) map(t, order[static_cast<std::size_t>(i)]) = 1;
-  }
-  return map;
-}
 
 template <class T>
 std::vector<T> values(std::size_t n, std::uint32_t seed) {

@@ -5,6 +5,8 @@
 #include <megamoe/core/error.hpp>
 #include <megamoe/dispatch/permute.hpp>
 
+#include "support/routing_inputs.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,17 +22,7 @@ namespace md = megamoe::dispatch;
 
 namespace {
 
-mm::mask_matrix random_map(int tokens, int experts, int k, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  mm::mask_matrix map = mm::mask_matrix::Zero(tokens, experts);
-  std::vector<int> order(static_cast<std::size_t>(experts));
-  for (int t = 0; t < tokens; ++t) {
-    std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), rng);
-    for (int i = 0; i < k; ++i) map(t, order[static_cast<std::size_t>(i)]) = 1;
-  }
-  return map;
-}
+using megamoe::testing::random_map;
 
 TEST(Permute, RowsGroupedByExpertThenTokenAndUnpermuteSumsEachTokensRows) {
   int const T = 12, E = 5, H = 3;

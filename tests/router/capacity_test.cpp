@@ -6,6 +6,8 @@
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/router/capacity.hpp>
 
+#include "support/routing_inputs.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,17 +21,7 @@ namespace mr = megamoe::router;
 
 namespace {
 
-mm::mask_matrix random_map(int tokens, int experts, int k, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  mm::mask_matrix map = mm::mask_matrix::Zero(tokens, experts);
-  std::vector<int> order(static_cast<std::size_t>(experts));
-  for (int t = 0; t < tokens; ++t) {
-    std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), rng);
-    for (int i = 0; i < k; ++i) map(t, order[static_cast<std::size_t>(i)]) = 1;
-  }
-  return map;
-}
+using megamoe::testing::random_map;
 
 /// Sparse probs on `map`, from a set of four values so that equal probs are common.
 mm::row_matrix<double> tied_probs(mm::mask_matrix const& map, std::uint32_t seed) {

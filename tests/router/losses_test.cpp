@@ -11,6 +11,8 @@
 #include <megamoe/router/output.hpp>
 #include <megamoe/router/plan.hpp>
 
+#include "support/routing_inputs.hpp"
+
 #include "reference/router_reference.hpp"
 
 #include <gtest/gtest.h>
@@ -32,23 +34,9 @@ namespace ref = megamoe::reference;
 
 namespace {
 
-using matrix = mm::row_matrix<double>;
+using megamoe::testing::separated_logits;
 
-/// Logits whose entries in a row are at least ~0.25 apart, so no central difference moves the aux
-/// losses' own top-k.
-matrix separated_logits(int tokens, int experts, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<double> noise(-0.05, 0.05);
-  matrix z(tokens, experts);
-  std::vector<int> order(static_cast<std::size_t>(experts));
-  for (int t = 0; t < tokens; ++t) {
-    std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), rng);
-    for (int e = 0; e < experts; ++e)
-      z(t, e) = 0.35 * (order[static_cast<std::size_t>(e)] - experts / 2.0) + noise(rng);
-  }
-  return z;
-}
+using matrix = mm::row_matrix<double>;
 
 ref::table to_table(matrix const& m) {
   ref::table t(static_cast<std::size_t>(m.rows()));

@@ -10,6 +10,8 @@
 #include <megamoe/router/router.hpp>
 #include <megamoe/router/scores.hpp>
 
+#include "support/routing_inputs.hpp"
+
 #include "reference/router_reference.hpp"
 
 #include <gtest/gtest.h>
@@ -29,23 +31,9 @@ namespace mr = megamoe::router;
 
 namespace {
 
-using matrix = mm::row_matrix<double>;
+using megamoe::testing::separated_logits;
 
-/// Logits with every pair of a row at least `gap` apart (a shuffled grid plus small noise), so a
-/// finite-difference step never changes a top-k choice.
-matrix separated_logits(int tokens, int experts, std::uint32_t seed, double spread = 0.35) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<double> noise(-0.05, 0.05);
-  matrix z(tokens, experts);
-  std::vector<int> order(static_cast<std::size_t>(experts));
-  for (int t = 0; t < tokens; ++t) {
-    std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), rng);
-    for (int e = 0; e < experts; ++e)
-      z(t, e) = spread * (order[static_cast<std::size_t>(e)] - experts / 2.0) + noise(rng);
-  }
-  return z;
-}
+using matrix = mm::row_matrix<double>;
 
 matrix random_matrix(int rows, int cols, std::uint32_t seed) {
   std::mt19937 rng(seed);

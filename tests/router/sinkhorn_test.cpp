@@ -9,6 +9,8 @@
 #include <megamoe/router/plan.hpp>
 #include <megamoe/router/sinkhorn.hpp>
 
+#include "support/routing_inputs.hpp"
+
 #include "reference/router_reference.hpp"
 
 #include <gtest/gtest.h>
@@ -27,6 +29,8 @@ namespace mk = megamoe::router::kernels;
 namespace ref = megamoe::reference;
 
 namespace {
+
+using megamoe::testing::separated_logits;
 
 using matrix = mm::row_matrix<double>;
 
@@ -111,21 +115,6 @@ TEST(Sinkhorn, KernelGivesUpAfterMaxIterations) {
     EXPECT_NE(std::string(e.what()).find("did not converge in 1 iterations"), std::string::npos)
         << e.what();
   }
-}
-
-/// Logits whose entries in a row are at least ~0.25 apart.
-matrix separated_logits(int tokens, int experts, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<double> noise(-0.05, 0.05);
-  matrix z(tokens, experts);
-  std::vector<int> order(static_cast<std::size_t>(experts));
-  for (int t = 0; t < tokens; ++t) {
-    std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), rng);
-    for (int e = 0; e < experts; ++e)
-      z(t, e) = 0.35 * (order[static_cast<std::size_t>(e)] - experts / 2.0) + noise(rng);
-  }
-  return z;
 }
 
 /// settings with Sinkhorn on and top-k k.

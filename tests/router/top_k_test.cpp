@@ -8,6 +8,8 @@
 #include <megamoe/router/plan.hpp>
 #include <megamoe/router/top_k.hpp>
 
+#include "support/routing_inputs.hpp"
+
 #include "reference/router_reference.hpp"
 
 #include <gtest/gtest.h>
@@ -28,6 +30,8 @@ namespace mk = megamoe::router::kernels;
 namespace ref = megamoe::reference;
 
 namespace {
+
+using megamoe::testing::separated_logits;
 
 /// Values from a set of five, so that ties are common; every seventh is -inf (a masked expert).
 std::vector<double> tied_values(int n, std::uint32_t seed) {
@@ -100,21 +104,6 @@ TEST(TopK, GroupLimitedSelectionMatchesThePlainStatement) {
 // --- topk_selection under each plan --------------------------------------------------------------
 
 using matrix = mm::row_matrix<double>;
-
-/// Logits whose entries in a row are at least ~0.25 apart, so no central difference moves a choice.
-matrix separated_logits(int tokens, int experts, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<double> noise(-0.05, 0.05);
-  matrix z(tokens, experts);
-  std::vector<int> order(static_cast<std::size_t>(experts));
-  for (int t = 0; t < tokens; ++t) {
-    std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), rng);
-    for (int e = 0; e < experts; ++e)
-      z(t, e) = 0.35 * (order[static_cast<std::size_t>(e)] - experts / 2.0) + noise(rng);
-  }
-  return z;
-}
 
 struct selection_case {
   char const* name;
