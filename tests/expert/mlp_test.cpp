@@ -13,6 +13,7 @@
 #include <megamoe/expert/mlp.hpp>
 
 #include "reference/moe_reference.hpp"
+#include "support/layer_helpers.hpp"
 
 #include <gtest/gtest.h>
 
@@ -29,15 +30,7 @@ namespace ref = megamoe::reference;
 namespace {
 
 using ex::activation_function;
-
-template <class M>
-ref::mat to_mat(M const& m) {
-  ref::mat out(static_cast<std::size_t>(m.rows()), ref::vec(static_cast<std::size_t>(m.cols())));
-  for (Eigen::Index r = 0; r < m.rows(); ++r)
-    for (Eigen::Index c = 0; c < m.cols(); ++c)
-      out[static_cast<std::size_t>(r)][static_cast<std::size_t>(c)] = static_cast<double>(m(r, c));
-  return out;
-}
+using megamoe::testing::to_mat;
 
 template <class T>
 std::vector<T> normal(std::size_t n, std::uint64_t seed, double scale = 1.0) {
