@@ -11,6 +11,15 @@
 // (every weight under the reference's parameter names, fp32). The last stdout line is
 //   {"final": {"steps", "tokens_per_s", "heldout_bpb", "unigram_bpb", "metrics_path",
 //              "plot_path", "weights_path"}}
+// Checkpoints (the reference's flags): --save DIR with --save-interval N writes DIR/iter_NNNNNNN/
+// (every rank its shards, io/checkpoint.hpp) and then DIR/latest_checkpointed_iteration.txt;
+// --save alone saves at the end. --load DIR resumes from the iteration the tracker names, on any
+// layout: the step, the optimizer, the schedule, the seed and the batch size come from the
+// checkpoint (a flag given with another value is an error, except a larger --steps, which
+// recomputes the learning-rate schedule for the new total); metrics.jsonl keeps its lines up to
+// that step and goes on from there. --no-load-optim starts fresh Adam moments; --finetune loads
+// the weights only and starts at step 0. --exit-signal-handler: on SIGTERM the job saves (with
+// --save) after the current step and exits 0.
 // Presets are complete configuration types (the model slot included), chosen once at start-up.
 // `--describe` prints the chosen preset's configuration resolved for this job (its degrees from
 // the world size and the flags) as one JSON object, with its parameter count and model FLOPs per
@@ -20,16 +29,20 @@
 #include <megamoe/config/resolve.hpp>
 #include <megamoe/config/rules.hpp>
 #include <megamoe/core/random.hpp>
+#include <megamoe/io/checkpoint.hpp>
 #include <megamoe/io/safetensors.hpp>
 #include <megamoe/model/counts.hpp>
 #include <megamoe/model/transformer.hpp>
 #include <megamoe/parallel/process_groups.hpp>
+#include <megamoe/train/checkpoint.hpp>
 #include <megamoe/train/corpus.hpp>
 #include <megamoe/train/report.hpp>
 #include <megamoe/train/trainer.hpp>
 
 #include <CLI/CLI.hpp>
+#include <boost/mpi/collectives/all_reduce.hpp>
 #include <boost/mpi/collectives/gather.hpp>
+#include <boost/mpi/operations.hpp>
 #include <boost/serialization/string.hpp>
 #include <boost/serialization/vector.hpp>
 #include <nlohmann/json.hpp>
@@ -37,11 +50,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -58,7 +74,19 @@ struct options {
   std::uint64_t seed = 1234;
   std::string data = "/usr/share/games/fortunes", out = "megamoe-train-out", preset = "small";
   bool describe = false;
+  // Checkpoints.
+  std::string save, load;
+  int save_interval = 0;
+  bool no_load_optim = false, finetune = false, exit_signal_handler = false;
+  // Which flags the command line gave (a resumed run takes the others from the checkpoint).
+  bool steps_given = false, seed_given = false, seq_len_given = false, global_batch_given = false,
+       lr_given = false, preset_given = false, micro_batch_given = false;
 };
+
+volatile std::sig_atomic_t terminate_requested = 0;
+extern "C" void request_termination(int) {
+  terminate_requested = 1;
+}
 
 /// Every parallel degree is left to the job: TP, CP and PP from their flags (1 for now), ETP
 /// following TP, EP taking the expert grid's ranks (or --ep).
@@ -147,13 +175,54 @@ std::string generate(mm::context& ctx, Model& model, std::string const& prompt, 
   return out;
 }
 
+/// A resumed run takes the job's settings from the checkpoint where the command line did not
+/// give them; a flag that contradicts it is an error. Returns the saved schedule's total.
+int take_saved_settings(nlohmann::json const& state, options& o) {
+  if (!state.contains("step"))
+    throw mm::input_error("megamoe-train: " + o.load +
+                          " holds weights only, no training state: load it with --finetune");
+  auto const job = state.value("job", nlohmann::json::object());
+  int const saved_steps = job.value("steps", 0);
+  auto same = [](char const* flag, bool given, auto mine, auto saved) {
+    if (given && mine != saved)
+      throw mm::input_error("megamoe-train: " + std::string(flag) + " " + std::to_string(mine) +
+                            " differs from the checkpoint's " + std::to_string(saved) +
+                            " (a resumed run keeps it; --finetune starts afresh)");
+  };
+  auto const seed = state.at("seed").get<std::uint64_t>();
+  int const seq_len = state.at("seq_length").get<int>();
+  int const global = state.at("global_batch").get<int>();
+  double const lr = state.at("schedule").at("peak").get<double>();
+  same("--seed", o.seed_given, o.seed, seed);
+  same("--seq-len", o.seq_len_given, o.seq_len, seq_len);
+  same("--global-batch", o.global_batch_given, o.global_batch, global);
+  same("--lr", o.lr_given, o.lr, lr);
+  o.seed = seed;
+  o.seq_len = seq_len;
+  o.global_batch = global;
+  o.lr = lr;
+  if (!o.steps_given) o.steps = saved_steps;
+  if (!o.micro_batch_given) o.micro_batch = job.value("micro_batch", o.micro_batch);
+  return saved_steps;
+}
+
 template <class Config>
-int train(mm::parallel::environment& env, options o) {
+int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* resume) {
   auto const& world = env.world();
   bool const root = world.rank() == 0;
+  bool const resuming = resume != nullptr && !o.finetune;
+  int saved_total = 0;
+  if (resuming)
+    mm::parallel::check_on_every_rank(
+        world, [&] { saved_total = take_saved_settings(resume->state(), o); });
   auto const degrees = job_degrees(world.size(), o);
   mm::parallel::process_groups const groups(world, degrees);
   int const dp = groups.dp().size();
+  // A resumed job on fewer ranks per sequence keeps the global batch: its saved micro-batch
+  // size gives way where it no longer divides it.
+  if (resuming && !o.micro_batch_given && o.global_batch % (o.micro_batch * dp) != 0 &&
+      o.global_batch % dp == 0)
+    o.micro_batch = o.global_batch / dp;
   mt::train_settings settings;
   mm::parallel::check_on_every_rank(world, [&] {
     if (o.steps < 1 || o.micro_batch < 1 || o.seq_len < 2 || !(o.lr > 0))
@@ -182,32 +251,106 @@ int train(mm::parallel::environment& env, options o) {
   model.initialize(o.seed, 0.02);
   mt::trainer<Config> trainer(groups, model, corpus, settings);
   mm::context ctx(env.num_threads());
+  std::string resumed_line;
+  if (resume != nullptr) {
+    auto const report = mt::load_checkpoint(
+        trainer, world, *resume, {.optimizer = !o.no_load_optim, .finetune = o.finetune});
+    std::ostringstream line;
+    line << (o.finetune ? "fine-tuning from" : "resumed from") << " iteration " << report.iteration
+         << " of " << resume->folder().parent_path().string() << " (" << report.bytes
+         << " bytes in " << report.seconds << " s"
+         << (o.no_load_optim && !o.finetune ? ", fresh optimizer state" : "") << ")";
+    if (resuming) {
+      // The saved schedule continues bit for bit; another total recomputes it.
+      auto const& s = resume->state().at("schedule");
+      mm::optim::lr_schedule saved{s.at("peak").get<double>(), s.at("minimum").get<double>(),
+                                   s.at("warmup").get<int>(), s.at("total").get<int>()};
+      if (o.steps != saved_total && o.steps > trainer.steps_done())
+        line << "; learning-rate schedule recomputed for " << o.steps << " steps (was "
+             << saved_total << ")";
+      else
+        trainer.set_schedule(saved);
+    }
+    resumed_line = line.str();
+  }
+  int const first_step = trainer.steps_done() + 1;
+  if (o.exit_signal_handler) std::signal(SIGTERM, request_termination);
+  nlohmann::json const job_state = {
+      {"preset", o.preset}, {"steps", o.steps}, {"micro_batch", o.micro_batch}};
+  int last_saved = resuming ? trainer.steps_done() : -1;
+  auto save = [&] {
+    if (o.save.empty() || last_saved == trainer.steps_done()) return;
+    auto const report = mt::save_checkpoint(trainer, world, o.save, job_state);
+    last_saved = trainer.steps_done();
+    if (root)
+      std::fprintf(stderr, "\n  saved iteration %d to %s (%.1f MB in %.2f s)\n", report.iteration,
+                   o.save.c_str(), static_cast<double>(report.bytes) / 1e6, report.seconds);
+  };
 
   std::filesystem::create_directories(o.out);
   auto const out_dir = std::filesystem::absolute(o.out);
   auto const metrics_path = out_dir / "metrics.jsonl", plot_path = out_dir / "training.svg",
              weights_path = out_dir / "model.safetensors";
-  std::ofstream metrics;
-  if (root) metrics.open(metrics_path, std::ios::trunc);
   double const unigram = corpus.unigram_bits_per_byte();
+  mt::training_history history;
+  history.unigram_bpb = unigram;
+  history.load.resize(model.moe_layers().size());
+  std::ofstream metrics;
+  if (root) {
+    // A resumed run keeps the lines of the steps it resumes after (a killed run may have written
+    // more) and rebuilds the picture's history from them.
+    std::vector<std::string> kept;
+    if (resuming) {
+      std::ifstream in(metrics_path);
+      for (std::string text; std::getline(in, text);) {
+        auto const line = nlohmann::json::parse(text, nullptr, false);
+        if (line.is_discarded() || line.value("step", 0) < 1 || line.value("step", 0) >= first_step)
+          continue;
+        kept.push_back(text);
+        history.train_bpb.push_back(line.value("train_bpb", 0.0));
+        if (line.contains("heldout_bpb"))
+          history.heldout_bpb.emplace_back(line["step"].get<int>(),
+                                           line["heldout_bpb"].get<double>());
+        auto const& loads = line.value("expert_load", nlohmann::json::array());
+        for (std::size_t l = 0; l < loads.size() && l < history.load.size(); ++l) {
+          auto const counts = loads[l].at("tokens_per_expert").get<std::vector<double>>();
+          double total = 0.0;
+          for (double c : counts) total += c;
+          std::vector<double> share(counts.size());
+          for (std::size_t e = 0; e < counts.size(); ++e)
+            share[e] = total > 0 ? counts[e] / total : 0;
+          history.load[l].push_back(share);
+        }
+      }
+    }
+    metrics.open(metrics_path, std::ios::trunc);
+    for (auto const& text : kept) metrics << text << '\n';
+    metrics.flush();
+  }
   if (root)
     std::cerr << "megamoe-train: preset " << o.preset << ", " << corpus.training().size()
               << " training bytes, " << corpus.heldout().size() << " held out (unigram " << unigram
               << " bits/byte); " << world.size() << " rank(s), EP " << degrees.ep
               << ", global batch " << settings.micro_batch * settings.micro_batches * dp << " x "
-              << o.seq_len << " bytes\n";
-  mt::training_history history;
-  history.unigram_bpb = unigram;
-  history.load.resize(model.moe_layers().size());
+              << o.seq_len << " bytes"
+              << (resumed_line.empty() ? std::string() : "; " + resumed_line) << "\n";
   int const eval_every = std::max(1, o.steps / 8), eval_windows = 64;
   double const flops_per_token = model.flops_per_token(o.seq_len);
-  double heldout = trainer.heldout_bits_per_byte(ctx, eval_windows);
-  history.heldout_bpb.emplace_back(1, heldout);
+  double heldout = 0.0;
+  if (first_step == 1) {
+    heldout = trainer.heldout_bits_per_byte(ctx, eval_windows);
+    history.heldout_bpb.emplace_back(1, heldout);
+  }
+  if (first_step > o.steps && root)
+    std::fprintf(stderr, "megamoe-train: --steps %d already reached at iteration %d\n", o.steps,
+                 first_step - 1);
   double tokens_per_s = 0.0, elapsed = 0.0;
-  for (int step = 1; step <= o.steps; ++step) {
+  bool terminated = false;
+  for (int step = first_step; step <= o.steps; ++step) {
     auto const m = trainer.step(ctx);
     elapsed += m.seconds;
-    tokens_per_s = static_cast<double>(trainer.global_batch_tokens()) * step / elapsed;
+    tokens_per_s =
+        static_cast<double>(trainer.global_batch_tokens()) * (step - first_step + 1) / elapsed;
     double const bpb = m.loss / std::log(2.0);
     history.train_bpb.push_back(bpb);
     nlohmann::ordered_json line;
@@ -243,8 +386,21 @@ int train(mm::parallel::environment& env, options o) {
       history.heldout_bpb.emplace_back(step, heldout);
       line["heldout_bpb"] = heldout;
     }
+    if (root) metrics << line.dump() << '\n' << std::flush;
+    if (o.save_interval > 0 && step % o.save_interval == 0) save();
+    if (o.exit_signal_handler) {
+      int const asked = boost::mpi::all_reduce(world, static_cast<int>(terminate_requested),
+                                               boost::mpi::maximum<int>());
+      if (asked != 0) {
+        save();
+        if (root)
+          std::fprintf(stderr, "\nmegamoe-train: SIGTERM: %s after step %d, exiting\n",
+                       o.save.empty() ? "no --save, nothing saved" : "saved", step);
+        terminated = true;
+        break;
+      }
+    }
     if (!root) continue;
-    metrics << line.dump() << '\n';
     int const bar = 30, done = bar * step / o.steps;
     std::fprintf(stderr, "\rstep %d/%d [%s%s] loss %.3f bits/byte | %.0f tok/s | ETA %s   ", step,
                  o.steps, std::string(static_cast<std::size_t>(done), '#').c_str(),
@@ -253,13 +409,16 @@ int train(mm::parallel::environment& env, options o) {
     if (line.contains("heldout_bpb"))
       std::fprintf(stderr, "\n  held-out %.3f bits/byte (unigram %.3f)\n", heldout, unigram);
   }
+  if (terminated) return 0;
+  save();
+  if (first_step > o.steps) heldout = trainer.heldout_bits_per_byte(ctx, eval_windows);
   std::string const sample = generate(ctx, model, "The ", 200, o.seq_len, o.seed);
   if (root) {
     std::fprintf(stderr,
-                 "megamoe-train: %d steps, %.0f tokens/s, %.2f effective model GFLOP/s (%.3g "
+                 "megamoe-train: %d steps run, %.0f tokens/s, %.2f effective model GFLOP/s (%.3g "
                  "FLOPs per token, forward + backward), held-out %.3f bits/byte (unigram %.3f)\n",
-                 o.steps, tokens_per_s, tokens_per_s * flops_per_token / 1e9, flops_per_token,
-                 heldout, unigram);
+                 std::max(0, o.steps - first_step + 1), tokens_per_s,
+                 tokens_per_s * flops_per_token / 1e9, flops_per_token, heldout, unigram);
     std::cout << "sample:\n" << sample << "\n" << std::flush;
   }
 
@@ -271,6 +430,12 @@ int train(mm::parallel::environment& env, options o) {
     names.emplace_back(name);
     shapes.push_back({value.rows(), value.cols()});
     values.emplace_back(value.data(), value.data() + value.size());
+  });
+  model.for_each_persistent_state([&](mm::persistent_state const& s) {
+    if (s.name.find("expert_bias") == std::string_view::npos) return;
+    names.emplace_back(s.name);
+    shapes.push_back({s.rows, s.cols});
+    values.emplace_back(s.values.begin(), s.values.end());
   });
   std::vector<std::vector<std::string>> all_names;
   std::vector<std::vector<std::vector<std::int64_t>>> all_shapes;
@@ -285,16 +450,17 @@ int train(mm::parallel::environment& env, options o) {
         unique.try_emplace(all_names[r][i], all_shapes[r][i], all_values[r][i]);
     std::vector<mm::io::tensor_view> tensors;
     for (auto const& [name, t] : unique) {
-      auto shape = t.first;
-      if (shape[0] == 1 && name.find("norm") != std::string::npos) shape = {shape[1]};
-      tensors.push_back({name, shape, t.second});
+      tensors.push_back({name, mm::io::reference_shape(name, t.first[0], t.first[1]), t.second});
     }
     mm::io::write_safetensors(
         weights_path, tensors,
-        {{"format", "pt"}, {"producer", "megamoe-train"}, {"preset", o.preset}});
+        {{"format", "pt"},
+         {"producer", "megamoe-train"},
+         {"preset", o.preset},
+         {"configuration", mt::checkpoint_configuration(model.values()).at("model").dump()}});
     mt::write_svg(plot_path, history);
     nlohmann::ordered_json final;
-    final["final"] = {{"steps", o.steps},
+    final["final"] = {{"steps", std::max(o.steps, first_step - 1)},
                       {"tokens_per_s", tokens_per_s},
                       {"heldout_bpb", heldout},
                       {"unigram_bpb", unigram},
@@ -331,6 +497,17 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     app.add_flag("--describe", o.describe,
                  "print the preset's configuration for this job as one JSON object and exit");
+    app.add_option("--save", o.save, "checkpoint folder to save to");
+    app.add_option("--save-interval", o.save_interval,
+                   "save every N steps (with --save; --save alone saves at the end)");
+    app.add_option("--load", o.load,
+                   "checkpoint folder to resume from (the iteration its tracker names)");
+    app.add_flag("--no-load-optim", o.no_load_optim,
+                 "with --load: fresh optimizer moments (the step continues)");
+    app.add_flag("--finetune", o.finetune,
+                 "with --load: the weights only; fresh optimizer, step 0");
+    app.add_flag("--exit-signal-handler", o.exit_signal_handler,
+                 "on SIGTERM, save (with --save) after the current step and exit 0");
     try {
       app.parse(argc, argv);
     } catch (CLI::ParseError const& e) {
@@ -338,8 +515,31 @@ int main(int argc, char** argv) {
                                 env.world().rank() == 0 ? std::cerr : std::cerr);
       return code;
     }
+    o.steps_given = app.count("--steps") > 0;
+    o.seed_given = app.count("--seed") > 0;
+    o.seq_len_given = app.count("--seq-len") > 0;
+    o.global_batch_given = app.count("--global-batch") > 0;
+    o.lr_given = app.count("--lr") > 0;
+    o.preset_given = app.count("--preset") > 0;
+    o.micro_batch_given = app.count("--micro-batch") > 0;
+    // A checkpoint to resume from names its preset: the model type follows it unless given.
+    std::optional<mm::io::checkpoint_reader> resume;
+    if (!o.load.empty() && !o.describe) {
+      auto const& world = env.world();
+      resume.emplace(world, o.load, mm::io::checkpoint_reader::latest_iteration(world, o.load));
+      mm::parallel::check_on_every_rank(world, [&] {
+        auto const saved =
+            resume->state().value("job", nlohmann::json::object()).value("preset", "");
+        if (saved.empty()) return;
+        if (o.preset_given && saved != o.preset)
+          throw mm::input_error("megamoe-train: --preset " + o.preset + ", but " + o.load +
+                                " holds a " + saved + " model");
+        if (!o.preset_given) o.preset = saved;
+      });
+    }
     auto run = [&]<class Config>() {
-      return o.describe ? describe_job<Config>(env, o) : train<Config>(env, o);
+      return o.describe ? describe_job<Config>(env, o)
+                        : train<Config>(env, o, resume ? &*resume : nullptr);
     };
     if (o.preset == "tiny") return run.template operator()<tiny_config>();
     if (o.preset == "fine") return run.template operator()<fine_config>();

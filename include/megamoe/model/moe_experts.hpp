@@ -92,6 +92,8 @@ class expert_stage {
                                                    groups == nullptr ? nullptr : &groups->tp_cp())),
         prefix_(moe_parameter_prefix(layer_number)) {
     if (groups != nullptr) {
+      routed_replicas_ = parallel::communicator_max(groups->expert_dp());
+      shared_replicas_ = parallel::communicator_max(groups->dp());
       first_expert_ = groups->ep().rank() * local_experts();
       if constexpr (rounds_operands) routed_ops_.number_experts_from(first_expert_);
       ffn_offset_ = groups->expert_tp().rank() * local_ffn();
@@ -130,8 +132,8 @@ class expert_stage {
   /// End of a step for the recipe's operands (delayed scaling's histories).
   void end_of_step() {
     if constexpr (rounds_operands) {
-      routed_ops_.end_of_step();
-      shared_ops_.end_of_step();
+      routed_ops_.end_of_step(routed_replicas_);
+      shared_ops_.end_of_step(shared_replicas_);
     }
   }
 
@@ -270,6 +272,48 @@ class expert_stage {
   // --- Parameters
   // ---------------------------------------------------------------------------------
 
+  /// f(persistent_state) for the recipe's state that lives across steps (delayed scaling's amax
+  /// histories and scales: [experts, floats] for the routed experts, [1, floats] for the shared
+  /// one); f may change the values (a checkpoint load).
+  template <class F>
+  void for_each_persistent_state(F&& f) {
+    if constexpr (rounds_operands) {
+      auto visit = [&](auto& ops, std::string const& name, std::int64_t rows, std::int64_t first,
+                       state_owner owner) {
+        int const width = ops.persistent_floats();
+        if (width == 0) return;
+        std::vector<float> all(static_cast<std::size_t>(ops.experts()) *
+                               static_cast<std::size_t>(width));
+        int e = 0;
+        ops.exchange_persistent_state([&](std::span<float> floats) {
+          std::copy(floats.begin(), floats.end(), all.begin() + std::ptrdiff_t{e++} * width);
+        });
+        f(persistent_state{name, rows, width, first, std::span<float>(all), owner});
+        e = 0;
+        ops.exchange_persistent_state([&](std::span<float> floats) {
+          auto const from = all.begin() + std::ptrdiff_t{e++} * width;
+          std::copy(from, from + width, floats.begin());
+        });
+      };
+      visit(routed_ops_, prefix_ + "experts.fp8_delayed_state", values_.shape.experts,
+            first_expert_, state_owner::expert_replica_first);
+      if (has_shared())
+        visit(shared_ops_, prefix_ + "shared_experts.fp8_delayed_state", 1, 0,
+              state_owner::attention_grid_first);
+    }
+  }
+  /// Training steps the recipe's operands have ended (stochastic rounding follows it).
+  [[nodiscard]] std::uint64_t operand_steps() const noexcept {
+    if constexpr (rounds_operands) return routed_ops_.steps_taken();
+    return 0;
+  }
+  void set_operand_steps(std::uint64_t steps) noexcept {
+    if constexpr (rounds_operands) {
+      routed_ops_.set_steps_taken(steps);
+      shared_ops_.set_steps_taken(steps);
+    }
+  }
+
   /// f(name, value, grad, kind, number, numbering) for every expert parameter this rank holds,
   /// numbered as on one rank (2.. after the router weight).
   template <class Visitor>
@@ -283,8 +327,8 @@ class expert_stage {
     std::int64_t const Fl = local_ffn(), first = first_expert_;
     bool const glu = expert::fc1_width(activation, 1) == 2;
     element_numbering const fc1 =
-        glu ? element_numbering{H, 0, Fl, ffn_offset_, Ffull + ffn_offset_}
-            : element_numbering{H, 0, 0, ffn_offset_, 0};
+        glu ? element_numbering{H, 0, Fl, ffn_offset_, Ffull + ffn_offset_, 2 * Ffull}
+            : element_numbering{H, 0, 0, ffn_offset_, 0, Ffull};
     element_numbering const fc2{Ffull, ffn_offset_};
     int const L = local_experts();
     constexpr parameter_kind weights =
@@ -426,6 +470,8 @@ class expert_stage {
   }
 
   config_values values_;
+  // Delayed scaling's amaxes are the largest over an expert's replicas (routed: EDP; shared: DP).
+  parallel::communicator_max routed_replicas_, shared_replicas_;
   expert::expert_parameters<scalar> experts_;
   typename Types::mlp_type routed_mlp_;
   expert::expert_parameters<scalar> shared_;

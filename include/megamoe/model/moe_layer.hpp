@@ -131,6 +131,26 @@ class moe_layer {
                          element_numbering const&) { f(name, value, grad, kind); });
   }
 
+  /// f(name, value, grad, kind, numbering) for every parameter this rank holds, with where its
+  /// elements lie in the whole parameter (checkpoints).
+  template <class F>
+  void for_each_numbered_parameter(F&& f) {
+    visit_parameters([&](std::string_view name, row_matrix_map<scalar> value,
+                         row_matrix_map<scalar> grad, parameter_kind kind, std::uint64_t,
+                         element_numbering const& numbering) {
+      f(name, value, grad, kind, numbering);
+    });
+  }
+  /// f(persistent_state) for the state that lives across steps besides the parameters: the
+  /// router's expert bias and the recipe's delayed-scaling histories; f may change the values.
+  template <class F>
+  void for_each_persistent_state(F&& f) {
+    routing_.for_each_persistent_state(f);
+    experts_.for_each_persistent_state(f);
+  }
+  [[nodiscard]] std::uint64_t operand_steps() const noexcept { return experts_.operand_steps(); }
+  void set_operand_steps(std::uint64_t steps) noexcept { experts_.set_operand_steps(steps); }
+
   // memory::quantized_weights: the routed experts' codes are their primary weights; the fp32
   // values stay until an optimizer takes its shard (then release_weight_values()), and after each
   // update the optimizer hands whole tensors back through for_each_quantized_weight.

@@ -5,6 +5,7 @@
 // so that every parallel mapping draws the same initial weights.
 #pragma once
 
+#include <megamoe/core/parameter.hpp>
 #include <megamoe/core/random.hpp>
 #include <megamoe/core/tensor.hpp>
 
@@ -17,22 +18,6 @@ namespace megamoe {
 inline std::string moe_parameter_prefix(int layer_number) {
   return "decoder.layers." + std::to_string(layer_number) + ".mlp.";
 }
-
-/// How element (r, c) of this rank's copy or shard of a parameter is numbered in the whole
-/// parameter (row-major): ETP shards are row and column offsets; a SwiGLU fc1 shard holds rows of
-/// the gate half and of the linear half.
-struct element_numbering {
-  std::int64_t global_cols = 0;
-  std::int64_t col_offset = 0;
-  std::int64_t half_rows = 0;  // > 0: local rows [0, half_rows) are the gate's, the rest linear
-  std::int64_t first_row = 0, second_row = 0;
-
-  [[nodiscard]] std::uint64_t global(Eigen::Index r, Eigen::Index c) const {
-    std::int64_t const row =
-        half_rows == 0 || r < half_rows ? first_row + r : second_row + (r - half_rows);
-    return static_cast<std::uint64_t>(row * global_cols + col_offset + c);
-  }
-};
 
 /// Draws `value` from N(0, std^2) as a function of (seed + the parameter's number, the element's
 /// number in the whole parameter); a bias is 0.

@@ -127,6 +127,17 @@ class routing_stage {
       std::uint64_t{1}, element_numbering{weight_.cols()});
   }
 
+  /// f(persistent_state) for the state the router keeps across global batches: its expert bias
+  /// (the token counts start again at every global batch). Every rank holds the same bias.
+  template <class F>
+  void for_each_persistent_state(F&& f) {
+    auto& bias = router_.state().expert_bias;
+    if (bias.empty()) return;
+    std::string const name = name_.substr(0, name_.rfind('.')) + ".expert_bias";
+    f(persistent_state{name, 1, std::ssize(bias), 0, std::span<float>(bias),
+                       state_owner::attention_grid_first});
+  }
+
   /// Bytes kept from forward to backward: the probs and the map.
   [[nodiscard]] std::size_t saved_bytes() const {
     return static_cast<std::size_t>(router_.output().probs.size()) * (sizeof(logit) + 1);

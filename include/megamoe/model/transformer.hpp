@@ -206,6 +206,34 @@ class transformer {
     head_.for_each_parameter("output_layer", dense);
   }
 
+  /// f(name, value, grad, kind, numbering) for every parameter this rank holds, with where its
+  /// elements lie in the whole parameter (the dense ones are whole copies).
+  template <class F>
+  void for_each_numbered_parameter(F&& f) {
+    for_each_parameter([&](std::string_view name, row_matrix_map<scalar> value,
+                           row_matrix_map<scalar> grad, parameter_kind kind) {
+      if (kind == parameter_kind::dense) f(name, value, grad, kind, element_numbering{grad.cols()});
+    });
+    for (auto& m : moe_)
+      m->for_each_numbered_parameter([&](std::string_view name, row_matrix_map<scalar> value,
+                                         row_matrix_map<scalar> grad, parameter_kind kind,
+                                         element_numbering const& numbering) {
+        if (kind != parameter_kind::dense) f(name, value, grad, kind, numbering);
+      });
+  }
+  /// f(persistent_state) for the MoE layers' state besides parameters (moe_layer).
+  template <class F>
+  void for_each_persistent_state(F&& f) {
+    for (auto& m : moe_) m->for_each_persistent_state(f);
+  }
+  /// Training steps the MoE layers' recipe operands have ended (all layers alike).
+  [[nodiscard]] std::uint64_t operand_steps() const noexcept {
+    return moe_.empty() ? 0 : moe_.front()->operand_steps();
+  }
+  void set_operand_steps(std::uint64_t steps) noexcept {
+    for (auto& m : moe_) m->set_operand_steps(steps);
+  }
+
   /// Weights from N(0, std^2) as a function of (seed, parameter name, element), norms at 1, so
   /// every mapping starts from the same model (the MoE layers number their own parameters).
   void initialize(std::uint64_t seed, double std = 0.02) {

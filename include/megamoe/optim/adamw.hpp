@@ -126,6 +126,45 @@ class distributed_adamw {
   }
   [[nodiscard]] int steps() const noexcept { return step_; }
 
+  /// What this rank owns of one parameter (its shard's piece of it): local elements
+  /// [first, first + count) of the parameter's [rows, cols] copy, their values (the fp32 masters
+  /// for quantized_expert weights) and Adam's moments. A checkpoint saves exactly these pieces,
+  /// so every element of the model is saved once, and loads them back.
+  struct shard_piece {
+    std::string_view name;
+    parameter_kind kind;
+    std::int64_t rows, cols, first, count;
+    T* values;
+    state_type* exp_avg;
+    state_type* exp_avg_sq;
+  };
+  /// Calls f(shard_piece) for every parameter piece this rank owns.
+  template <class F>
+  void for_each_shard_piece(F&& f) {
+    for (std::size_t kind = 0; kind < kinds_.size(); ++kind) {
+      auto& k = kinds_[kind];
+      bool const masters = !k.master.empty();
+      for_shard(k, [&](entry& e, std::int64_t first, std::int64_t count, std::int64_t at) {
+        f(shard_piece{e.name, static_cast<parameter_kind>(kind), e.grad.rows(), e.grad.cols(),
+                      first, count, masters ? k.master.data() + at : e.value.data() + first,
+                      k.m.data() + at, k.v.data() + at});
+      });
+    }
+  }
+  /// Sets the steps taken (Adam's bias corrections follow it), as a loaded checkpoint says.
+  void set_steps(int steps) {
+    if (steps < 0) throw input_error("distributed_adamw: negative step count");
+    step_ = steps;
+  }
+  /// After this rank's shards were written (a checkpoint load): every rank of each group gets
+  /// the whole parameters, and `models` holding quantized weights their re-quantized tensors.
+  template <class... Models>
+  void publish(Models&... models) {
+    gather(kinds_[0]);
+    gather(kinds_[1]);
+    (hand_back(models), ...);
+  }
+
   /// Clips by the global norm and applies one AdamW step with learning rate `lr`. A non-finite
   /// gradient norm (on any rank: the norm is summed over the world) skips the step on every rank.
   /// `models` are the ones given at construction where they hold quantized weights: their updated
@@ -158,6 +197,7 @@ class distributed_adamw {
  private:
   /// One parameter: its maps and where it starts in its kind's flat order.
   struct entry {
+    std::string name;
     row_matrix_map<T> value, grad;
     std::int64_t offset;
     bool decay;
@@ -184,7 +224,7 @@ class distributed_adamw {
       if (kind == parameter_kind::quantized_expert && value.size() != grad.size())
         throw input_error("distributed_adamw: " + std::string(name) +
                           " has no fp32 values: another optimizer holds its master already");
-      k.entries.push_back({value, grad, k.total, decays(name, grad.rows())});
+      k.entries.push_back({std::string(name), value, grad, k.total, decays(name, grad.rows())});
       k.total += grad.size();
     });
   }

@@ -296,10 +296,22 @@ class grouped_operands {
   }
 
   /// End of a training step (after backward): delayed scaling derives the next scales from the
-  /// recorded amaxes; stochastic rounding moves to fresh random numbers.
-  void end_of_step() {
+  /// recorded amaxes, after `replicas` (called with every recorded amax) took the largest over
+  /// the ranks holding replicas of these experts, so that every replica keeps the same history,
+  /// as one rank seeing all their tokens would; stochastic rounding moves to fresh random numbers.
+  template <class ReplicaReduction = no_amax_reduction>
+  void end_of_step(ReplicaReduction const& replicas = {}) {
     ++step_;
     if constexpr (recipe.recipe == recipe_id::fp8_delayed) {
+      replica_amax_.clear();
+      for (auto const& per_slot : delayed_)
+        for (auto const& per_role : per_slot)
+          for (auto const& state : per_role) replica_amax_.push_back(state.amax_history[0]);
+      replicas(std::span<float>(replica_amax_));
+      std::size_t at = 0;
+      for (auto& per_slot : delayed_)
+        for (auto& per_role : per_slot)
+          for (auto& state : per_role) state.amax_history[0] = replica_amax_[at++];
       for (std::size_t l = 0; l < delayed_.size(); ++l)
         for (auto r : {role::input, role::weight, role::grad}) {
           float const fp8_max = max_of(format_of(recipe, r, usage::rowwise).element);
@@ -335,6 +347,50 @@ class grouped_operands {
       QuantizedActivations {
     return fc1_output_codes_[static_cast<std::size_t>(e)];
   }
+  // --- State that lives across steps (checkpoints) ----------------------------------------------
+
+  [[nodiscard]] int experts() const noexcept { return experts_; }
+  /// Training steps ended (end_of_step calls): stochastic rounding's draws follow it.
+  [[nodiscard]] std::uint64_t steps_taken() const noexcept { return step_; }
+  void set_steps_taken(std::uint64_t steps) noexcept { step_ = steps; }
+  /// Floats of one expert's persistent state: under delayed scaling every amax history and scale
+  /// ([slot][role]: history, then scale), otherwise none.
+  [[nodiscard]] int persistent_floats() const noexcept {
+    std::size_t n = 0;
+    if (experts_ == 0) return 0;
+    if constexpr (recipe.recipe == recipe_id::fp8_delayed)
+      for (auto const& per_slot : delayed_)
+        for (auto const& per_role : per_slot) n += per_role.front().amax_history.size() + 1;
+    return static_cast<int>(n);
+  }
+  /// Calls f(span of expert e's persistent_floats()) for every local expert; what f leaves in the
+  /// span becomes the state (unchanged when f only reads).
+  template <class F>
+  void exchange_persistent_state(F&& f) {
+    std::vector<float> floats(static_cast<std::size_t>(persistent_floats()));
+    if (floats.empty()) return;
+    for (int e = 0; e < experts_; ++e) {
+      auto const ue = static_cast<std::size_t>(e);
+      std::size_t at = 0;
+      for (auto const& per_slot : delayed_)
+        for (auto const& per_role : per_slot) {
+          auto const& s = per_role[ue];
+          std::copy(s.amax_history.begin(), s.amax_history.end(), floats.begin() + at);
+          at += s.amax_history.size();
+          floats[at++] = s.scale;
+        }
+      f(std::span<float>(floats));
+      at = 0;
+      for (auto& per_slot : delayed_)
+        for (auto& per_role : per_slot) {
+          auto& s = per_role[ue];
+          std::copy_n(floats.begin() + at, s.amax_history.size(), s.amax_history.begin());
+          at += s.amax_history.size();
+          s.scale = floats[at++];
+        }
+    }
+  }
+
   /// The delayed-scaling state of expert e's `r` in `layer`.
   [[nodiscard]] delayed_scaling_state const& delayed_state(expert::linear layer, role r,
                                                            int e) const {
@@ -537,6 +593,7 @@ class grouped_operands {
   int first_expert_ = 0;
   AmaxReduction reduction_;
   std::vector<float> scales_, amax_;               // [E]: of the tensor being quantized
+  std::vector<float> replica_amax_;                // end_of_step: every recorded amax
   std::array<std::vector<float>, 2> grad_scales_;  // [linear][E]: from grad(), for wgrad()
   thread_pool* pool_ = nullptr;
   buffer<float>* rows_a_ = nullptr;

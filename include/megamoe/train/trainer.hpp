@@ -81,7 +81,18 @@ class trainer {
            settings_.seq_length;
   }
   [[nodiscard]] optim::distributed_adamw<scalar> const& optimizer() const { return optimizer_; }
+  [[nodiscard]] optim::distributed_adamw<scalar>& optimizer() { return optimizer_; }
+  [[nodiscard]] model_type& model() noexcept { return model_; }
+  [[nodiscard]] parallel::process_groups const* groups() const noexcept { return groups_; }
+  [[nodiscard]] train_settings const& settings() const noexcept { return settings_; }
   [[nodiscard]] int steps_done() const noexcept { return step_; }
+  /// Continues after `steps` global batches (a checkpoint load): the next batch is steps + 1.
+  void set_steps_done(int steps) {
+    if (steps < 0) throw input_error("training: negative step count");
+    step_ = steps;
+  }
+  /// The learning-rate schedule from now on (a resumed run with more steps recomputes it).
+  void set_schedule(optim::lr_schedule const& schedule) { settings_.schedule = schedule; }
 
   /// One global batch: forward and backward of every micro-batch, reduction, clipping, update.
   step_metrics step(context& ctx) {

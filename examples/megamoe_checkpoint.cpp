@@ -1,0 +1,192 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe-checkpoint — looks into checkpoints and converts them (one process).
+//
+//   megamoe-checkpoint inspect DIR                  step, configuration, layout, tensors
+//   megamoe-checkpoint export DIR FILE [--optimizer] one safetensors file: every tensor whole
+//                                                   under the reference's names (every expert),
+//                                                   the configuration and the training state
+//                                                   in its metadata; Adam's moments with
+//                                                   --optimizer
+//   megamoe-checkpoint import FILE DIR              a single safetensors file (an export, or
+//                                                   megamoe-train's model.safetensors) to a
+//                                                   checkpoint any layout loads
+// A file with the training state (an export with --optimizer) imports to a checkpoint that
+// resumes; one with weights only (model.safetensors, an export without --optimizer) to one that
+// megamoe-train --load ... --finetune starts from.
+#include <megamoe/io/checkpoint.hpp>
+#include <megamoe/io/safetensors.hpp>
+#include <megamoe/parallel/environment.hpp>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace mm = megamoe;
+namespace io = megamoe::io;
+namespace fs = std::filesystem;
+
+namespace {
+
+bool optimizer_tensor(std::string const& name) {
+  return name.rfind("optimizer.", 0) == 0;
+}
+
+int inspect(boost::mpi::communicator const& world, fs::path const& dir) {
+  io::checkpoint_reader reader(world, dir, io::checkpoint_reader::latest_iteration(world, dir));
+  auto const& state = reader.state();
+  std::cout << "checkpoint " << reader.folder().string() << ": iteration " << reader.iteration()
+            << ", " << reader.bytes() << " bytes in " << reader.saved_world_size()
+            << " rank file(s), every CRC-32 checked\n";
+  for (char const* key : {"step", "optimizer_step", "operand_step", "seed", "seq_length",
+                          "global_batch", "schedule", "job", "weights_only"})
+    if (state.contains(key)) std::cout << "  " << key << ": " << state[key].dump() << "\n";
+  if (state.contains("configuration")) {
+    auto const& c = state["configuration"];
+    if (c.contains("model")) std::cout << "  model: " << c["model"].dump() << "\n";
+    if (c.contains("runtime")) std::cout << "  saved on: " << c["runtime"].dump() << "\n";
+  }
+  std::int64_t elements = 0, model_elements = 0;
+  std::cout << "  tensors (" << reader.tensors().size() << "):\n";
+  for (auto const& [name, t] : reader.tensors()) {
+    nlohmann::json shape = t.shape;
+    std::cout << "    " << name << " " << io::dtype_name(t.type) << " " << shape.dump() << " in "
+              << t.pieces.size() << " piece(s)\n";
+    elements += t.rows * t.cols;
+    if (!optimizer_tensor(name)) model_elements += t.rows * t.cols;
+  }
+  std::cout << "  " << model_elements << " model elements, " << elements << " in all\n";
+  return 0;
+}
+
+int export_file(boost::mpi::communicator const& world, fs::path const& dir, fs::path const& file,
+                bool optimizer) {
+  io::checkpoint_reader reader(world, dir, io::checkpoint_reader::latest_iteration(world, dir));
+  std::map<std::string, std::vector<std::byte>> data;
+  std::vector<io::tensor_bytes> tensors;
+  for (auto const& [name, t] : reader.tensors()) {
+    if (optimizer_tensor(name) && !optimizer) continue;
+    auto& bytes = data[name];
+    if (t.type == io::dtype::f64) {
+      auto const v = reader.read_whole<double>(name);
+      bytes.resize(v.size() * sizeof(double));
+      std::memcpy(bytes.data(), v.data(), bytes.size());
+    } else if (t.type == io::dtype::f32) {
+      auto const v = reader.read_whole<float>(name);
+      bytes.resize(v.size() * sizeof(float));
+      std::memcpy(bytes.data(), v.data(), bytes.size());
+    } else {
+      throw mm::input_error("megamoe-checkpoint: " + name + " is " + io::dtype_name(t.type) +
+                            "; export reads F32 and F64 tensors");
+    }
+    tensors.push_back({name, t.type, t.shape, std::span<std::byte const>(bytes)});
+  }
+  auto state = reader.state();
+  if (!optimizer) state["weights_only"] = true;
+  std::map<std::string, std::string> metadata{{"format", "pt"},
+                                              {"producer", "megamoe-checkpoint"},
+                                              {"iteration", std::to_string(reader.iteration())},
+                                              {"megamoe_state", state.dump()}};
+  if (state.contains("configuration") && state["configuration"].contains("model"))
+    metadata["configuration"] = state["configuration"]["model"].dump();
+  auto const folder = file.parent_path().empty() ? fs::path(".") : file.parent_path();
+  auto const temporary = folder / ("." + file.filename().string() + ".partial");
+  {
+    io::durable_file out(temporary);
+    io::write_safetensors(out, tensors, metadata);
+    out.finish();
+  }
+  fs::rename(temporary, file);
+  std::cout << "exported iteration " << reader.iteration() << ": " << tensors.size()
+            << " tensors to " << file.string() << (optimizer ? " (with optimizer state)" : "")
+            << "\n";
+  return 0;
+}
+
+int import_file(boost::mpi::communicator const& world, fs::path const& file, fs::path const& dir) {
+  io::readable_file const in(file);
+  auto const header = io::read_safetensors_header(in);
+  nlohmann::json state;
+  int iteration = 0;
+  if (auto const it = header.metadata.find("megamoe_state"); it != header.metadata.end()) {
+    state = nlohmann::json::parse(it->second, nullptr, false);
+    if (state.is_discarded() || !state.is_object())
+      throw mm::input_error("megamoe-checkpoint: " + file.string() +
+                            ": its megamoe_state metadata is not a JSON object");
+    iteration = state.value("step", 0);
+  } else if (auto const c = header.metadata.find("configuration"); c != header.metadata.end()) {
+    auto const model = nlohmann::json::parse(c->second, nullptr, false);
+    if (model.is_discarded() || !model.is_object())
+      throw mm::input_error("megamoe-checkpoint: " + file.string() +
+                            ": its configuration metadata is not a JSON object");
+    state = {{"configuration", {{"model", model}}}, {"weights_only", true}};
+  } else {
+    throw mm::input_error("megamoe-checkpoint: " + file.string() +
+                          " holds no megamoe configuration in its metadata (megamoe-train's "
+                          "model.safetensors and megamoe-checkpoint export write one)");
+  }
+  bool const has_moments = std::any_of(header.tensors.begin(), header.tensors.end(),
+                                       [](auto const& t) { return optimizer_tensor(t.name); });
+  if (!has_moments) state["weights_only"] = true;
+  io::checkpoint_writer writer(world, dir, iteration);
+  std::size_t count = 0;
+  for (auto const& t : header.tensors) {
+    if (t.shape.empty() || t.shape.size() > 2)
+      throw mm::input_error("megamoe-checkpoint: " + file.string() + ": " + t.name +
+                            " is not a vector or a matrix");
+    std::int64_t const rows = t.shape.size() == 1 ? 1 : t.shape[0];
+    std::int64_t const cols = t.shape.back();
+    if (t.type == io::dtype::f64)
+      writer.add_whole(t.name, t.shape, rows, cols, io::read_tensor<double>(in, t).data());
+    else if (t.type == io::dtype::f32)
+      writer.add_whole(t.name, t.shape, rows, cols, io::read_tensor<float>(in, t).data());
+    else
+      throw mm::input_error("megamoe-checkpoint: " + file.string() + ": " + t.name + " is " +
+                            io::dtype_name(t.type) + "; import reads F32 and F64 tensors");
+    ++count;
+  }
+  auto const bytes = writer.commit(state);
+  std::cout << "imported " << count << " tensors from " << file.string() << " to "
+            << (dir / io::iteration_folder(iteration)).string() << " (" << bytes << " bytes"
+            << (state.value("weights_only", false) ? ", weights only: load with --finetune" : "")
+            << ")\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return mm::parallel::run_main(argc, argv, [&](mm::parallel::environment& env) {
+    CLI::App app{"megamoe-checkpoint: inspect, export and import megamoe checkpoints"};
+    app.require_subcommand(1);
+    std::string dir, file;
+    bool optimizer = false;
+    auto* inspect_cmd = app.add_subcommand("inspect", "step, configuration, layout and tensors");
+    inspect_cmd->add_option("DIR", dir, "checkpoint folder")->required();
+    auto* export_cmd = app.add_subcommand("export", "one safetensors file, every tensor whole");
+    export_cmd->add_option("DIR", dir, "checkpoint folder")->required();
+    export_cmd->add_option("FILE", file, "safetensors file to write")->required();
+    export_cmd->add_flag("--optimizer", optimizer, "with Adam's moments and the training state");
+    auto* import_cmd = app.add_subcommand("import", "a safetensors file to a checkpoint");
+    import_cmd->add_option("FILE", file, "safetensors file to read")->required();
+    import_cmd->add_option("DIR", dir, "checkpoint folder to write")->required();
+    try {
+      app.parse(argc, argv);
+    } catch (CLI::ParseError const& e) {
+      return app.exit(e);
+    }
+    auto const& world = env.world();
+    if (world.size() != 1) {
+      mm::parallel::check_on_every_rank(world, [] {
+        throw mm::input_error("megamoe-checkpoint runs as one process (no mpiexec -n > 1)");
+      });
+    }
+    if (*inspect_cmd) return inspect(world, dir);
+    if (*export_cmd) return export_file(world, dir, file, optimizer);
+    return import_file(world, file, dir);
+  });
+}
