@@ -10,12 +10,23 @@
 //   megamoe-checkpoint import FILE DIR              a single safetensors file (an export, or
 //                                                   megamoe-train's model.safetensors) to a
 //                                                   checkpoint any layout loads
+//   megamoe-checkpoint upcycle FILE DIR [--preset P] [--seed K]
+//                                                   a dense model's model.safetensors (the dense
+//                                                   preset's) upcycled into preset P (small) as
+//                                                   megamoe-train --upcycle does with seed K: a
+//                                                   weights-only checkpoint for --finetune
 // A file with the training state (an export with --optimizer) imports to a checkpoint that
 // resumes; one with weights only (model.safetensors, an export without --optimizer) to one that
 // megamoe-train --load ... --finetune starts from.
+#include "presets.hpp"
+
 #include <megamoe/io/checkpoint.hpp>
 #include <megamoe/io/safetensors.hpp>
+#include <megamoe/model/transformer.hpp>
 #include <megamoe/parallel/environment.hpp>
+#include <megamoe/parallel/process_groups.hpp>
+#include <megamoe/train/checkpoint.hpp>
+#include <megamoe/train/upcycle.hpp>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -157,6 +168,41 @@ int import_file(boost::mpi::communicator const& world, fs::path const& file, fs:
   return 0;
 }
 
+/// The dense model in `file` upcycled into `Config` (initialised from `seed` as megamoe-train
+/// does), saved whole as a weights-only checkpoint of iteration 0.
+template <class Config>
+int upcycle_file(boost::mpi::communicator const& world, fs::path const& file, fs::path const& dir,
+                 std::string const& preset, std::uint64_t seed) {
+  mm::parallel::process_groups const groups(world, mm::parallel::degrees{});
+  mm::transformer<Config> model(groups,
+                                {.tp = 1, .cp = 1, .pp = 1, .etp = 1, .ep = 1, .world_size = 1});
+  model.initialize(seed, 0.02);
+  int const g = mm::train::upcycle(model, world, file);
+  io::checkpoint_writer writer(world, dir, 0);
+  model.for_each_parameter([&](std::string_view view, auto value, auto, mm::parameter_kind) {
+    std::string const name(view);
+    writer.add_whole(name, io::reference_shape(name, value.rows(), value.cols()), value.rows(),
+                     value.cols(), value.data());
+  });
+  model.for_each_persistent_state([&](mm::persistent_state const& s) {
+    std::string const name(s.name);
+    writer.add_whole(name, io::reference_shape(name, s.rows, s.cols), s.rows, s.cols,
+                     s.values.data());
+  });
+  nlohmann::json const state = {
+      {"configuration", mm::train::checkpoint_configuration(model.values())},
+      {"weights_only", true},
+      {"job", {{"preset", preset}}},
+      {"upcycled_from", file.filename().string()},
+      {"granularity", g}};
+  auto const bytes = writer.commit(state);
+  std::cout << "upcycled " << file.string() << " into preset " << preset << " (granularity " << g
+            << "): " << (dir / io::iteration_folder(0)).string() << ", " << bytes
+            << " bytes; start from it with megamoe-train --load " << dir.string()
+            << " --finetune\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -174,6 +220,16 @@ int main(int argc, char** argv) {
     auto* import_cmd = app.add_subcommand("import", "a safetensors file to a checkpoint");
     import_cmd->add_option("FILE", file, "safetensors file to read")->required();
     import_cmd->add_option("DIR", dir, "checkpoint folder to write")->required();
+    std::string preset = "small";
+    std::uint64_t seed = 1234;
+    auto* upcycle_cmd = app.add_subcommand("upcycle", "a dense model upcycled into a checkpoint");
+    upcycle_cmd->add_option("FILE", file, "the dense model's model.safetensors")->required();
+    upcycle_cmd->add_option("DIR", dir, "checkpoint folder to write")->required();
+    upcycle_cmd->add_option("--preset", preset, "the MoE preset: tiny | small | fine")
+        ->check(CLI::IsMember({"tiny", "small", "fine"}))
+        ->capture_default_str();
+    upcycle_cmd->add_option("--seed", seed, "megamoe-train's --seed (the router's initialisation)")
+        ->capture_default_str();
     try {
       app.parse(argc, argv);
     } catch (CLI::ParseError const& e) {
@@ -187,6 +243,12 @@ int main(int argc, char** argv) {
     }
     if (*inspect_cmd) return inspect(world, dir);
     if (*export_cmd) return export_file(world, dir, file, optimizer);
+    if (*upcycle_cmd) {
+      auto run = [&]<class Config>() {
+        return upcycle_file<Config>(world, file, dir, preset, seed);
+      };
+      return megamoe::presets::with_preset(preset, run);
+    }
     return import_file(world, file, dir);
   });
 }

@@ -24,6 +24,8 @@
 // `--describe` prints the chosen preset's configuration resolved for this job (its degrees from
 // the world size and the flags) as one JSON object, with its parameter count and model FLOPs per
 // token, and exits without reading the corpus.
+#include "presets.hpp"
+
 #include <megamoe/config/config.hpp>
 #include <megamoe/config/describe.hpp>
 #include <megamoe/config/resolve.hpp>
@@ -38,6 +40,7 @@
 #include <megamoe/train/corpus.hpp>
 #include <megamoe/train/report.hpp>
 #include <megamoe/train/trainer.hpp>
+#include <megamoe/train/upcycle.hpp>
 
 #include <CLI/CLI.hpp>
 #include <boost/mpi/collectives/all_reduce.hpp>
@@ -75,7 +78,7 @@ struct options {
   std::string data = "/usr/share/games/fortunes", out = "megamoe-train-out", preset = "small";
   bool describe = false;
   // Checkpoints.
-  std::string save, load;
+  std::string save, load, upcycle;
   int save_interval = 0;
   bool no_load_optim = false, finetune = false, exit_signal_handler = false;
   // Which flags the command line gave (a resumed run takes the others from the checkpoint).
@@ -88,34 +91,10 @@ extern "C" void request_termination(int) {
   terminate_requested = 1;
 }
 
-/// Every parallel degree is left to the job: TP, CP and PP from their flags (1 for now), ETP
-/// following TP, EP taking the expert grid's ranks (or --ep).
-using job_mapping =
-    mm::parallel::mapping<mm::parallel::tp<mm::dynamic>, mm::parallel::cp<mm::dynamic>,
-                          mm::parallel::pp<mm::dynamic>, mm::parallel::ep<mm::dynamic>>;
-
-template <int H, int F, int E, class Router, class Model>
-using preset_config = mm::make_config<mm::shape<mm::hidden<H>, mm::ffn<F>, mm::experts<E>>, Router,
-                                      mm::dispatch::all_to_all, mm::expert::mlp<mm::expert::swiglu>,
-                                      mm::precision::fp32, job_mapping, Model>;
-
-/// tiny: quick runs; small (default): 4 layers, MoE every other layer, 8 experts top-2;
-/// fine: fine-grained experts, every layer MoE, 16 experts top-4 with the aux-loss-free router.
-using tiny_config = preset_config<64, 128, 4, rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>,
-                                  md::decoder<md::layers<2>, md::heads<4>, md::vocabulary<256>,
-                                              md::dense_ffn<256>, md::moe_layer_freq<2>>>;
-using small_config = preset_config<128, 256, 8, rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>,
-                                   md::decoder<md::layers<4>, md::heads<4>, md::vocabulary<256>,
-                                               md::dense_ffn<512>, md::moe_layer_freq<2>>>;
-using fine_config = preset_config<128, 96, 16, rt::aux_loss_free<4, rt::seq_aux_loss<1e-4>>,
-                                  md::decoder<md::layers<4>, md::heads<4>, md::vocabulary<256>>>;
-static_assert(mm::rules::check<tiny_config>() && mm::rules::check<small_config>() &&
-              mm::rules::check<fine_config>());
-
 /// The job's degrees: TP = CP = PP = 1, EP = --ep or the expert grid's ranks.
 mm::parallel::degrees job_degrees(int world_size, options const& o) {
   mm::parallel::degrees d;
-  d.ep = o.ep > 0 ? o.ep : world_size;
+  d.ep = o.ep > 0 ? o.ep : (o.preset == "dense" ? 1 : world_size);
   return d;
 }
 
@@ -249,6 +228,11 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
   settings.schedule = {o.lr, o.lr / 10, std::max(1, o.steps / 20), o.steps};
   mm::transformer<Config> model(groups, job_values(degrees, world.size()));
   model.initialize(o.seed, 0.02);
+  std::string upcycled_line;
+  if (!o.upcycle.empty()) {
+    int const g = mt::upcycle(model, world, o.upcycle);
+    upcycled_line = "; upcycled from " + o.upcycle + " (granularity " + std::to_string(g) + ")";
+  }
   mt::trainer<Config> trainer(groups, model, corpus, settings);
   mm::context ctx(env.num_threads());
   std::string resumed_line;
@@ -333,7 +317,8 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
               << " bits/byte); " << world.size() << " rank(s), EP " << degrees.ep
               << ", global batch " << settings.micro_batch * settings.micro_batches * dp << " x "
               << o.seq_len << " bytes"
-              << (resumed_line.empty() ? std::string() : "; " + resumed_line) << "\n";
+              << (resumed_line.empty() ? std::string() : "; " + resumed_line) << upcycled_line
+              << "\n";
   int const eval_every = std::max(1, o.steps / 8), eval_windows = 64;
   double const flops_per_token = model.flops_per_token(o.seq_len);
   double heldout = 0.0;
@@ -426,13 +411,18 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
   std::vector<std::string> names;
   std::vector<std::vector<std::int64_t>> shapes;
   std::vector<std::vector<float>> values;
+  // One-expert layers (the dense preset) are dense FFNs: saved under the dense names.
+  bool const dense_names = model.values().shape.experts == 1;
   model.for_each_parameter([&](std::string_view name, auto value, auto, mm::parameter_kind) {
-    names.emplace_back(name);
+    auto const saved = dense_names ? mt::dense_parameter_name(std::string(name))
+                                   : std::optional<std::string>(name);
+    if (!saved) return;
+    names.push_back(*saved);
     shapes.push_back({value.rows(), value.cols()});
     values.emplace_back(value.data(), value.data() + value.size());
   });
   model.for_each_persistent_state([&](mm::persistent_state const& s) {
-    if (s.name.find("expert_bias") == std::string_view::npos) return;
+    if (s.name.find("expert_bias") == std::string_view::npos || dense_names) return;
     names.emplace_back(s.name);
     shapes.push_back({s.rows, s.cols});
     values.emplace_back(s.values.begin(), s.values.end());
@@ -492,8 +482,8 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     app.add_option("--out", o.out, "folder for metrics, plot and weights")->capture_default_str();
     app.add_option("--ep", o.ep, "expert-parallel ranks (default: the world size)");
-    app.add_option("--preset", o.preset, "model: tiny | small | fine")
-        ->check(CLI::IsMember({"tiny", "small", "fine"}))
+    app.add_option("--preset", o.preset, "model: tiny | small | fine | dense")
+        ->check(CLI::IsMember({"tiny", "small", "fine", "dense"}))
         ->capture_default_str();
     app.add_flag("--describe", o.describe,
                  "print the preset's configuration for this job as one JSON object and exit");
@@ -506,6 +496,9 @@ int main(int argc, char** argv) {
                  "with --load: fresh optimizer moments (the step continues)");
     app.add_flag("--finetune", o.finetune,
                  "with --load: the weights only; fresh optimizer, step 0");
+    app.add_option("--upcycle", o.upcycle,
+                   "start from a dense model's model.safetensors (the dense preset's): every "
+                   "expert a copy (or a slice) of its FFN");
     app.add_flag("--exit-signal-handler", o.exit_signal_handler,
                  "on SIGTERM, save (with --save) after the current step and exit 0");
     try {
@@ -524,6 +517,11 @@ int main(int argc, char** argv) {
     o.micro_batch_given = app.count("--micro-batch") > 0;
     // A checkpoint to resume from names its preset: the model type follows it unless given.
     std::optional<mm::io::checkpoint_reader> resume;
+    mm::parallel::check_on_every_rank(env.world(), [&] {
+      if (!o.upcycle.empty() && !o.load.empty())
+        throw mm::input_error(
+            "megamoe-train: --upcycle starts a new run; it does not go with --load");
+    });
     if (!o.load.empty() && !o.describe) {
       auto const& world = env.world();
       resume.emplace(world, o.load, mm::io::checkpoint_reader::latest_iteration(world, o.load));
@@ -541,8 +539,6 @@ int main(int argc, char** argv) {
       return o.describe ? describe_job<Config>(env, o)
                         : train<Config>(env, o, resume ? &*resume : nullptr);
     };
-    if (o.preset == "tiny") return run.template operator()<tiny_config>();
-    if (o.preset == "fine") return run.template operator()<fine_config>();
-    return run.template operator()<small_config>();
+    return megamoe::presets::with_preset(o.preset, run);
   });
 }

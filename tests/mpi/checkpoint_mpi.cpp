@@ -19,6 +19,16 @@
 //                       then as --mode recover
 //   --mode recover      load --dir: iteration 2, and 2 more steps give the uninterrupted run's
 //                       losses of steps 3 and 4
+//   --mode killed       FP8 delayed scaling with the weights as codes: train 6 steps saving every 2
+//                       and SIGKILL every rank after step --steps (the job dies)
+//   --mode after_kill   load --dir and train to step 6: every loss after the saved step and the
+//                       final state the same bits as an uninterrupted run's
+//   --mode upcycle      a dense model (one expert of width 12, top-1) written as safetensors under
+//                       the dense names, upcycled into 4 experts top-2 on the job's layout: the
+//                       first forward's loss equals the dense model's within the round-off of
+//                       the router's fp32 probabilities (1e-6 in fp64, 1e-5 in fp32); granular (a
+//                       dense FFN of 24 into experts of 12, g = 2, weights of std 0.3): SwiGLU
+//                       does not commute with the scaling, so within 5e-3 only
 //
 // Layout: --ep, --etp (the world's other ranks are DP); --precision fp64 | fp32.
 #include "support/tally.hpp"
@@ -29,9 +39,11 @@
 #include <megamoe/parallel/process_groups.hpp>
 #include <megamoe/train/checkpoint.hpp>
 #include <megamoe/train/trainer.hpp>
+#include <megamoe/train/upcycle.hpp>
 
 #include <boost/mpi/collectives/broadcast.hpp>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -52,14 +64,21 @@ namespace {
 using decoder = md::decoder<md::layers<2>, md::heads<2>, md::vocabulary<256>, md::dense_ffn<20>,
                             md::moe_layer_freq<2>>;
 using mapped = mm::parallel::mapping<mm::parallel::etp<mm::dynamic>, mm::parallel::ep<mm::dynamic>>;
-template <class Router, class Precision, class Memory = mm::memory::keep_all, int Hidden = 16>
-using config = mm::make_config<mm::shape<mm::hidden<Hidden>, mm::ffn<12>, mm::experts<4>>, Router,
-                               mm::dispatch::all_to_all, mm::expert::mlp<mm::expert::swiglu>,
-                               Precision, mapped, Memory, decoder>;
+template <class Router, class Precision, class Memory = mm::memory::keep_all, int Hidden = 16,
+          int Ffn = 12, int Experts = 4>
+using config =
+    mm::make_config<mm::shape<mm::hidden<Hidden>, mm::ffn<Ffn>, mm::experts<Experts>>, Router,
+                    mm::dispatch::all_to_all, mm::expert::mlp<mm::expert::swiglu>, Precision,
+                    mapped, Memory, decoder>;
 using aux_router = rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>;
 using bias_router = rt::aux_loss_free<2, rt::seq_aux_loss<1e-4>>;
 using fp64_config = config<aux_router, mm::precision::fp64>;
 using fp32_config = config<bias_router, mm::precision::fp32>;
+template <class Precision, int Ffn>
+using dense_config =
+    config<rt::top_k<1, rt::softmax_before_topk>, Precision, mm::memory::keep_all, 16, Ffn, 1>;
+template <class Precision>
+using upcycled_config = config<aux_router, Precision>;
 using delayed_codes_config =
     config<aux_router, mm::precision::fp8_tensorwise<mm::precision::delayed>,
            mm::memory::plan<mm::memory::quantized_weights>>;
@@ -176,6 +195,46 @@ void check_resume(mm::testing::tally& result, mm::parallel::process_groups const
   }
 }
 
+/// A dense model's weights under the dense names, written by rank 0 (every rank holds them all).
+template <class Config>
+void write_dense(boost::mpi::communicator const& world, mm::transformer<Config>& model,
+                 fs::path const& file) {
+  std::vector<std::vector<float>> values;
+  std::vector<mm::io::tensor_view> tensors;
+  model.for_each_parameter([&](std::string_view name, auto value, auto, mm::parameter_kind) {
+    auto const dense = mt::dense_parameter_name(std::string(name));
+    if (!dense) return;
+    values.emplace_back(value.data(), value.data() + value.size());
+    tensors.push_back({*dense, mm::io::reference_shape(*dense, value.rows(), value.cols()),
+                       std::span<float const>(values.back())});
+  });
+  // values grew while the views were taken: point them again.
+  for (std::size_t i = 0; i < tensors.size(); ++i) tensors[i].values = values[i];
+  if (world.rank() == 0) mm::io::write_safetensors(file, tensors);
+  world.barrier();
+}
+
+/// The first forward's loss of a dense model and of its upcycled MoE on the job's layout.
+template <class Precision, int DenseFfn>
+std::pair<double, double> upcycled_first_loss(boost::mpi::communicator const& world,
+                                              mm::parallel::process_groups const& groups,
+                                              mt::byte_corpus const& corpus, mm::context& ctx,
+                                              fs::path const& file, int& granularity) {
+  mm::parallel::process_groups const dense_groups(world, mm::parallel::degrees{});
+  mm::transformer<dense_config<Precision, DenseFfn>> dense(dense_groups);
+  dense.initialize(5, 0.3);
+  write_dense(world, dense, file);
+  mm::transformer<upcycled_config<Precision>> moe(groups);
+  moe.initialize(6, 0.3);
+  granularity = mt::upcycle(moe, world, file);
+  std::vector<std::int32_t> tokens(8 * 2), targets(tokens.size());
+  corpus.training_batch(3, 1, static_cast<std::uint64_t>(groups.dp().rank() * 2), 8, 2, tokens,
+                        targets);
+  double const a = dense.forward(ctx, tokens, targets, 8, 2).cross_entropy;
+  double const b = moe.forward(ctx, tokens, targets, 8, 2).cross_entropy;
+  return {a, b};
+}
+
 void write_losses(boost::mpi::communicator const& world, std::string const& path,
                   std::vector<double> const& losses) {
   if (world.rank() != 0 || path.empty()) return;
@@ -278,6 +337,25 @@ int run(arguments const& a, mm::parallel::process_groups const& groups,
     job<wider> j(groups, corpus, 4);
     mt::load_checkpoint(j.trainer, world, a.dir);
     result.close("another model's checkpoint loads", 1, 0, 1, 0);
+  } else if (a.mode == "upcycle") {
+    if (world.rank() == 0) fs::create_directories(a.dir);
+    world.barrier();
+    int g = 0;
+    auto const [d64, m64] = upcycled_first_loss<mm::precision::fp64, 12>(
+        world, groups, corpus, ctx, fs::path(a.dir) / "dense64.safetensors", g);
+    result.close("fp64 granularity", g, 1, 1, 0);
+    result.close("fp64 upcycled first loss", m64, d64, d64, 1e-6);
+    auto const [d32, m32] = upcycled_first_loss<mm::precision::fp32, 12>(
+        world, groups, corpus, ctx, fs::path(a.dir) / "dense32.safetensors", g);
+    result.close("fp32 upcycled first loss", m32, d32, d32, 1e-5);
+    auto const [dg, mg] = upcycled_first_loss<mm::precision::fp64, 24>(
+        world, groups, corpus, ctx, fs::path(a.dir) / "dense_wide.safetensors", g);
+    result.close("granular granularity", g, 2, 1, 0);
+    result.close("granular upcycled first loss", mg, dg, dg, 5e-3);
+    if (world.rank() == 0)
+      std::cout << "first losses, relative differences: upcycled " << std::abs(m64 - d64) / d64
+                << " (fp64), " << std::abs(m32 - d32) / d32 << " (fp32); granular "
+                << std::abs(mg - dg) / dg << "\n";
   } else if (a.mode == "fault" || a.mode == "recover") {
     job<Config> whole(groups, corpus, 4);
     auto const expected = whole.run(ctx, 4);
@@ -357,6 +435,39 @@ int main(int argc, char** argv) {
     mm::parallel::process_groups const groups(world, a.degrees);
     auto const corpus =
         mt::byte_corpus::load(std::string(MEGAMOE_TEST_DATA) + "/corpus_sample.txt");
+    if (a.mode == "killed" || a.mode == "after_kill") {
+      mm::context ctx(1);
+      mm::testing::tally result;
+      result.against = "uninterrupted";
+      if (a.mode == "killed") {
+        job<delayed_codes_config> j(groups, corpus, 6);
+        for (int k = 1; k <= 6; ++k) {
+          j.trainer.step(ctx);
+          if (k % 2 == 0) mt::save_checkpoint(j.trainer, world, a.dir);
+          if (k == a.steps) {
+            world.barrier();
+            std::raise(SIGKILL);
+          }
+        }
+        return 1;
+      }
+      job<delayed_codes_config> whole(groups, corpus, 6);
+      auto const expected = whole.run(ctx, 6);
+      job<delayed_codes_config> resumed(groups, corpus, 6);
+      int const saved = mt::load_checkpoint(resumed.trainer, world, a.dir).iteration;
+      auto const losses = resumed.run(ctx, 6 - saved);
+      for (std::size_t k = 0; k < losses.size(); ++k)
+        result.close("loss of step " + std::to_string(saved + 1 + static_cast<int>(k)), losses[k],
+                     expected[static_cast<std::size_t>(saved) + k], 1, 0);
+      auto const x = state_of(resumed.model), y = state_of(whole.model);
+      for (auto const& [name, values] : y)
+        for (std::size_t i = 0; i < values.size(); ++i)
+          result.close("final " + name, x.at(name)[i], values[i], 1, 0);
+      return result.finish(world,
+                           "killed after step " + std::to_string(a.steps) +
+                               ", resumed from iteration " + std::to_string(saved),
+                           "bit for bit");
+    }
     if (a.mode == "resume") {
       mm::context ctx(1);
       mm::testing::tally result;

@@ -41,6 +41,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -234,6 +235,13 @@ class checkpoint_writer {
       std::filesystem::create_directories(root_, error);
       if (error || !std::filesystem::is_directory(root_))
         throw input_error("checkpoint: cannot create " + root_.string() + ": " + error.message());
+      // What a killed save left: never chosen (the tracker names none), removed here.
+      std::vector<std::filesystem::path> stale;
+      for (auto const& entry : std::filesystem::directory_iterator(root_, error)) {
+        auto const name = entry.path().filename().string();
+        if (name.starts_with(".iter_") && name.ends_with(".partial")) stale.push_back(entry.path());
+      }
+      for (auto const& path : stale) std::filesystem::remove_all(path, error);
       std::filesystem::remove_all(partial, error);
       if (!std::filesystem::create_directory(partial, error))
         throw input_error("checkpoint: cannot create " + partial.string() + ": " + error.message());
@@ -378,6 +386,7 @@ class checkpoint_reader {
   checkpoint_reader(boost::mpi::communicator const& world, std::filesystem::path root,
                     int iteration)
       : folder_(root / iteration_folder(iteration)), iteration_(iteration) {
+    auto const start = std::chrono::steady_clock::now();
     std::string text;
     parallel::check_on_every_rank(world, [&] {
       if (world.rank() != 0) return;
@@ -394,12 +403,15 @@ class checkpoint_reader {
            f += static_cast<std::size_t>(world.size()))
         verify(f);
     });
+    open_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
   [[nodiscard]] int iteration() const noexcept { return iteration_; }
   [[nodiscard]] std::filesystem::path const& folder() const noexcept { return folder_; }
   [[nodiscard]] nlohmann::json const& state() const noexcept { return state_; }
   [[nodiscard]] int saved_world_size() const noexcept { return world_size_; }
+  /// Seconds the constructor took (the index read and every file's CRC-32 checked).
+  [[nodiscard]] double open_seconds() const noexcept { return open_seconds_; }
   [[nodiscard]] std::map<std::string, checkpoint_tensor> const& tensors() const noexcept {
     return tensors_;
   }
@@ -554,6 +566,7 @@ class checkpoint_reader {
   std::filesystem::path folder_;
   int iteration_;
   int world_size_ = 0;
+  double open_seconds_ = 0.0;
   std::vector<file_record> files_;
   nlohmann::json state_;
   std::map<std::string, checkpoint_tensor> tensors_;

@@ -135,11 +135,10 @@ class moe_layer {
   /// elements lie in the whole parameter (checkpoints).
   template <class F>
   void for_each_numbered_parameter(F&& f) {
-    visit_parameters([&](std::string_view name, row_matrix_map<scalar> value,
-                         row_matrix_map<scalar> grad, parameter_kind kind, std::uint64_t,
-                         element_numbering const& numbering) {
-      f(name, value, grad, kind, numbering);
-    });
+    visit_parameters(
+        [&](std::string_view name, row_matrix_map<scalar> value, row_matrix_map<scalar> grad,
+            parameter_kind kind, std::uint64_t,
+            element_numbering const& numbering) { f(name, value, grad, kind, numbering); });
   }
   /// f(persistent_state) for the state that lives across steps besides the parameters: the
   /// router's expert bias and the recipe's delayed-scaling histories; f may change the values.

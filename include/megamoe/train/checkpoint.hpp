@@ -73,7 +73,7 @@ inline nlohmann::json checkpoint_configuration(config_values const& values) {
 struct checkpoint_report {
   int iteration = 0;
   std::uint64_t bytes = 0;  // all ranks' files and the index
-  double seconds = 0.0;
+  double seconds = 0.0;     // from an opened reader: without its open_seconds()
 };
 
 struct load_options {
