@@ -51,6 +51,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -76,7 +77,7 @@ struct options {
   double lr = 3e-3;
   std::uint64_t seed = 1234;
   std::string data = "/usr/share/games/fortunes", out = "megamoe-train-out", preset = "small";
-  bool describe = false;
+  bool describe = false, profile = false;
   // Checkpoints.
   std::string save, load, upcycle;
   int save_interval = 0;
@@ -331,8 +332,16 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
                  first_step - 1);
   double tokens_per_s = 0.0, elapsed = 0.0;
   bool terminated = false;
+  // The step profile: seconds per stage over the steps run (this rank's).
+  std::array<double, static_cast<std::size_t>(mm::layer_stage::count)> moe_seconds{};
+  std::array<double, static_cast<std::size_t>(mm::step_stage::count)> step_seconds{};
   for (int step = first_step; step <= o.steps; ++step) {
+    ctx.stages.clear();
+    ctx.step_stages.clear();
     auto const m = trainer.step(ctx);
+    for (std::size_t i = 0; i < moe_seconds.size(); ++i) moe_seconds[i] += ctx.stages.seconds[i];
+    for (std::size_t i = 0; i < step_seconds.size(); ++i)
+      step_seconds[i] += ctx.step_stages.seconds[i];
     elapsed += m.seconds;
     tokens_per_s =
         static_cast<double>(trainer.global_batch_tokens()) * (step - first_step + 1) / elapsed;
@@ -397,6 +406,33 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
   if (terminated) return 0;
   save();
   if (first_step > o.steps) heldout = trainer.heldout_bits_per_byte(ctx, eval_windows);
+  // Shares of the step: the stages outside the MoE layers, the MoE layers' stages, the rest.
+  nlohmann::ordered_json profile;
+  if (o.profile && elapsed > 0) {
+    double accounted = 0.0;
+    auto share = [&](char const* name, double seconds) {
+      profile[name] = seconds / elapsed;
+      accounted += seconds;
+    };
+    for (std::size_t i = 0; i < step_seconds.size(); ++i)
+      share(mm::step_stage_names[i], step_seconds[i]);
+    for (std::size_t i = 0; i < moe_seconds.size(); ++i)
+      share(mm::layer_stage_names[i], moe_seconds[i]);
+    profile["rest"] = (elapsed - accounted) / elapsed;
+    profile["seconds_per_step"] = elapsed / (o.steps - first_step + 1);
+    if (root) {
+      std::string line = "megamoe-train: step profile (rank 0, share of the step):";
+      for (auto const& [name, value] : profile.items())
+        if (name != "seconds_per_step") {
+          char part[80];
+          std::snprintf(part, sizeof part, " %s %.1f %%", name.c_str(),
+                        100.0 * value.template get<double>());
+          line += part;
+        }
+      std::fprintf(stderr, "%s; %.4f s per step\n", line.c_str(),
+                   profile["seconds_per_step"].get<double>());
+    }
+  }
   std::string const sample = generate(ctx, model, "The ", 200, o.seq_len, o.seed);
   if (root) {
     std::fprintf(stderr,
@@ -457,6 +493,7 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
                       {"metrics_path", metrics_path.string()},
                       {"plot_path", plot_path.string()},
                       {"weights_path", weights_path.string()}};
+    if (!profile.empty()) final["final"]["profile"] = profile;
     std::cout << final.dump() << std::endl;
   }
   return 0;
@@ -485,6 +522,8 @@ int main(int argc, char** argv) {
     app.add_option("--preset", o.preset, "model: tiny | small | fine | dense")
         ->check(CLI::IsMember({"tiny", "small", "fine", "dense"}))
         ->capture_default_str();
+    app.add_flag("--profile", o.profile,
+                 "print the share of the step in each stage at the end (and in the final JSON)");
     app.add_flag("--describe", o.describe,
                  "print the preset's configuration for this job as one JSON object and exit");
     app.add_option("--save", o.save, "checkpoint folder to save to");

@@ -77,6 +77,8 @@ class context {
 
   step_settings step;
   stage_times stages;
+  /// Time in the parts of the step outside the MoE layers (the transformer and the trainer).
+  step_times step_stages;
 
  private:
   thread_pool pool_;

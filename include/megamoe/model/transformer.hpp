@@ -93,31 +93,43 @@ class transformer {
     residual_.resize(N, H);
     normed_.resize(N, H);
     branch_.resize(N, H);
-    embedding_.forward(pool, tokens, map(residual_));
+    auto& times = ctx.step_stages;
+    using stage = step_stage;
+    times.time(stage::embedding_output_loss,
+               [&] { embedding_.forward(pool, tokens, map(residual_)); });
     transformer_output out;
     for (int i = 0; i < layers(); ++i) {
       auto& b = blocks_[static_cast<std::size_t>(i)];
-      b.input_norm.forward(pool, cmap(residual_), map(normed_));
-      b.attention.forward(pool, cmap(normed_), seq, batch, map(branch_));
-      residual_ += branch_;
-      b.pre_mlp_norm.forward(pool, cmap(residual_), map(normed_));
+      times.time(stage::norms_residuals,
+                 [&] { b.input_norm.forward(pool, cmap(residual_), map(normed_)); });
+      times.time(stage::attention,
+                 [&] { b.attention.forward(pool, cmap(normed_), seq, batch, map(branch_)); });
+      times.time(stage::norms_residuals, [&] {
+        residual_ += branch_;
+        b.pre_mlp_norm.forward(pool, cmap(residual_), map(normed_));
+      });
       if (b.moe >= 0) {
         auto const result =
             moe_[static_cast<std::size_t>(b.moe)]->forward(ctx, normed_, seq, batch);
-        residual_ += result.y;
+        times.time(stage::norms_residuals, [&] { residual_ += result.y; });
         for (auto const& l :
              {result.losses.aux_loss, result.losses.seq_aux_loss, result.losses.global_aux_loss})
           if (l) out.aux_loss += static_cast<double>(l->value);
         if (result.losses.z_loss) out.z_loss += static_cast<double>(result.losses.z_loss->value);
         out.router_losses = out.aux_loss + out.z_loss;
       } else {
-        dense_[static_cast<std::size_t>(b.dense)].forward(ctx.executor<scalar>(), cmap(normed_),
-                                                          map(branch_));
-        residual_ += branch_;
+        times.time(stage::dense_ffn, [&] {
+          dense_[static_cast<std::size_t>(b.dense)].forward(ctx.executor<scalar>(), cmap(normed_),
+                                                            map(branch_));
+        });
+        times.time(stage::norms_residuals, [&] { residual_ += branch_; });
       }
     }
-    final_norm_.forward(pool, cmap(residual_), map(normed_));
-    if (!targets.empty()) out.cross_entropy = head_.forward(pool, cmap(normed_), targets);
+    times.time(stage::norms_residuals,
+               [&] { final_norm_.forward(pool, cmap(residual_), map(normed_)); });
+    if (!targets.empty())
+      out.cross_entropy = times.time(stage::embedding_output_loss,
+                                     [&] { return head_.forward(pool, cmap(normed_), targets); });
     return out;
   }
 
@@ -143,24 +155,35 @@ class transformer {
     grad_.resize(N, H);
     grad_branch_.resize(N, H);
     grad_normed_.resize(N, H);
-    head_.backward(pool, scale, map(grad_normed_));
-    final_norm_.backward(pool, cmap(grad_normed_), map(grad_));
+    auto& times = ctx.step_stages;
+    using stage = step_stage;
+    times.time(stage::embedding_output_loss,
+               [&] { head_.backward(pool, scale, map(grad_normed_)); });
+    times.time(stage::norms_residuals,
+               [&] { final_norm_.backward(pool, cmap(grad_normed_), map(grad_)); });
     for (int i = layers() - 1; i >= 0; --i) {
       auto& b = blocks_[static_cast<std::size_t>(i)];
       if (b.moe >= 0) {
         auto const dx = moe_[static_cast<std::size_t>(b.moe)]->backward(ctx, grad_);
-        grad_normed_ = dx;
+        times.time(stage::norms_residuals, [&] { grad_normed_ = dx; });
       } else {
-        dense_[static_cast<std::size_t>(b.dense)].backward(ctx.executor<scalar>(), cmap(grad_),
-                                                           map(grad_normed_));
+        times.time(stage::dense_ffn, [&] {
+          dense_[static_cast<std::size_t>(b.dense)].backward(ctx.executor<scalar>(), cmap(grad_),
+                                                             map(grad_normed_));
+        });
       }
-      b.pre_mlp_norm.backward(pool, cmap(grad_normed_), map(grad_branch_));
-      grad_ += grad_branch_;
-      b.attention.backward(pool, cmap(grad_), map(grad_normed_));
-      b.input_norm.backward(pool, cmap(grad_normed_), map(grad_branch_));
-      grad_ += grad_branch_;
+      times.time(stage::norms_residuals, [&] {
+        b.pre_mlp_norm.backward(pool, cmap(grad_normed_), map(grad_branch_));
+        grad_ += grad_branch_;
+      });
+      times.time(stage::attention,
+                 [&] { b.attention.backward(pool, cmap(grad_), map(grad_normed_)); });
+      times.time(stage::norms_residuals, [&] {
+        b.input_norm.backward(pool, cmap(grad_normed_), map(grad_branch_));
+        grad_ += grad_branch_;
+      });
     }
-    embedding_.backward(cmap(grad_));
+    times.time(stage::embedding_output_loss, [&] { embedding_.backward(cmap(grad_)); });
   }
 
   /// Once per global batch: the MoE layers' expert-bias updates (collective on a job).

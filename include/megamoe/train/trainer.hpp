@@ -103,7 +103,8 @@ class trainer {
     step_metrics out;
     out.step = step_;
     out.lr = settings_.schedule.at(step_);
-    model_.zero_grad();
+    auto& times = ctx.step_stages;
+    times.time(step_stage::optimizer, [&] { model_.zero_grad(); });
     ctx.step.mode = router::pass::training;
     ctx.step.loss_backward_scale = router::loss_backward_scale(1.0, 1, M);
     tokens_.resize(static_cast<std::size_t>(S) * B);
@@ -113,8 +114,10 @@ class trainer {
     double loss = 0.0, router_loss = 0.0, aux_loss = 0.0, z_loss = 0.0;
     for (int m = 0; m < M; ++m) {
       auto const first = static_cast<std::uint64_t>((m * DP + dp_rank()) * B);
-      corpus_.training_batch(settings_.seed, static_cast<std::uint64_t>(step_), first, S, B,
-                             tokens_, targets_);
+      times.time(step_stage::batches, [&] {
+        corpus_.training_batch(settings_.seed, static_cast<std::uint64_t>(step_), first, S, B,
+                               tokens_, targets_);
+      });
       ctx.step.micro_batch_key = (static_cast<std::uint64_t>(step_) << 20) + first;
       auto const result = model_.forward(ctx, tokens_, targets_, S, B);
       loss += result.cross_entropy;
@@ -140,8 +143,11 @@ class trainer {
     std::size_t at = 4;
     for (auto& layer : out.expert_load)
       for (double& v : layer) v = sums[at++];
-    if (groups_) parallel::reduce_gradients(*groups_, model_);
-    auto const report = optimizer_.step(out.lr, model_);
+    if (groups_)
+      times.time(step_stage::gradient_reduction,
+                 [&] { parallel::reduce_gradients(*groups_, model_); });
+    auto const report =
+        times.time(step_stage::optimizer, [&] { return optimizer_.step(out.lr, model_); });
     out.grad_norm = report.grad_norm;
     out.clip_factor = report.clip_factor;
     if (!report.finite || !std::isfinite(out.loss)) {
