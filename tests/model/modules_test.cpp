@@ -169,13 +169,14 @@ matrix attention_by_loops(matrix const& x, matrix const& wqkv, matrix const& wpr
 
 TEST(CausalAttention, ForwardIsTheFormulaAndGradientsMatchFiniteDifferences) {
   mm::thread_pool pool(2);
+  mm::expert::executor<double> exec(pool);
   int const S = 5, B = 2, H = 8, heads = 2, N = S * B;
   mm::causal_attention<double> attention(H, heads);
   auto params = parameters(attention);
   params.at("p.linear_qkv.weight") = random_matrix(3 * H, H, 11, 0.4);
   params.at("p.linear_proj.weight") = random_matrix(H, H, 12, 0.4);
   matrix x = random_matrix(N, H, 13), R = random_matrix(N, H, 14), y(N, H), dx(N, H);
-  attention.forward(pool, in(x), S, B, out(y));
+  attention.forward(exec, in(x), S, B, out(y));
   matrix const expected = attention_by_loops(x, params.at("p.linear_qkv.weight"),
                                              params.at("p.linear_proj.weight"), S, B, heads);
   EXPECT_LT((y - expected).cwiseAbs().maxCoeff(), 1e-12);
@@ -184,18 +185,18 @@ TEST(CausalAttention, ForwardIsTheFormulaAndGradientsMatchFiniteDifferences) {
   matrix later = x;
   later.row(N - 1) += Eigen::RowVectorXd::Ones(H);
   matrix y_later(N, H);
-  attention.forward(pool, in(later), S, B, out(y_later));
+  attention.forward(exec, in(later), S, B, out(y_later));
   EXPECT_EQ(y_later.topRows(N - B), y.topRows(N - B));
   EXPECT_NE(y_later.row(N - 1), y.row(N - 1));
 
   auto loss = [&] {
     matrix result(N, H);
-    attention.forward(pool, in(x), S, B, out(result));
+    attention.forward(exec, in(x), S, B, out(result));
     return (result.array() * R.array()).sum();
   };
   attention.zero_grad();
-  attention.forward(pool, in(x), S, B, out(y));
-  attention.backward(pool, in(R), out(dx));
+  attention.forward(exec, in(x), S, B, out(y));
+  attention.backward(exec, in(R), out(dx));
   auto const grads = gradients(attention);
   expect_matches_finite_differences("attention input", out(x), dx, loss);
   expect_matches_finite_differences("attention linear_qkv", params.at("p.linear_qkv.weight"),
@@ -207,13 +208,14 @@ TEST(CausalAttention, ForwardIsTheFormulaAndGradientsMatchFiniteDifferences) {
 
 TEST(LmHead, CrossEntropyIsTheFormulaAndGradientsMatchFiniteDifferences) {
   mm::thread_pool pool(2);
+  mm::expert::executor<double> exec(pool);
   int const N = 6, H = 5, V = 9;
   mm::lm_head<double> head(H, V);
   auto params = parameters(head);
   params.at("p.weight") = random_matrix(V, H, 21, 0.7);
   matrix h = random_matrix(N, H, 22), dh(N, H);
   std::vector<std::int32_t> const targets{0, 8, 3, 3, 5, 1};
-  double const loss = head.forward(pool, in(h), targets);
+  double const loss = head.forward(exec, in(h), targets);
   matrix const logits = h * matrix(params.at("p.weight")).transpose();
   double expected = 0.0;
   for (int t = 0; t < N; ++t)
@@ -222,15 +224,15 @@ TEST(LmHead, CrossEntropyIsTheFormulaAndGradientsMatchFiniteDifferences) {
   EXPECT_NEAR(loss, expected / N, 1e-13);
   double const scale = 0.5;
   head.zero_grad();
-  head.forward(pool, in(h), targets);
-  head.backward(pool, scale, out(dh));
-  auto scaled_loss = [&] { return scale * head.forward(pool, in(h), targets); };
+  head.forward(exec, in(h), targets);
+  head.backward(exec, scale, out(dh));
+  auto scaled_loss = [&] { return scale * head.forward(exec, in(h), targets); };
   auto const grads = gradients(head);
   expect_matches_finite_differences("lm_head input", out(h), dh, scaled_loss);
   expect_matches_finite_differences("lm_head weight", params.at("p.weight"), grads.at("p.weight"),
                                     scaled_loss);
   std::vector<std::int32_t> const bad{0, 9, 1, 1, 1, 1};
-  EXPECT_THROW(head.forward(pool, in(h), bad), mm::input_error);
+  EXPECT_THROW(head.forward(exec, in(h), bad), mm::input_error);
 }
 
 }  // namespace

@@ -8,12 +8,14 @@
 //   (u_i, u_{i+d/2}) -> (u_i cos - u_{i+d/2} sin, u_{i+d/2} cos + u_i sin),  angle = s *
 //   base^(-2i/d).
 // Scores are q.k / sqrt(d) with a causal mask; linear_proj.weight [H, H] maps the heads back.
-// Each (sequence, head) pair is one task on the pool.
+// Each (sequence, head) pair is one task on the pool; the projections run on every thread
+// (threaded_product).
 #pragma once
 
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
+#include <megamoe/model/products.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -41,8 +43,9 @@ class causal_attention {
   [[nodiscard]] int head_size() const noexcept { return hidden_ / heads_; }
 
   /// y [S*B, H] from x [S*B, H]; keeps what backward needs.
-  void forward(thread_pool& pool, const_row_matrix_map<T> x, int seq, int batch,
+  void forward(expert::executor<T>& exec, const_row_matrix_map<T> x, int seq, int batch,
                row_matrix_map<T> y) {
+    auto& pool = exec.pool();
     if (seq < 1 || batch < 1 || x.rows() != std::int64_t{seq} * batch || x.cols() != hidden_ ||
         y.rows() != x.rows() || y.cols() != hidden_)
       throw input_error("causal_attention: input of shape [" + std::to_string(x.rows()) + ", " +
@@ -52,7 +55,10 @@ class causal_attention {
     batch_ = batch;
     int const S = seq, d = head_size(), H = hidden_;
     x_ = x;
-    qkv_.noalias() = x * qkv_weight_.transpose();
+    int const N = static_cast<int>(x.rows());
+    qkv_.resize(N, 3 * H);
+    threaded_product<expert::gemm_op::nt>(exec, N, 3 * H, H, x_.data(), H, qkv_weight_.data(), H,
+                                          qkv_.data(), 3 * H);
     rope_tables(S);
     auto const pairs = batch * heads_;
     q_.resize(std::int64_t{pairs} * S, d);
@@ -82,17 +88,24 @@ class causal_attention {
       for (int s = 0; s < S; ++s)
         context_.row(std::int64_t{s} * batch_ + b).segment(h * d, d) = out.row(s);
     });
-    y.noalias() = context_ * proj_weight_.transpose();
+    threaded_product<expert::gemm_op::nt>(exec, N, H, H, context_.data(), H, proj_weight_.data(), H,
+                                          y.data(), static_cast<int>(y.outerStride()));
   }
 
   /// dx [S*B, H] from dy of the last forward; adds both weights' gradients.
-  void backward(thread_pool& pool, const_row_matrix_map<T> dy, row_matrix_map<T> dx) {
+  void backward(expert::executor<T>& exec, const_row_matrix_map<T> dy, row_matrix_map<T> dx) {
+    auto& pool = exec.pool();
     if (dy.rows() != x_.rows() || dy.cols() != hidden_ || dx.rows() != x_.rows() ||
         dx.cols() != hidden_)
       throw input_error("causal_attention: gradient shape does not match the last forward");
     int const S = seq_, d = head_size(), H = hidden_;
-    proj_grad_.noalias() += dy.transpose() * context_;
-    grad_context_.noalias() = dy * proj_weight_;
+    int const N = static_cast<int>(x_.rows());
+    int const ldy = static_cast<int>(dy.outerStride());
+    threaded_product<expert::gemm_op::tn>(exec, H, H, N, dy.data(), ldy, context_.data(), H,
+                                          proj_grad_.data(), H, true);
+    grad_context_.resize(N, H);
+    threaded_product<expert::gemm_op::nn>(exec, N, H, H, dy.data(), ldy, proj_weight_.data(), H,
+                                          grad_context_.data(), H);
     grad_qkv_.resize(x_.rows(), 3 * H);
     T const scale = T(1) / std::sqrt(static_cast<T>(d));
     pool.run(batch_ * heads_, [&](int pair) {
@@ -121,8 +134,11 @@ class causal_attention {
         row.segment(2 * H + h * d, d) = grad_v.row(s);
       }
     });
-    qkv_grad_.noalias() += grad_qkv_.transpose() * x_;
-    dx.noalias() = grad_qkv_ * qkv_weight_;
+    threaded_product<expert::gemm_op::tn>(exec, 3 * H, H, N, grad_qkv_.data(), 3 * H, x_.data(), H,
+                                          qkv_grad_.data(), H, true);
+    threaded_product<expert::gemm_op::nn>(exec, N, H, 3 * H, grad_qkv_.data(), 3 * H,
+                                          qkv_weight_.data(), H, dx.data(),
+                                          static_cast<int>(dx.outerStride()));
   }
 
   void zero_grad() {

@@ -9,6 +9,7 @@
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
+#include <megamoe/model/products.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -40,8 +41,9 @@ class lm_head {
 
   /// The mean cross-entropy (nats per token) of `targets` under softmax(h W^T); keeps h and the
   /// probabilities for backward. Accumulated in double.
-  double forward(thread_pool& pool, const_row_matrix_map<T> h,
+  double forward(expert::executor<T>& exec, const_row_matrix_map<T> h,
                  std::span<std::int32_t const> targets) {
+    auto& pool = exec.pool();
     require(h);
     if (std::ssize(targets) != h.rows())
       throw input_error("lm_head: " + std::to_string(targets.size()) + " targets for " +
@@ -52,7 +54,10 @@ class lm_head {
                           std::to_string(vocabulary()));
     h_ = h;
     targets_.assign(targets.begin(), targets.end());
-    logits_.noalias() = h * weight_.transpose();
+    int const N = static_cast<int>(h.rows()), V = vocabulary(), H = hidden();
+    logits_.resize(N, V);
+    threaded_product<expert::gemm_op::nt>(exec, N, V, H, h_.data(), H, weight_.data(), H,
+                                          logits_.data(), V);
     token_loss_.resize(targets.size());
     parallel_rows(pool, static_cast<int>(h.rows()), [&](int begin, int end) {
       for (int t = begin; t < end; ++t) {
@@ -75,7 +80,8 @@ class lm_head {
   [[nodiscard]] std::span<double const> token_losses() const noexcept { return token_loss_; }
 
   /// dh [N, H] = scale * d(mean loss)/dh; adds scale * d(mean loss)/dW to the weight gradient.
-  void backward(thread_pool& pool, T scale, row_matrix_map<T> dh) {
+  void backward(expert::executor<T>& exec, T scale, row_matrix_map<T> dh) {
+    auto& pool = exec.pool();
     if (dh.rows() != h_.rows() || dh.cols() != hidden())
       throw input_error("lm_head: gradient shape does not match the last forward");
     T const per_token = targets_.empty() ? T(0) : scale / static_cast<T>(targets_.size());
@@ -85,8 +91,11 @@ class lm_head {
         logits_.row(t) *= per_token;
       }
     });
-    grad_.noalias() += logits_.transpose() * h_;
-    dh.noalias() = logits_ * weight_;
+    int const N = static_cast<int>(h_.rows()), V = vocabulary(), H = hidden();
+    threaded_product<expert::gemm_op::tn>(exec, V, H, N, logits_.data(), V, h_.data(), H,
+                                          grad_.data(), H, true);
+    threaded_product<expert::gemm_op::nn>(exec, N, H, V, logits_.data(), V, weight_.data(), H,
+                                          dh.data(), static_cast<int>(dh.outerStride()));
   }
 
   void zero_grad() { grad_.setZero(); }

@@ -102,8 +102,9 @@ class transformer {
       auto& b = blocks_[static_cast<std::size_t>(i)];
       times.time(stage::norms_residuals,
                  [&] { b.input_norm.forward(pool, cmap(residual_), map(normed_)); });
-      times.time(stage::attention,
-                 [&] { b.attention.forward(pool, cmap(normed_), seq, batch, map(branch_)); });
+      times.time(stage::attention, [&] {
+        b.attention.forward(ctx.executor<scalar>(), cmap(normed_), seq, batch, map(branch_));
+      });
       times.time(stage::norms_residuals, [&] {
         residual_ += branch_;
         b.pre_mlp_norm.forward(pool, cmap(residual_), map(normed_));
@@ -128,8 +129,9 @@ class transformer {
     times.time(stage::norms_residuals,
                [&] { final_norm_.forward(pool, cmap(residual_), map(normed_)); });
     if (!targets.empty())
-      out.cross_entropy = times.time(stage::embedding_output_loss,
-                                     [&] { return head_.forward(pool, cmap(normed_), targets); });
+      out.cross_entropy = times.time(stage::embedding_output_loss, [&] {
+        return head_.forward(ctx.executor<scalar>(), cmap(normed_), targets);
+      });
     return out;
   }
 
@@ -158,7 +160,7 @@ class transformer {
     auto& times = ctx.step_stages;
     using stage = step_stage;
     times.time(stage::embedding_output_loss,
-               [&] { head_.backward(pool, scale, map(grad_normed_)); });
+               [&] { head_.backward(ctx.executor<scalar>(), scale, map(grad_normed_)); });
     times.time(stage::norms_residuals,
                [&] { final_norm_.backward(pool, cmap(grad_normed_), map(grad_)); });
     for (int i = layers() - 1; i >= 0; --i) {
@@ -176,8 +178,9 @@ class transformer {
         b.pre_mlp_norm.backward(pool, cmap(grad_normed_), map(grad_branch_));
         grad_ += grad_branch_;
       });
-      times.time(stage::attention,
-                 [&] { b.attention.backward(pool, cmap(grad_), map(grad_normed_)); });
+      times.time(stage::attention, [&] {
+        b.attention.backward(ctx.executor<scalar>(), cmap(grad_), map(grad_normed_));
+      });
       times.time(stage::norms_residuals, [&] {
         b.input_norm.backward(pool, cmap(grad_normed_), map(grad_branch_));
         grad_ += grad_branch_;
