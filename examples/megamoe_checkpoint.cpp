@@ -104,14 +104,7 @@ int export_file(boost::mpi::communicator const& world, fs::path const& dir, fs::
                                               {"megamoe_state", state.dump()}};
   if (state.contains("configuration") && state["configuration"].contains("model"))
     metadata["configuration"] = state["configuration"]["model"].dump();
-  auto const folder = file.parent_path().empty() ? fs::path(".") : file.parent_path();
-  auto const temporary = folder / ("." + file.filename().string() + ".partial");
-  {
-    io::durable_file out(temporary);
-    io::write_safetensors(out, tensors, metadata);
-    out.finish();
-  }
-  fs::rename(temporary, file);
+  io::write_safetensors(file, tensors, metadata);
   std::cout << "exported iteration " << reader.iteration() << ": " << tensors.size()
             << " tensors to " << file.string() << (optimizer ? " (with optimizer state)" : "")
             << "\n";

@@ -124,6 +124,15 @@ int describe_job(mm::parallel::environment& env, options const& o) {
   return 0;
 }
 
+/// Each expert's share of a layer's tokens (0 where no token was routed).
+std::vector<double> load_shares(std::vector<double> const& counts) {
+  double total = 0.0;
+  for (double c : counts) total += c;
+  std::vector<double> share(counts.size());
+  for (std::size_t e = 0; e < counts.size(); ++e) share[e] = total > 0 ? counts[e] / total : 0;
+  return share;
+}
+
 std::string duration(double seconds) {
   int const s = static_cast<int>(std::max(0.0, seconds));
   char buf[32];
@@ -298,13 +307,8 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
                                            line["heldout_bpb"].get<double>());
         auto const& loads = line.value("expert_load", nlohmann::json::array());
         for (std::size_t l = 0; l < loads.size() && l < history.load.size(); ++l) {
-          auto const counts = loads[l].at("tokens_per_expert").get<std::vector<double>>();
-          double total = 0.0;
-          for (double c : counts) total += c;
-          std::vector<double> share(counts.size());
-          for (std::size_t e = 0; e < counts.size(); ++e)
-            share[e] = total > 0 ? counts[e] / total : 0;
-          history.load[l].push_back(share);
+          history.load[l].push_back(
+              load_shares(loads[l].at("tokens_per_expert").get<std::vector<double>>()));
         }
       }
     }
@@ -368,9 +372,7 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
       auto const& counts = m.expert_load[l];
       double total = 0.0, top = 0.0;
       for (double c : counts) total += c, top = std::max(top, c);
-      std::vector<double> share(counts.size());
-      for (std::size_t e = 0; e < counts.size(); ++e) share[e] = total > 0 ? counts[e] / total : 0;
-      history.load[l].push_back(share);
+      history.load[l].push_back(load_shares(counts));
       loads.push_back({{"tokens_per_expert", counts},
                        {"imbalance", total > 0 ? top * counts.size() / total : 0.0}});
     }

@@ -224,8 +224,23 @@ struct tensor_data {
   std::vector<float> values;
 };
 
-/// Writes `tensors` (F32) and `metadata` to `path`, replacing it whole (a temporary file and a
-/// rename: a reader never sees a part).
+/// Writes `tensors` and `metadata` to `path`, replacing it whole (a temporary file and a rename:
+/// a reader never sees a part).
+inline void write_safetensors(std::filesystem::path const& path,
+                              std::vector<tensor_bytes> const& tensors,
+                              std::map<std::string, std::string> const& metadata = {}) {
+  auto const folder = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
+  auto const temporary = folder / ("." + path.filename().string() + ".partial");
+  durable_file file(temporary);
+  write_safetensors(file, tensors, metadata);
+  file.finish();
+  std::error_code error;
+  std::filesystem::rename(temporary, path, error);
+  if (error)
+    throw input_error("safetensors: cannot write " + path.string() + ": " + error.message());
+}
+
+/// Writes `tensors` (F32) and `metadata` to `path`, replacing it whole.
 inline void write_safetensors(std::filesystem::path const& path,
                               std::vector<tensor_view> const& tensors,
                               std::map<std::string, std::string> const& metadata = {}) {
@@ -236,15 +251,7 @@ inline void write_safetensors(std::filesystem::path const& path,
                         " values for its shape");
     bytes.push_back({t.name, dtype::f32, t.shape, std::as_bytes(t.values)});
   }
-  auto const folder = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
-  auto const temporary = folder / ("." + path.filename().string() + ".partial");
-  durable_file file(temporary);
-  write_safetensors(file, bytes, metadata);
-  file.finish();
-  std::error_code error;
-  std::filesystem::rename(temporary, path, error);
-  if (error)
-    throw input_error("safetensors: cannot write " + path.string() + ": " + error.message());
+  write_safetensors(path, bytes, metadata);
 }
 
 /// Reads every tensor of a safetensors file as fp32 (F32 tensors only).

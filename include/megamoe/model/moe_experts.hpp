@@ -282,18 +282,9 @@ class expert_stage {
                        state_owner owner) {
         int const width = ops.persistent_floats();
         if (width == 0) return;
-        std::vector<float> all(static_cast<std::size_t>(ops.experts()) *
-                               static_cast<std::size_t>(width));
-        int e = 0;
-        ops.exchange_persistent_state([&](std::span<float> floats) {
-          std::copy(floats.begin(), floats.end(), all.begin() + std::ptrdiff_t{e++} * width);
-        });
-        f(persistent_state{name, rows, width, first, std::span<float>(all), owner});
-        e = 0;
-        ops.exchange_persistent_state([&](std::span<float> floats) {
-          auto const from = all.begin() + std::ptrdiff_t{e++} * width;
-          std::copy(from, from + width, floats.begin());
-        });
+        auto state = ops.persistent_state();
+        f(persistent_state{name, rows, width, first, std::span<float>(state), owner});
+        ops.set_persistent_state(state);
       };
       visit(routed_ops_, prefix_ + "experts.fp8_delayed_state", values_.shape.experts,
             first_expert_, state_owner::expert_replica_first);

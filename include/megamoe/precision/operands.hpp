@@ -363,32 +363,30 @@ class grouped_operands {
         for (auto const& per_role : per_slot) n += per_role.front().amax_history.size() + 1;
     return static_cast<int>(n);
   }
-  /// Calls f(span of expert e's persistent_floats()) for every local expert; what f leaves in the
-  /// span becomes the state (unchanged when f only reads).
-  template <class F>
-  void exchange_persistent_state(F&& f) {
-    std::vector<float> floats(static_cast<std::size_t>(persistent_floats()));
-    if (floats.empty()) return;
-    for (int e = 0; e < experts_; ++e) {
-      auto const ue = static_cast<std::size_t>(e);
-      std::size_t at = 0;
+  /// Every local expert's persistent state, [experts, persistent_floats()] row-major.
+  [[nodiscard]] std::vector<float> persistent_state() const {
+    std::vector<float> out;
+    out.reserve(static_cast<std::size_t>(experts_) * static_cast<std::size_t>(persistent_floats()));
+    for (int e = 0; e < experts_; ++e)
       for (auto const& per_slot : delayed_)
         for (auto const& per_role : per_slot) {
-          auto const& s = per_role[ue];
-          std::copy(s.amax_history.begin(), s.amax_history.end(), floats.begin() + at);
-          at += s.amax_history.size();
-          floats[at++] = s.scale;
+          auto const& s = per_role[static_cast<std::size_t>(e)];
+          out.insert(out.end(), s.amax_history.begin(), s.amax_history.end());
+          out.push_back(s.scale);
         }
-      f(std::span<float>(floats));
-      at = 0;
+    return out;
+  }
+  /// Sets the state persistent_state() gave (a checkpoint load); `state` holds as many floats.
+  void set_persistent_state(std::span<float const> state) {
+    auto at = state.begin();
+    for (int e = 0; e < experts_; ++e)
       for (auto& per_slot : delayed_)
         for (auto& per_role : per_slot) {
-          auto& s = per_role[ue];
-          std::copy_n(floats.begin() + at, s.amax_history.size(), s.amax_history.begin());
-          at += s.amax_history.size();
-          s.scale = floats[at++];
+          auto& s = per_role[static_cast<std::size_t>(e)];
+          std::copy_n(at, s.amax_history.size(), s.amax_history.begin());
+          at += static_cast<std::ptrdiff_t>(s.amax_history.size());
+          s.scale = *at++;
         }
-    }
   }
 
   /// The delayed-scaling state of expert e's `r` in `layer`.
