@@ -5,10 +5,13 @@
 //   mpiexec -n 2 ./build/examples/megamoe-train --ep 2     # experts over 2 ranks
 //
 // The corpus (default: the Debian `fortunes` files) is split: the last 5 % of its bytes are held
-// out and never trained on. Rank 0 shows a progress bar on stderr, prints held-out bits per byte
-// at intervals and a generated sample at the end, and writes to --out: metrics.jsonl (one JSON
-// line per step), training.svg (loss curves and expert-load heat maps) and model.safetensors
-// (every weight under the reference's parameter names, fp32). The last stdout line is
+// out and never trained on. Held-out bits per byte cover every held-out window of --seq-len (or
+// the first --eval-iters global batches of them), every --eval-interval steps, shown against the
+// unigram baseline over exactly the bytes those windows predict. Rank 0 shows a progress bar on
+// stderr (one line per interval when stderr is not a terminal) and a generated sample at the end,
+// and writes to --out: metrics.jsonl (one JSON line per step), training.svg (loss curves and
+// expert-load heat maps) and model.safetensors (every weight under the reference's parameter names,
+// fp32). The last stdout line is
 //   {"final": {"steps", "tokens_per_s", "heldout_bpb", "unigram_bpb", "metrics_path",
 //              "plot_path", "weights_path"}}
 // Checkpoints (the reference's flags): --save DIR with --save-interval N writes DIR/iter_NNNNNNN/
@@ -50,6 +53,7 @@
 #include <boost/serialization/vector.hpp>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -74,6 +78,7 @@ namespace {
 
 struct options {
   int steps = 700, micro_batch = 16, global_batch = 0, seq_len = 128, ep = 0;
+  int eval_interval = 0, eval_iters = 0;  // 0: steps / 4, and every held-out window
   double lr = 3e-3;
   std::uint64_t seed = 1234;
   std::string data = "/usr/share/games/fortunes", out = "megamoe-train-out", preset = "small";
@@ -214,6 +219,8 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
     o.micro_batch = o.global_batch / dp;
   mt::train_settings settings;
   mm::parallel::check_on_every_rank(world, [&] {
+    if (o.eval_interval < 0 || o.eval_iters < 0)
+      throw mm::input_error("megamoe-train: --eval-interval and --eval-iters cannot be negative");
     if (o.steps < 1 || o.micro_batch < 1 || o.seq_len < 2 || !(o.lr > 0))
       throw mm::input_error(
           "megamoe-train: --steps, --micro-batch, --seq-len and --lr must be "
@@ -285,7 +292,12 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
   auto const out_dir = std::filesystem::absolute(o.out);
   auto const metrics_path = out_dir / "metrics.jsonl", plot_path = out_dir / "training.svg",
              weights_path = out_dir / "model.safetensors";
-  double const unigram = corpus.unigram_bits_per_byte();
+  // Held-out evaluation: --eval-iters global batches of windows (0: every window).
+  int const global_sequences = settings.micro_batch * settings.micro_batches * dp;
+  int const eval_windows = o.eval_iters > 0 ? std::min(corpus.heldout_windows(o.seq_len),
+                                                       o.eval_iters * global_sequences)
+                                            : corpus.heldout_windows(o.seq_len);
+  double const unigram = corpus.unigram_bits_per_byte(o.seq_len, eval_windows);
   mt::training_history history;
   history.unigram_bpb = unigram;
   history.load.resize(model.moe_layers().size());
@@ -324,7 +336,8 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
               << o.seq_len << " bytes"
               << (resumed_line.empty() ? std::string() : "; " + resumed_line) << upcycled_line
               << "\n";
-  int const eval_every = std::max(1, o.steps / 8), eval_windows = 64;
+  int const eval_every = o.eval_interval > 0 ? o.eval_interval : std::max(1, o.steps / 4);
+  bool const terminal = isatty(fileno(stderr)) != 0;
   double const flops_per_token = model.flops_per_token(o.seq_len);
   double heldout = 0.0;
   if (first_step == 1) {
@@ -397,13 +410,17 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
       }
     }
     if (!root) continue;
+    bool const evaluated = line.contains("heldout_bpb");
+    if (!terminal && !evaluated) continue;  // a log file gets one line per interval
     int const bar = 30, done = bar * step / o.steps;
-    std::fprintf(stderr, "\rstep %d/%d [%s%s] loss %.3f bits/byte | %.0f tok/s | ETA %s   ", step,
-                 o.steps, std::string(static_cast<std::size_t>(done), '#').c_str(),
+    std::fprintf(stderr, "%sstep %d/%d [%s%s] loss %.3f bits/byte | %.0f tok/s | ETA %s   %s",
+                 terminal ? "\r" : "", step, o.steps,
+                 std::string(static_cast<std::size_t>(done), '#').c_str(),
                  std::string(static_cast<std::size_t>(bar - done), '-').c_str(), bpb, tokens_per_s,
-                 duration(elapsed / step * (o.steps - step)).c_str());
-    if (line.contains("heldout_bpb"))
-      std::fprintf(stderr, "\n  held-out %.3f bits/byte (unigram %.3f)\n", heldout, unigram);
+                 duration(elapsed / step * (o.steps - step)).c_str(), terminal ? "" : "\n");
+    if (evaluated)
+      std::fprintf(stderr, "%s  held-out %.3f bits/byte (unigram %.3f)\n", terminal ? "\n" : "",
+                   heldout, unigram);
   }
   if (terminated) return 0;
   save();
@@ -508,21 +525,26 @@ int main(int argc, char** argv) {
     options o;
     CLI::App app{"megamoe-train: train a small byte-level MoE language model on English text"};
     app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
-    app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch")
+    app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch (medium: 8)")
         ->capture_default_str();
     app.add_option("--global-batch", o.global_batch,
                    "sequences per step (micro-batch x micro-batches x DP; default: one "
                    "micro-batch per DP rank)");
-    app.add_option("--seq-len", o.seq_len, "bytes per sequence")->capture_default_str();
+    app.add_option("--seq-len", o.seq_len, "bytes per sequence (medium: 256)")
+        ->capture_default_str();
     app.add_option("--lr", o.lr, "peak learning rate (warmup 5 %, cosine to a tenth)")
         ->capture_default_str();
     app.add_option("--seed", o.seed, "seed of weights and batches")->capture_default_str();
     app.add_option("--data", o.data, "corpus: a text file or a folder of them")
         ->capture_default_str();
+    app.add_option("--eval-interval", o.eval_interval,
+                   "held-out evaluation every N steps (default: a quarter of --steps)");
+    app.add_option("--eval-iters", o.eval_iters,
+                   "global batches of held-out windows per evaluation (default: every window)");
     app.add_option("--out", o.out, "folder for metrics, plot and weights")->capture_default_str();
     app.add_option("--ep", o.ep, "expert-parallel ranks (default: the world size)");
-    app.add_option("--preset", o.preset, "model: tiny | small | fine | dense")
-        ->check(CLI::IsMember({"tiny", "small", "fine", "dense"}))
+    app.add_option("--preset", o.preset, "model: tiny | small | fine | medium | dense")
+        ->check(CLI::IsMember({"tiny", "small", "fine", "medium", "dense"}))
         ->capture_default_str();
     app.add_flag("--profile", o.profile,
                  "print the share of the step in each stage at the end (and in the final JSON)");
@@ -575,6 +597,10 @@ int main(int argc, char** argv) {
                                 " holds a " + saved + " model");
         if (!o.preset_given) o.preset = saved;
       });
+    }
+    if (o.preset == "medium") {  // its own sequence length and micro-batch unless given
+      if (!o.seq_len_given) o.seq_len = 256;
+      if (!o.micro_batch_given) o.micro_batch = 8;
     }
     auto run = [&]<class Config>() {
       return o.describe ? describe_job<Config>(env, o)

@@ -65,10 +65,11 @@ int main(int argc, char** argv) {
       if (root && (m.step % 5 == 0 || m.step == steps))
         std::cout << "step " << m.step << ": loss " << m.loss << " nats/byte\n";
     }
-    double const bpb = trainer.heldout_bits_per_byte(ctx, 32);
+    int const windows = std::min(32, corpus.heldout_windows(settings.seq_length));
+    double const bpb = trainer.heldout_bits_per_byte(ctx, windows);
     if (root)
-      std::cout << "held-out " << bpb << " bits/byte (unigram " << corpus.unigram_bits_per_byte()
-                << ")\n";
+      std::cout << "held-out " << bpb << " bits/byte (unigram "
+                << corpus.unigram_bits_per_byte(settings.seq_length, windows) << ")\n";
     return 0;
   });
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace mm = megamoe;
@@ -88,6 +89,73 @@ TEST(AdamW, ANonFiniteGradientSkipsTheStep) {
   EXPECT_FALSE(report.finite);
   EXPECT_EQ(model.w, before);
   EXPECT_EQ(optimizer.steps(), 0);
+}
+
+/// Float parameters spanning several of the optimizer's chunks (2^15 elements), with gradients.
+struct large_float_model {
+  std::vector<mm::row_matrix<float>> values, grads;
+  large_float_model() {
+    for (auto [rows, cols] : {std::pair{300, 257}, std::pair{1, 333}, std::pair{97, 41}}) {
+      values.push_back(mm::row_matrix<float>::Random(rows, cols));
+      grads.push_back(mm::row_matrix<float>::Random(rows, cols) * 0.3f);
+    }
+  }
+  template <class F>
+  void for_each_parameter(F&& f) {
+    char const* names[] = {"decoder.layers.0.mlp.linear_fc1.weight",
+                           "decoder.layers.0.input_layernorm.weight", "output_layer.weight"};
+    for (std::size_t i = 0; i < values.size(); ++i)
+      f(names[i], mm::row_matrix_map<float>(values[i].data(), values[i].rows(), values[i].cols()),
+        mm::row_matrix_map<float>(grads[i].data(), grads[i].rows(), grads[i].cols()),
+        mm::parameter_kind::dense);
+  }
+};
+
+// The norm and the update on the pool's threads, chunk by chunk, give the same bits as on one
+// thread (the chunks, not the threads, fix the summation order), over several steps with
+// clipping.
+TEST(AdamW, ThreadedStepsEqualOneThreadBitForBit) {
+  large_float_model one, threaded;
+  threaded = one;
+  mo::adamw_settings settings;
+  settings.clip_grad = 5.0;
+  mo::distributed_adamw<float> a(one, settings), b(threaded, settings);
+  mm::thread_pool pool(2);
+  for (int step = 0; step < 3; ++step) {
+    auto const ra = a.step(1e-2);
+    auto const rb = b.step(pool, 1e-2);
+    EXPECT_EQ(ra.grad_norm, rb.grad_norm);
+    EXPECT_EQ(ra.clip_factor, rb.clip_factor);
+    EXPECT_LT(ra.clip_factor, 1.0);
+    for (std::size_t i = 0; i < one.values.size(); ++i)
+      EXPECT_EQ(one.values[i], threaded.values[i]);
+  }
+}
+
+// The fp32 AVX-512 loops and the portable ones: the same bits, for lengths around the 8 lanes.
+TEST(AdamWKernels, Avx512AndPortableLoopsGiveTheSameBits) {
+#if MEGAMOE_VECTOR_MATH_AVX512
+  if (!mm::cpu().use_avx512()) GTEST_SKIP() << "no AVX-512";
+  namespace k = mo::kernels;
+  k::adamw_step const s{0.7, 0.9, 0.95, 0.19, 0.0975, 1e-8, 0.1, 3e-3};
+  for (int n : {1, 7, 8, 9, 64, 1003}) {
+    Eigen::VectorXf const g0 = Eigen::VectorXf::Random(n), p0 = Eigen::VectorXf::Random(n);
+    Eigen::VectorXf const m0 = Eigen::VectorXf::Random(n) * 0.1f;
+    Eigen::VectorXf const v0 = Eigen::VectorXf::Random(n).cwiseAbs() * 0.01f;
+    EXPECT_EQ(k::detail::squares_avx512(g0.data(), n), k::detail::squares_portable(g0.data(), n));
+    for (bool decay : {false, true}) {
+      Eigen::VectorXf p1 = p0, m1 = m0, v1 = v0, p2 = p0, m2 = m0, v2 = v0;
+      k::detail::update_avx512(p1.data(), g0.data(), m1.data(), v1.data(), n, s, decay);
+      k::detail::update_portable(p2.data(), g0.data(), m2.data(), v2.data(), n, s, decay);
+      EXPECT_EQ(p1, p2) << n;
+      EXPECT_EQ(m1, m2) << n;
+      EXPECT_EQ(v1, v2) << n;
+      EXPECT_NE(p1, p0) << n;
+    }
+  }
+#else
+  GTEST_SKIP() << "no AVX-512 kernels on this compiler or architecture";
+#endif
 }
 
 TEST(AdamW, FloatParametersKeepFloatState) {

@@ -56,6 +56,25 @@ TEST(ByteCorpus, UnigramBaselineIsTheSmoothedCrossEntropy) {
   EXPECT_NEAR(corpus.unigram_bits_per_byte(), expected, 1e-12);
 }
 
+// Over windows: exactly the held-out bytes the windows predict (bytes 1 .. windows*S), never the
+// first held-out byte, which no window predicts.
+TEST(ByteCorpus, WindowedUnigramBaselineCoversThePredictedBytes) {
+  std::vector<std::uint8_t> bytes(20, 'a');
+  for (auto b : {'a', 'b', 'c', 'b', 'b', 'a'}) bytes.push_back(static_cast<std::uint8_t>(b));
+  mt::byte_corpus const corpus(bytes, 6.0 / 26.0);  // held out: a b c b b a
+  ASSERT_EQ(corpus.heldout().size(), 6u);
+  double const total = 20 + 256;
+  auto bits = [&](double count) { return -std::log2((count + 1) / total); };
+  EXPECT_EQ(corpus.heldout_windows(2), 2);  // windows [a b c] and [c b b]: predicts b c b b
+  EXPECT_NEAR(corpus.unigram_bits_per_byte(2, 2), bits(0), 1e-12);
+  EXPECT_NEAR(corpus.unigram_bits_per_byte(2, 1), bits(0), 1e-12);
+  EXPECT_NEAR(corpus.unigram_bits_per_byte(2, 9), bits(0), 1e-12);  // at most every window
+  EXPECT_EQ(corpus.heldout_windows(5), 1);                          // predicts b c b b a
+  EXPECT_NEAR(corpus.unigram_bits_per_byte(5, 1), (4 * bits(0) + bits(20)) / 5, 1e-12);
+  EXPECT_NEAR(corpus.unigram_bits_per_byte(), (4 * bits(0) + 2 * bits(20)) / 6, 1e-12);
+  EXPECT_THROW((void)corpus.unigram_bits_per_byte(2, 0), mm::input_error);
+}
+
 TEST(ByteCorpus, MissingEmptyOrTooSmallCorporaAreErrors) {
   EXPECT_THROW(mt::byte_corpus::load("/nonexistent/corpus.txt"), mm::input_error);
   auto const empty = std::filesystem::temp_directory_path() / "megamoe_empty_corpus.txt";

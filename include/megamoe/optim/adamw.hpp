@@ -25,6 +25,8 @@
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/parameter.hpp>
 #include <megamoe/core/tensor.hpp>
+#include <megamoe/core/thread_pool.hpp>
+#include <megamoe/optim/adamw_kernels.hpp>
 #include <megamoe/parallel/collectives.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 
@@ -171,12 +173,39 @@ class distributed_adamw {
   /// tensors go back to them (collective over EDP, and over ETP inside the model).
   template <class... Models>
   step_report step(double lr, Models&... models) {
+    return step_on(nullptr, lr, models...);
+  }
+  /// The same, with the norm's and the update's element loops on `pool`'s threads.
+  template <class... Models>
+  step_report step(thread_pool& pool, double lr, Models&... models) {
+    return step_on(&pool, lr, models...);
+  }
+
+  /// Zeroes every parameter's gradient (the whole model's, not only this rank's shard), in chunks
+  /// on the pool's threads.
+  void zero_grad(thread_pool& pool) {
+    zeroing_.clear();
+    for (auto& k : kinds_)
+      for (auto& e : k.entries)
+        for (std::int64_t first = 0; first < e.grad.size(); first += chunk)
+          zeroing_.push_back({&e, first, std::min<std::int64_t>(chunk, e.grad.size() - first), 0});
+    parallel_rows(pool, static_cast<int>(zeroing_.size()), [&](int begin, int end) {
+      for (int i = begin; i < end; ++i) {
+        auto const& s = zeroing_[static_cast<std::size_t>(i)];
+        std::fill_n(s.e->grad.data() + s.first, s.count, T(0));
+      }
+    });
+  }
+
+ private:
+  template <class... Models>
+  step_report step_on(thread_pool* pool, double lr, Models&... models) {
     if (kinds_[quantized].total > 0 && sizeof...(Models) == 0)
       throw input_error(
           "distributed_adamw: this optimizer holds the fp32 masters of quantized weights; call "
           "step(lr, model) so that the updated weights reach the model");
     double squares = 0.0;
-    for (auto const& k : kinds_) squares += shard_squares(k);
+    for (auto& k : kinds_) squares += shard_squares(pool, k);
     if (world_) parallel::all_reduce_sum(*world_, std::span<double>(&squares, 1));
     step_report report;
     report.grad_norm = std::sqrt(squares);
@@ -185,16 +214,21 @@ class distributed_adamw {
     if (settings_.clip_grad > 0.0 && report.grad_norm > settings_.clip_grad)
       report.clip_factor = settings_.clip_grad / (report.grad_norm + 1e-6);
     ++step_;
-    double const c1 = 1.0 - std::pow(settings_.beta1, step_);
-    double const c2 = 1.0 - std::pow(settings_.beta2, step_);
-    for (auto& k : kinds_) update(k, lr, report.clip_factor, c1, c2);
+    kernels::adamw_step const constants{report.clip_factor,
+                                        settings_.beta1,
+                                        settings_.beta2,
+                                        1.0 - std::pow(settings_.beta1, step_),
+                                        1.0 - std::pow(settings_.beta2, step_),
+                                        settings_.eps,
+                                        settings_.weight_decay,
+                                        lr};
+    for (auto& k : kinds_) update(pool, k, constants);
     gather(kinds_[0]);
     gather(kinds_[1]);
     (hand_back(models), ...);
     return report;
   }
 
- private:
   /// One parameter: its maps and where it starts in its kind's flat order.
   struct entry {
     std::string name;
@@ -202,6 +236,13 @@ class distributed_adamw {
     std::int64_t offset;
     bool decay;
   };
+  /// A run of one entry's shard elements inside one chunk: local elements [first, first +
+  /// count), at shard position `at`.
+  struct segment {
+    entry* e;
+    std::int64_t first, count, at;
+  };
+  static constexpr std::int64_t chunk = std::int64_t{1} << 15;
   /// All parameters of one kind (dense, expert, quantized expert), flattened, and this rank's
   /// shard of them.
   struct kind_state {
@@ -213,6 +254,10 @@ class distributed_adamw {
     std::vector<T> master;                   // quantized experts: the shard's fp32 values
     std::vector<std::int64_t> shard_pieces;  // per group rank: its part of one tensor
     boost::mpi::communicator const* group = nullptr;
+    // The shard cut into chunks of `chunk` elements for the threads: runs of one entry each.
+    std::vector<segment> segments;
+    std::vector<std::size_t> chunk_starts;  // first segment of each chunk, then the end
+    std::vector<double> chunk_sums;
   };
   static constexpr std::size_t quantized = 2;  // kinds_[quantized]: quantized_expert weights
 
@@ -308,35 +353,57 @@ class distributed_adamw {
     }
   }
 
-  static double shard_squares(kind_state const& k) {
-    double sum = 0.0;
-    for_shard(k, [&](entry const& e, std::int64_t first, std::int64_t count, std::int64_t) {
-      for (std::int64_t i = first; i < first + count; ++i) {
-        double const g = static_cast<double>(e.grad.data()[i]);
-        sum += g * g;
+  /// Calls f(chunk, segment) for every segment, chunk by chunk on the pool's threads (the chunks
+  /// are fixed by the shard alone, so sums over them do not depend on the thread count).
+  template <class F>
+  static void for_each_chunk(thread_pool* pool, kind_state& k, F const& f) {
+    k.segments.clear();
+    k.chunk_starts.clear();
+    for_shard(k, [&](entry& e, std::int64_t first, std::int64_t count, std::int64_t at) {
+      while (count > 0) {
+        auto const c = static_cast<std::size_t>(at / chunk);
+        std::int64_t const n = std::min(count, (at / chunk + 1) * chunk - at);
+        while (k.chunk_starts.size() <= c) k.chunk_starts.push_back(k.segments.size());
+        k.segments.push_back({&e, first, n, at});
+        first += n;
+        at += n;
+        count -= n;
       }
     });
+    k.chunk_starts.push_back(k.segments.size());
+    int const chunks = static_cast<int>(k.chunk_starts.size()) - 1;
+    auto body = [&](int c) {
+      for (std::size_t i = k.chunk_starts[static_cast<std::size_t>(c)];
+           i < k.chunk_starts[static_cast<std::size_t>(c) + 1]; ++i)
+        f(c, k.segments[i]);
+    };
+    if (pool != nullptr && chunks > 1) {
+      parallel_rows(*pool, chunks, [&](int begin, int end) {
+        for (int c = begin; c < end; ++c) body(c);
+      });
+    } else {
+      for (int c = 0; c < chunks; ++c) body(c);
+    }
+  }
+
+  static double shard_squares(thread_pool* pool, kind_state& k) {
+    k.chunk_sums.assign(static_cast<std::size_t>(k.total / chunk + 1), 0.0);
+    for_each_chunk(pool, k, [&](int c, segment const& s) {
+      k.chunk_sums[static_cast<std::size_t>(c)] +=
+          kernels::sum_of_squares(s.e->grad.data() + s.first, s.count);
+    });
+    double sum = 0.0;
+    for (double x : k.chunk_sums) sum += x;
     return sum;
   }
 
-  void update(kind_state& k, double lr, double clip, double c1, double c2) {
-    double const b1 = settings_.beta1, b2 = settings_.beta2, eps = settings_.eps;
-    double const wd = settings_.weight_decay;
+  static void update(thread_pool* pool, kind_state& k, kernels::adamw_step const& constants) {
     bool const masters = !k.master.empty();
-    for_shard(k, [&](entry& e, std::int64_t first, std::int64_t count, std::int64_t at) {
-      T* const values = masters ? k.master.data() + at : e.value.data() + first;
-      for (std::int64_t i = 0; i < count; ++i) {
-        auto const s = static_cast<std::size_t>(at + i);
-        double const g = clip * static_cast<double>(e.grad.data()[first + i]);
-        double const m = b1 * static_cast<double>(k.m[s]) + (1.0 - b1) * g;
-        double const v = b2 * static_cast<double>(k.v[s]) + (1.0 - b2) * g * g;
-        k.m[s] = static_cast<state_type>(m);
-        k.v[s] = static_cast<state_type>(v);
-        T& p = values[i];
-        double const decay = e.decay ? wd * static_cast<double>(p) : 0.0;
-        p = static_cast<T>(static_cast<double>(p) -
-                           lr * ((m / c1) / (std::sqrt(v / c2) + eps) + decay));
-      }
+    for_each_chunk(pool, k, [&](int, segment const& s) {
+      T* const values = masters ? k.master.data() + s.at : s.e->value.data() + s.first;
+      auto const at = static_cast<std::size_t>(s.at);
+      kernels::adamw_update(values, s.e->grad.data() + s.first, k.m.data() + at, k.v.data() + at,
+                            s.count, constants, s.e->decay);
     });
   }
 
@@ -356,6 +423,7 @@ class distributed_adamw {
   adamw_settings settings_;
   std::optional<boost::mpi::communicator> world_;  // on a job: the norm's sum
   std::array<kind_state, 3> kinds_;
+  std::vector<segment> zeroing_;  // zero_grad's chunks
   int step_ = 0;
 };
 

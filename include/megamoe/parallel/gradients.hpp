@@ -33,22 +33,35 @@ template <has_parameters... Models>
 void reduce_gradients(process_groups const& groups, Models&... models) {
   auto const& l = groups.layout();
   double const scale = 1.0 / (static_cast<double>(l.dp) * l.cp);
+  bool const dense_alone = groups.tp_dp_cp().size() == 1,
+             experts_alone = groups.expert_dp().size() == 1;
   auto one = [&](auto& model) {
     using scalar = typename std::remove_reference_t<decltype(model)>::scalar;
+    // A kind whose group is this rank alone is only scaled, in place (not at all by 1).
+    auto alone = [&](parameter_kind kind) {
+      return kind == parameter_kind::dense ? dense_alone : experts_alone;
+    };
     std::vector<scalar> dense, expert;
     model.for_each_parameter([&](std::string_view, auto, auto grad, parameter_kind kind) {
+      if (alone(kind)) return;
       auto& bucket = kind == parameter_kind::dense ? dense : expert;
       bucket.insert(bucket.end(), grad.data(), grad.data() + grad.size());
     });
     {
       request dense_sum, expert_sum;
-      if (groups.tp_dp_cp().size() > 1)
+      if (!dense_alone)
         dense_sum = all_reduce_sum_start(groups.tp_dp_cp(), std::span<scalar>(dense));
-      if (groups.expert_dp().size() > 1)
+      if (!experts_alone)
         expert_sum = all_reduce_sum_start(groups.expert_dp(), std::span<scalar>(expert));
     }
     std::size_t at_dense = 0, at_expert = 0;
     model.for_each_parameter([&](std::string_view, auto, auto grad, parameter_kind kind) {
+      if (alone(kind)) {
+        if (scale != 1.0)
+          for (Eigen::Index i = 0; i < grad.size(); ++i)
+            grad.data()[i] = static_cast<scalar>(grad.data()[i] * scale);
+        return;
+      }
       bool const is_dense = kind == parameter_kind::dense;
       auto const& bucket = is_dense ? dense : expert;
       std::size_t& at = is_dense ? at_dense : at_expert;

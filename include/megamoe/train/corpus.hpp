@@ -72,14 +72,15 @@ class byte_corpus {
 
   /// Cross-entropy of the held-out bytes, in bits per byte, under the training bytes' frequencies
   /// with add-one smoothing over all 256 byte values.
-  [[nodiscard]] double unigram_bits_per_byte() const {
-    std::array<double, 256> counts{};
-    counts.fill(1.0);
-    for (std::uint8_t b : training()) counts[b] += 1.0;
-    double const total = static_cast<double>(training().size()) + 256.0;
-    double bits = 0.0;
-    for (std::uint8_t b : heldout()) bits -= std::log2(counts[b] / total);
-    return bits / static_cast<double>(heldout().size());
+  [[nodiscard]] double unigram_bits_per_byte() const { return unigram_bits(heldout()); }
+  /// The same over exactly the bytes that the first `windows` held-out windows of `seq` predict
+  /// (held-out bytes 1 .. windows*seq): the baseline of heldout bits per byte over those windows.
+  [[nodiscard]] double unigram_bits_per_byte(int seq, int windows) const {
+    auto const n = static_cast<std::size_t>(std::clamp(windows, 0, heldout_windows(seq))) *
+                   static_cast<std::size_t>(seq);
+    if (n == 0)
+      throw input_error("corpus: no held-out window of " + std::to_string(seq) + " bytes");
+    return unigram_bits(heldout().subspan(1, n));
   }
 
   /// B training windows of S + 1 bytes: sequence g of step k's global batch starts at a position
@@ -113,6 +114,16 @@ class byte_corpus {
   }
 
  private:
+  [[nodiscard]] double unigram_bits(std::span<std::uint8_t const> bytes) const {
+    std::array<double, 256> counts{};
+    counts.fill(1.0);
+    for (std::uint8_t b : training()) counts[b] += 1.0;
+    double const total = static_cast<double>(training().size()) + 256.0;
+    double bits = 0.0;
+    for (std::uint8_t b : bytes) bits -= std::log2(counts[b] / total);
+    return bits / static_cast<double>(bytes.size());
+  }
+
   static void fill(std::uint8_t const* window, int seq, int batch, int b,
                    std::span<std::int32_t> tokens, std::span<std::int32_t> targets) {
     for (int s = 0; s < seq; ++s) {

@@ -104,7 +104,7 @@ class trainer {
     out.step = step_;
     out.lr = settings_.schedule.at(step_);
     auto& times = ctx.step_stages;
-    times.time(step_stage::optimizer, [&] { model_.zero_grad(); });
+    times.time(step_stage::optimizer, [&] { optimizer_.zero_grad(ctx.pool()); });
     ctx.step.mode = router::pass::training;
     ctx.step.loss_backward_scale = router::loss_backward_scale(1.0, 1, M);
     tokens_.resize(static_cast<std::size_t>(S) * B);
@@ -146,8 +146,8 @@ class trainer {
     if (groups_)
       times.time(step_stage::gradient_reduction,
                  [&] { parallel::reduce_gradients(*groups_, model_); });
-    auto const report =
-        times.time(step_stage::optimizer, [&] { return optimizer_.step(out.lr, model_); });
+    auto const report = times.time(step_stage::optimizer,
+                                   [&] { return optimizer_.step(ctx.pool(), out.lr, model_); });
     out.grad_norm = report.grad_norm;
     out.clip_factor = report.clip_factor;
     if (!report.finite || !std::isfinite(out.loss)) {

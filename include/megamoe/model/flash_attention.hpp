@@ -1,0 +1,550 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/model/flash_attention.hpp — causal softmax attention computed block by block with an
+// online softmax, never holding a [S, S] score matrix: forward gives the output and each row's
+// log-sum-exp; backward recomputes the scores from them.
+//
+// Tokens are t = s*B + b. Element c of head h at position s of sequence b lies at
+// data[(s*B + b)*ld + h*head + c] of a `token_view`, so q, k and v are read straight from a fused
+// [T, 3H] projection and the output is written into [T, H]. Query head h reads key/value head
+// h / (heads / query_groups) (grouped-query attention); query/key heads have qk_head elements,
+// value heads v_head (they may differ). Query row s is at position query_offset + s, key row t at
+// key_offset + t, and a query sees the keys at or before its position (context-parallel chunks
+// pass their offsets). RoPE ("rotate half", as causal_attention documents) is applied to q and k
+// as their tiles are loaded and undone on their gradients as those are stored.
+//
+// Work: forward tasks are (sequence, head, query block), heaviest blocks first, so the causal
+// triangle's uneven blocks balance over the pool; backward tasks are (sequence, key/value head),
+// each owning its heads' gradients. The tile products and the softmax run on AVX-512 where the CPU
+// has it (fp32) and on portable loops otherwise; scratch is per pool thread and only grows.
+#pragma once
+
+#include <megamoe/core/cpu_features.hpp>
+#include <megamoe/core/error.hpp>
+#include <megamoe/core/thread_pool.hpp>
+#include <megamoe/core/vector_math.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace megamoe::attention {
+
+/// Rows of token-major data: element c of head h at token t is data[t*ld + h*head_size + c].
+template <class T>
+struct token_view {
+  T* data = nullptr;
+  std::int64_t ld = 0;
+};
+
+/// The sizes of one attention call.
+struct attention_shape {
+  int seq = 0;           // query positions per sequence
+  int key_seq = 0;       // key/value positions per sequence (0: seq)
+  int batch = 0;         // sequences
+  int heads = 0;         // query heads
+  int query_groups = 0;  // key/value heads (0: heads); divides heads
+  int qk_head = 0;       // query/key head size (even with RoPE)
+  int v_head = 0;        // value head size (0: qk_head)
+  int query_offset = 0;  // position of query row 0
+  int key_offset = 0;    // position of key row 0
+  double scale = 0.0;    // score scale (0: 1 / sqrt(qk_head))
+
+  [[nodiscard]] int keys() const noexcept { return key_seq > 0 ? key_seq : seq; }
+  [[nodiscard]] int groups() const noexcept { return query_groups > 0 ? query_groups : heads; }
+  [[nodiscard]] int value_head() const noexcept { return v_head > 0 ? v_head : qk_head; }
+  [[nodiscard]] double score_scale() const noexcept {
+    return scale > 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(qk_head));
+  }
+  /// Throws input_error naming the first size that cannot work.
+  void check(bool rope) const {
+    auto fail = [](std::string const& what) { throw input_error("flash attention: " + what); };
+    if (seq < 1 || keys() < 1 || batch < 1 || heads < 1 || qk_head < 1 || value_head() < 1)
+      fail("sizes must be positive");
+    if (groups() < 1 || heads % groups() != 0)
+      fail(std::to_string(groups()) + " query groups do not divide " + std::to_string(heads) +
+           " heads");
+    if (rope && qk_head % 2 != 0) fail("RoPE needs an even query/key head size");
+    if (query_offset < 0 || key_offset < 0) fail("negative position offset");
+  }
+};
+
+/// cos and sin of RoPE's angles, position s and pair i < head/2: s * base^(-2i/head).
+template <class T>
+class rope_table {
+ public:
+  rope_table(int head, double base) : head_(head), base_(base) {}
+  /// Makes positions [0, positions) available.
+  void ensure(int positions) {
+    int const half = head_ / 2, have = static_cast<int>(cos_.size()) / std::max(1, half);
+    if (positions <= have) return;
+    cos_.resize(static_cast<std::size_t>(positions) * half);
+    sin_.resize(cos_.size());
+    for (int s = have; s < positions; ++s)
+      for (int i = 0; i < half; ++i) {
+        double const angle = s * std::pow(base_, -2.0 * i / static_cast<double>(head_));
+        cos_[static_cast<std::size_t>(s) * half + i] = static_cast<T>(std::cos(angle));
+        sin_[static_cast<std::size_t>(s) * half + i] = static_cast<T>(std::sin(angle));
+      }
+  }
+  [[nodiscard]] int head() const noexcept { return head_; }
+  [[nodiscard]] T const* cos_at(int s) const { return cos_.data() + std::size_t(s) * (head_ / 2); }
+  [[nodiscard]] T const* sin_at(int s) const { return sin_.data() + std::size_t(s) * (head_ / 2); }
+
+ private:
+  int head_;
+  double base_;
+  std::vector<T> cos_, sin_;
+};
+
+/// Which tile kernels run: AVX-512 (fp32, where the CPU has it) or portable loops.
+enum class attention_kernel { portable, avx512 };
+
+namespace detail {
+
+/// Query and key rows per block.
+inline constexpr int block = 64;
+
+/// The portable tile operations (any T).
+template <class T>
+struct portable_tiles {
+  /// C[m, n] (+)= A B: A(i, p) = a[i*ars + p*acs], B row-major (ldb), C row-major (ldc).
+  static void product(int m, int n, int k, T const* a, std::ptrdiff_t ars, std::ptrdiff_t acs,
+                      T const* b, std::ptrdiff_t ldb, T* c, std::ptrdiff_t ldc, bool accumulate) {
+    for (int i = 0; i < m; ++i) {
+      T* row = c + i * ldc;
+      if (!accumulate) std::fill(row, row + n, T(0));
+      for (int p = 0; p < k; ++p) {
+        T const x = a[i * ars + p * acs];
+        T const* brow = b + p * ldb;
+        for (int j = 0; j < n; ++j) row[j] += x * brow[j];
+      }
+    }
+  }
+  /// Online softmax over a tile of scores (row i sees its first valid[i] columns): the tile
+  /// becomes exp(s - new max) (0 where unseen), max and sum are updated, alpha[i] is what the
+  /// row's earlier output is to be multiplied by.
+  static void softmax_forward(int rows, int cols, T* s, std::ptrdiff_t lds, int const* valid,
+                              T* max, T* sum, T* alpha) {
+    for (int i = 0; i < rows; ++i) {
+      T* row = s + i * lds;
+      int const n = valid[i];
+      T top = max[i];
+      for (int j = 0; j < n; ++j) top = std::max(top, row[j]);
+      alpha[i] = n == 0 ? T(1) : std::exp(max[i] - top);
+      T total = 0;
+      for (int j = 0; j < n; ++j) total += (row[j] = std::exp(row[j] - top));
+      std::fill(row + n, row + cols, T(0));
+      sum[i] = sum[i] * alpha[i] + total;
+      max[i] = top;
+    }
+  }
+  /// Backward of the softmax: s becomes P = exp(s - lse) (0 where unseen) and dp becomes
+  /// dS = P (dp - d).
+  static void softmax_backward(int rows, int cols, T* s, T* dp, std::ptrdiff_t ld, int const* valid,
+                               T const* lse, T const* d) {
+    for (int i = 0; i < rows; ++i) {
+      T* srow = s + i * ld;
+      T* drow = dp + i * ld;
+      int const n = valid[i];
+      for (int j = 0; j < n; ++j) {
+        srow[j] = std::exp(srow[j] - lse[i]);
+        drow[j] = srow[j] * (drow[j] - d[i]);
+      }
+      std::fill(srow + n, srow + cols, T(0));
+      std::fill(drow + n, drow + cols, T(0));
+    }
+  }
+};
+
+#if MEGAMOE_VECTOR_MATH_AVX512
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+using simd::exp16;
+using simd::lanes;
+
+/// R rows x V vectors of C, all of depth k, in registers.
+template <int R, int V>
+MEGAMOE_AVX512_TARGET inline void product_block(int n, int k, float const* a, std::ptrdiff_t ars,
+                                                std::ptrdiff_t acs, float const* b,
+                                                std::ptrdiff_t ldb, float* c, std::ptrdiff_t ldc,
+                                                bool accumulate) {
+  __mmask16 mask[V];
+  for (int v = 0; v < V; ++v) mask[v] = lanes(n - 16 * v);
+  __m512 acc[R][V];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v)
+      acc[r][v] =
+          accumulate ? _mm512_maskz_loadu_ps(mask[v], c + r * ldc + 16 * v) : _mm512_setzero_ps();
+  for (int p = 0; p < k; ++p) {
+    __m512 bv[V];
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) bv[v] = _mm512_maskz_loadu_ps(mask[v], b + p * ldb + 16 * v);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      __m512 const x = _mm512_set1_ps(a[r * ars + p * acs]);
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(x, bv[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) _mm512_mask_storeu_ps(c + r * ldc + 16 * v, mask[v], acc[r][v]);
+}
+
+/// Rows in blocks of R (8 rows of up to two vectors, 6 of three or four), the rest one by one.
+template <int V>
+MEGAMOE_AVX512_TARGET inline void product_panel(int m, int n, int k, float const* a,
+                                                std::ptrdiff_t ars, std::ptrdiff_t acs,
+                                                float const* b, std::ptrdiff_t ldb, float* c,
+                                                std::ptrdiff_t ldc, bool accumulate) {
+  constexpr int R = V <= 2 ? 8 : 6;
+  int i = 0;
+  for (; i + R <= m; i += R)
+    product_block<R, V>(n, k, a + i * ars, ars, acs, b, ldb, c + i * ldc, ldc, accumulate);
+  for (; i < m; ++i)
+    product_block<1, V>(n, k, a + i * ars, ars, acs, b, ldb, c + i * ldc, ldc, accumulate);
+}
+
+struct avx512_tiles {
+  MEGAMOE_AVX512_TARGET static void product(int m, int n, int k, float const* a, std::ptrdiff_t ars,
+                                            std::ptrdiff_t acs, float const* b, std::ptrdiff_t ldb,
+                                            float* c, std::ptrdiff_t ldc, bool accumulate) {
+    for (int j = 0; j < n; j += 64) {
+      int const w = std::min(64, n - j);
+      switch ((w + 15) / 16) {
+        case 1: product_panel<1>(m, w, k, a, ars, acs, b + j, ldb, c + j, ldc, accumulate); break;
+        case 2: product_panel<2>(m, w, k, a, ars, acs, b + j, ldb, c + j, ldc, accumulate); break;
+        case 3: product_panel<3>(m, w, k, a, ars, acs, b + j, ldb, c + j, ldc, accumulate); break;
+        default: product_panel<4>(m, w, k, a, ars, acs, b + j, ldb, c + j, ldc, accumulate);
+      }
+    }
+  }
+
+  MEGAMOE_AVX512_TARGET static void softmax_forward(int rows, int cols, float* s,
+                                                    std::ptrdiff_t lds, int const* valid,
+                                                    float* max, float* sum, float* alpha) {
+    float const lowest = -std::numeric_limits<float>::infinity();
+    for (int i = 0; i < rows; ++i) {
+      float* row = s + i * lds;
+      int const n = valid[i];
+      __m512 top = _mm512_set1_ps(max[i]);
+      for (int j = 0; j < n; j += 16)
+        top =
+            _mm512_max_ps(top, _mm512_mask_loadu_ps(_mm512_set1_ps(lowest), lanes(n - j), row + j));
+      float const m = _mm512_reduce_max_ps(top);
+      alpha[i] = n == 0 ? 1.0f : std::exp(max[i] - m);
+      __m512 const shift = _mm512_set1_ps(m);
+      __m512 total = _mm512_setzero_ps();
+      for (int j = 0; j < cols; j += 16) {
+        __mmask16 const live = lanes(n - j), store = lanes(cols - j);
+        __m512 const p = _mm512_maskz_mov_ps(
+            live, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, row + j), shift)));
+        total = _mm512_add_ps(total, p);
+        _mm512_mask_storeu_ps(row + j, store, p);
+      }
+      sum[i] = sum[i] * alpha[i] + _mm512_reduce_add_ps(total);
+      max[i] = m;
+    }
+  }
+
+  MEGAMOE_AVX512_TARGET static void softmax_backward(int rows, int cols, float* s, float* dp,
+                                                     std::ptrdiff_t ld, int const* valid,
+                                                     float const* lse, float const* d) {
+    for (int i = 0; i < rows; ++i) {
+      float* srow = s + i * ld;
+      float* drow = dp + i * ld;
+      __m512 const l = _mm512_set1_ps(lse[i]), di = _mm512_set1_ps(d[i]);
+      for (int j = 0; j < cols; j += 16) {
+        __mmask16 const live = lanes(valid[i] - j), store = lanes(cols - j);
+        __m512 const p = _mm512_maskz_mov_ps(
+            live, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, srow + j), l)));
+        __m512 const g = _mm512_mul_ps(p, _mm512_sub_ps(_mm512_maskz_loadu_ps(live, drow + j), di));
+        _mm512_mask_storeu_ps(srow + j, store, p);
+        _mm512_mask_storeu_ps(drow + j, store, g);
+      }
+    }
+  }
+};
+
+#pragma GCC diagnostic pop
+
+#endif  // MEGAMOE_VECTOR_MATH_AVX512
+
+/// One pool thread's tiles and whole-sequence buffers.
+template <class T>
+struct scratch {
+  std::vector<T> q, k, kt, vt, v, o, dout, dq, dk, dv, scores, dscores, max, sum, alpha, lse, d;
+  std::vector<int> valid;
+};
+
+template <class T>
+void grow(std::vector<T>& v, std::size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
+}  // namespace detail
+
+/// Causal attention by blocks. Holds the RoPE table and per-thread scratch, which only grow.
+template <class T>
+class flash_attention {
+ public:
+  /// `rope_base` > 0 applies RoPE of that base to q and k; 0 applies none.
+  explicit flash_attention(double rope_base = 10000.0)
+      : rope_base_(rope_base),
+        kernel_(std::is_same_v<T, float> && cpu().use_avx512() ? attention_kernel::avx512
+                                                               : attention_kernel::portable) {}
+
+  [[nodiscard]] attention_kernel kernel() const noexcept { return kernel_; }
+  /// Forces a kernel (tests compare them); avx512 needs fp32 and the CPU's AVX-512.
+  void set_kernel(attention_kernel k) {
+    if (k == attention_kernel::avx512 &&
+        !(MEGAMOE_VECTOR_MATH_AVX512 && std::is_same_v<T, float> && cpu().use_avx512()))
+      throw input_error("flash attention: the AVX-512 kernel needs fp32 and a CPU with AVX-512");
+    kernel_ = k;
+  }
+
+  /// out = softmax(scale q k^T, causal) v per head; lse [batch][heads][seq] gets each row's
+  /// log-sum-exp of its scaled scores (natural log).
+  void forward(thread_pool& pool, attention_shape const& shape, token_view<T const> q,
+               token_view<T const> k, token_view<T const> v, token_view<T> out, T* lse) {
+    prepare(pool, shape);
+#if MEGAMOE_VECTOR_MATH_AVX512
+    if constexpr (std::is_same_v<T, float>)
+      if (kernel_ == attention_kernel::avx512)
+        return forward_with<detail::avx512_tiles>(pool, shape, q, k, v, out, lse);
+#endif
+    forward_with<detail::portable_tiles<T>>(pool, shape, q, k, v, out, lse);
+  }
+
+  /// dq, dk, dv (overwritten) from dout, given the forward's inputs, output and lse.
+  void backward(thread_pool& pool, attention_shape const& shape, token_view<T const> q,
+                token_view<T const> k, token_view<T const> v, token_view<T const> out,
+                token_view<T const> dout, T const* lse, token_view<T> dq, token_view<T> dk,
+                token_view<T> dv) {
+    prepare(pool, shape);
+#if MEGAMOE_VECTOR_MATH_AVX512
+    if constexpr (std::is_same_v<T, float>)
+      if (kernel_ == attention_kernel::avx512)
+        return backward_with<detail::avx512_tiles>(pool, shape, q, k, v, out, dout, lse, dq, dk,
+                                                   dv);
+#endif
+    backward_with<detail::portable_tiles<T>>(pool, shape, q, k, v, out, dout, lse, dq, dk, dv);
+  }
+
+ private:
+  static constexpr int bs = detail::block;
+
+  void prepare(thread_pool& pool, attention_shape const& shape) {
+    shape.check(rope_base_ > 0);
+    if (rope_base_ > 0) {
+      if (!rope_ || rope_->head() != shape.qk_head) rope_.emplace(shape.qk_head, rope_base_);
+      rope_->ensure(std::max(shape.query_offset + shape.seq, shape.key_offset + shape.keys()));
+    }
+    scratch_.resize(static_cast<std::size_t>(std::max(1, pool.size())));
+  }
+  detail::scratch<T>& mine(thread_pool& pool) {
+    return scratch_[static_cast<std::size_t>(std::max(0, pool.current_thread()))];
+  }
+
+  /// Row `src` (head size n) into `dst`, rotated at `position` and times `factor`.
+  void load_row(T const* src, int n, int position, T factor, T* dst) const {
+    if (!rope_) {
+      for (int c = 0; c < n; ++c) dst[c] = src[c] * factor;
+      return;
+    }
+    int const half = n / 2;
+    T const* cs = rope_->cos_at(position);
+    T const* sn = rope_->sin_at(position);
+    for (int i = 0; i < half; ++i) {
+      T const a = src[i], b = src[i + half];
+      dst[i] = (a * cs[i] - b * sn[i]) * factor;
+      dst[i + half] = (b * cs[i] + a * sn[i]) * factor;
+    }
+  }
+  /// The transpose of load_row's rotation, for gradients.
+  void store_gradient(T const* g, int n, int position, T factor, T* dst) const {
+    if (!rope_) {
+      for (int c = 0; c < n; ++c) dst[c] = g[c] * factor;
+      return;
+    }
+    int const half = n / 2;
+    T const* cs = rope_->cos_at(position);
+    T const* sn = rope_->sin_at(position);
+    for (int i = 0; i < half; ++i) {
+      T const a = g[i], b = g[i + half];
+      dst[i] = (a * cs[i] + b * sn[i]) * factor;
+      dst[i + half] = (b * cs[i] - a * sn[i]) * factor;
+    }
+  }
+
+  /// Keys row r of a query block sees, among `count` keys starting at key row `first`.
+  static int visible(attention_shape const& s, int query_row, int first, int count) {
+    int const last = s.query_offset + query_row - s.key_offset;  // last key row it sees
+    return std::clamp(last - first + 1, 0, count);
+  }
+
+  template <class Tiles>
+  void forward_with(thread_pool& pool, attention_shape const& s, token_view<T const> q,
+                    token_view<T const> k, token_view<T const> v, token_view<T> out, T* lse) {
+    int const S = s.seq, K = s.keys(), B = s.batch, dk = s.qk_head, dv = s.value_head();
+    int const per_group = s.heads / s.groups();
+    int const qblocks = (S + bs - 1) / bs, pairs = B * s.heads;
+    T const scale = static_cast<T>(s.score_scale());
+    pool.run(qblocks * pairs, [&](int task) {
+      int const qb = qblocks - 1 - task / pairs, pair = task % pairs;  // heaviest blocks first
+      int const b = pair / s.heads, h = pair % s.heads, g = h / per_group;
+      int const q0 = qb * bs, mq = std::min(bs, S - q0);
+      auto& w = mine(pool);
+      detail::grow(w.q, std::size_t(bs) * dk);
+      detail::grow(w.k, std::size_t(dk));
+      detail::grow(w.kt, std::size_t(dk) * bs);
+      detail::grow(w.v, std::size_t(bs) * dv);
+      detail::grow(w.o, std::size_t(bs) * dv);
+      detail::grow(w.scores, std::size_t(bs) * bs);
+      for (auto* a : {&w.max, &w.sum, &w.alpha}) detail::grow(*a, bs);
+      detail::grow(w.valid, bs);
+      for (int r = 0; r < mq; ++r)
+        load_row(q.data + (std::int64_t(q0 + r) * B + b) * q.ld + std::int64_t(h) * dk, dk,
+                 s.query_offset + q0 + r, scale, w.q.data() + std::size_t(r) * dk);
+      std::fill(w.o.begin(), w.o.begin() + std::ptrdiff_t(mq) * dv, T(0));
+      std::fill(w.max.begin(), w.max.begin() + mq, -std::numeric_limits<T>::infinity());
+      std::fill(w.sum.begin(), w.sum.begin() + mq, T(0));
+      int const key_end = std::min(K, s.query_offset + q0 + mq - s.key_offset);
+      for (int k0 = 0; k0 < key_end; k0 += bs) {
+        int const nk = std::min(bs, key_end - k0);
+        T* row = w.k.data();  // one rotated key row
+        for (int j = 0; j < nk; ++j) {
+          auto const token = std::int64_t(k0 + j) * B + b;
+          load_row(k.data + token * k.ld + std::int64_t(g) * dk, dk, s.key_offset + k0 + j, T(1),
+                   row);
+          for (int c = 0; c < dk; ++c) w.kt[std::size_t(c) * bs + j] = row[c];
+          std::copy_n(v.data + token * v.ld + std::int64_t(g) * dv, dv,
+                      w.v.data() + std::size_t(j) * dv);
+        }
+        for (int r = 0; r < mq; ++r) w.valid[r] = visible(s, q0 + r, k0, nk);
+        Tiles::product(mq, nk, dk, w.q.data(), dk, 1, w.kt.data(), bs, w.scores.data(), bs, false);
+        Tiles::softmax_forward(mq, nk, w.scores.data(), bs, w.valid.data(), w.max.data(),
+                               w.sum.data(), w.alpha.data());
+        for (int r = 0; r < mq; ++r)
+          if (w.alpha[r] != T(1))
+            for (int c = 0; c < dv; ++c) w.o[std::size_t(r) * dv + c] *= w.alpha[r];
+        Tiles::product(mq, dv, nk, w.scores.data(), bs, 1, w.v.data(), dv, w.o.data(), dv, true);
+      }
+      for (int r = 0; r < mq; ++r) {
+        T* dst = out.data + (std::int64_t(q0 + r) * B + b) * out.ld + std::int64_t(h) * dv;
+        T const total = w.sum[r];
+        T const inv = total > T(0) ? T(1) / total : T(0);
+        for (int c = 0; c < dv; ++c) dst[c] = w.o[std::size_t(r) * dv + c] * inv;
+        lse[(std::int64_t(b) * s.heads + h) * S + q0 + r] =
+            total > T(0) ? w.max[r] + std::log(total) : -std::numeric_limits<T>::infinity();
+      }
+    });
+  }
+
+  template <class Tiles>
+  void backward_with(thread_pool& pool, attention_shape const& s, token_view<T const> q,
+                     token_view<T const> k, token_view<T const> v, token_view<T const> out,
+                     token_view<T const> dout, T const* lse, token_view<T> dq, token_view<T> dk,
+                     token_view<T> dv) {
+    int const S = s.seq, K = s.keys(), B = s.batch, hk = s.qk_head, hv = s.value_head();
+    int const per_group = s.heads / s.groups();
+    T const scale = static_cast<T>(s.score_scale());
+    pool.run(B * s.groups(), [&](int task) {
+      int const b = task / s.groups(), g = task % s.groups();
+      auto& w = mine(pool);
+      auto const Sq = std::size_t(S), Sk = std::size_t(K);
+      detail::grow(w.q, Sq * hk);
+      detail::grow(w.dq, Sq * hk);
+      detail::grow(w.dout, Sq * hv);
+      detail::grow(w.k, Sk * hk);
+      detail::grow(w.kt, Sk * hk);
+      detail::grow(w.vt, Sk * hv);
+      detail::grow(w.dk, Sk * hk);
+      detail::grow(w.dv, Sk * hv);
+      detail::grow(w.scores, std::size_t(bs) * bs);
+      detail::grow(w.dscores, std::size_t(bs) * bs);
+      detail::grow(w.lse, Sq);
+      detail::grow(w.d, Sq);
+      detail::grow(w.valid, bs);
+      // This group's keys (rotated; also transposed) and values (transposed).
+      for (int t = 0; t < K; ++t) {
+        auto const token = std::int64_t(t) * B + b;
+        T* row = w.k.data() + std::size_t(t) * hk;
+        load_row(k.data + token * k.ld + std::int64_t(g) * hk, hk, s.key_offset + t, T(1), row);
+        for (int c = 0; c < hk; ++c) w.kt[std::size_t(c) * Sk + t] = row[c];
+        T const* vrow = v.data + token * v.ld + std::int64_t(g) * hv;
+        for (int c = 0; c < hv; ++c) w.vt[std::size_t(c) * Sk + t] = vrow[c];
+      }
+      std::fill(w.dk.begin(), w.dk.begin() + std::ptrdiff_t(Sk * hk), T(0));
+      std::fill(w.dv.begin(), w.dv.begin() + std::ptrdiff_t(Sk * hv), T(0));
+      for (int h = g * per_group; h < (g + 1) * per_group; ++h) {
+        for (int r = 0; r < S; ++r) {
+          auto const token = std::int64_t(r) * B + b;
+          load_row(q.data + token * q.ld + std::int64_t(h) * hk, hk, s.query_offset + r, scale,
+                   w.q.data() + std::size_t(r) * hk);
+          T const* o = out.data + token * out.ld + std::int64_t(h) * hv;
+          T const* go = dout.data + token * dout.ld + std::int64_t(h) * hv;
+          T dot = 0;
+          for (int c = 0; c < hv; ++c) dot += o[c] * go[c];
+          w.d[r] = dot;
+          std::copy_n(go, hv, w.dout.data() + std::size_t(r) * hv);
+          w.lse[r] = lse[(std::int64_t(b) * s.heads + h) * S + r];
+        }
+        std::fill(w.dq.begin(), w.dq.begin() + std::ptrdiff_t(Sq * hk), T(0));
+        for (int k0 = 0; k0 < K; k0 += bs) {
+          int const nk = std::min(bs, K - k0);
+          // The first query row that sees key row k0.
+          int const first_q = std::max(0, s.key_offset + k0 - s.query_offset);
+          for (int q0 = first_q / bs * bs; q0 < S; q0 += bs) {
+            int const mq = std::min(bs, S - q0);
+            for (int r = 0; r < mq; ++r) w.valid[r] = visible(s, q0 + r, k0, nk);
+            T* sc = w.scores.data();
+            T* ds = w.dscores.data();
+            T const* qi = w.q.data() + std::size_t(q0) * hk;
+            T const* doi = w.dout.data() + std::size_t(q0) * hv;
+            Tiles::product(mq, nk, hk, qi, hk, 1, w.kt.data() + k0, K, sc, bs, false);
+            Tiles::product(mq, nk, hv, doi, hv, 1, w.vt.data() + k0, K, ds, bs, false);
+            Tiles::softmax_backward(mq, nk, sc, ds, bs, w.valid.data(), w.lse.data() + q0,
+                                    w.d.data() + q0);
+            // dV_j += P^T dO_i, dK_j += dS^T (scale q_i), dq_i += dS K_j.
+            Tiles::product(nk, hv, mq, sc, 1, bs, doi, hv, w.dv.data() + std::size_t(k0) * hv, hv,
+                           true);
+            Tiles::product(nk, hk, mq, ds, 1, bs, qi, hk, w.dk.data() + std::size_t(k0) * hk, hk,
+                           true);
+            Tiles::product(mq, hk, nk, ds, bs, 1, w.k.data() + std::size_t(k0) * hk, hk,
+                           w.dq.data() + std::size_t(q0) * hk, hk, true);
+          }
+        }
+        for (int r = 0; r < S; ++r)
+          store_gradient(w.dq.data() + std::size_t(r) * hk, hk, s.query_offset + r, scale,
+                         dq.data + (std::int64_t(r) * B + b) * dq.ld + std::int64_t(h) * hk);
+      }
+      for (int t = 0; t < K; ++t) {
+        auto const token = std::int64_t(t) * B + b;
+        store_gradient(w.dk.data() + std::size_t(t) * hk, hk, s.key_offset + t, T(1),
+                       dk.data + token * dk.ld + std::int64_t(g) * hk);
+        std::copy_n(w.dv.data() + std::size_t(t) * hv, hv,
+                    dv.data + token * dv.ld + std::int64_t(g) * hv);
+      }
+    });
+  }
+
+  double rope_base_;
+  attention_kernel kernel_;
+  std::optional<rope_table<T>> rope_;
+  std::vector<detail::scratch<T>> scratch_;
+};
+
+}  // namespace megamoe::attention
