@@ -4,13 +4,16 @@
 
     /usr/bin/python3 benchmarks/peer/moe_layer_torch.py --shape A|B|C --threads N [--iters N]
                                                        [--warmup W] [--precision fp32|bf16]
+                                                       [--omp-wait-policy passive|default]
 
 Same shapes (BENCHMARKS.md), seed number and JSON keys as moe_layer_bench: router Linear(H->E),
 top-k of the logits then softmax over the k (softmax after top-k), dropless, SwiGLU experts
 y = W2 (silu(W1 x) * (W3 x) * p) (one weight tensor per expert), tokens grouped by expert (stable sort), outputs scatter-added
 back; backward by autograd from a fresh output gradient, down to dx and every weight. bf16: the
 forward under torch.autocast("cpu", bfloat16) (fp32 master weights and gradients, the GEMMs in
-BF16 through oneDNN), as a PyTorch user trains in bf16 on a CPU. Run at its best: OMP_WAIT_POLICY=PASSIVE and the thread count given to OpenMP, OpenBLAS and torch (set here
+BF16 through oneDNN), as a PyTorch user trains in bf16 on a CPU. Run at its best: the thread count
+given to OpenMP, OpenBLAS and torch, and --omp-wait-policy passive (OMP_WAIT_POLICY=PASSIVE) or
+default (OpenMP's own), whichever is faster on the machine (compare.py runs both; set here
 before torch is imported). Prints one JSON line.
 """
 import argparse
@@ -31,13 +34,18 @@ def main():
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--seed", type=int, default=2024)
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    parser.add_argument("--omp-wait-policy", default="passive", choices=("passive", "default"),
+                        help="passive: OMP_WAIT_POLICY=PASSIVE; default: OpenMP's own (spinning)")
     args = parser.parse_args()
     if args.shape not in SHAPES or args.threads < 1 or args.iters < 1:
         print(f"moe_layer_torch: unknown shape {args.shape!r} or bad counts", file=sys.stderr)
         return 2
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[name] = str(args.threads)
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if args.omp_wait_policy == "passive":
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    else:
+        os.environ.pop("OMP_WAIT_POLICY", None)
     import torch  # after the environment: OpenMP and OpenBLAS read it once
     import torch.nn.functional as F
 
@@ -102,7 +110,7 @@ def main():
     print(json.dumps({
         "shape": args.shape, "threads": args.threads, "backend": "pytorch",
         "kernel": "openblas" if args.precision == "fp32" else "onednn",
-        "precision": args.precision,
+        "precision": args.precision, "omp_wait_policy": args.omp_wait_policy,
         "tokens_per_s": T / (step_ms / 1e3), "gflops": flops / (step_ms / 1e3) / 1e9,
         "step_ms_median": step_ms, "step_ms_min": min(steps), "step_ms_max": max(steps),
         "fwd_ms": median(fwd), "bwd_ms": median(bwd), "check_rel_err": None,

@@ -400,7 +400,7 @@ def main():
     if args.init == "megamoe":
         # transformer::initialize: parameter n of the model (counting from the embedding) draws
         # from seed + n, or layer_seed + n inside layer i (layer_seed = seed + 1000003 (i + 1));
-        # an MoE layer numbers its own from layer_seed + 7: router 1, fc1 of expert e 2 + e,
+        # an MoE layer numbers its own from layer_seed + 500000: router 1, fc1 of expert e 2 + e,
         # fc2 2 + E + e. Element numbers are row-major in the [out, in] weight.
         def fill(weight, seed):
             values = megamoe_normals(seed, weight.numel(), INIT_STD)
@@ -417,10 +417,10 @@ def main():
                 fill(w, layer_seed + index)
             if isinstance(layer.mlp, MoELayer):
                 E = len(layer.mlp.experts)
-                fill(layer.mlp.router.weight, layer_seed + 7 + 1)
+                fill(layer.mlp.router.weight, layer_seed + 500000 + 1)
                 for e, expert in enumerate(layer.mlp.experts):
-                    fill(expert.linear_fc1.weight, layer_seed + 7 + 2 + e)
-                    fill(expert.linear_fc2.weight, layer_seed + 7 + 2 + E + e)
+                    fill(expert.linear_fc1.weight, layer_seed + 500000 + 2 + e)
+                    fill(expert.linear_fc2.weight, layer_seed + 500000 + 2 + E + e)
             else:
                 for w in (layer.mlp.linear_fc1.weight, layer.mlp.linear_fc2.weight):
                     index += 1

@@ -261,7 +261,9 @@ class transformer {
   }
 
   /// Weights from N(0, std^2) as a function of (seed, parameter name, element), norms at 1, so
-  /// every mapping starts from the same model (the MoE layers number their own parameters).
+  /// every mapping starts from the same model. Parameter n of the model draws from seed + n, or
+  /// from layer_seed + n inside layer i (layer_seed = seed + 1000003 (i + 1)); an MoE layer numbers
+  /// its own from layer_seed + 500000, far from any n, so no two parameters share a seed.
   void initialize(std::uint64_t seed, double std = 0.02) {
     std::uint64_t index = 0;
     embedding_.for_each_parameter(
@@ -272,7 +274,7 @@ class transformer {
       b.attention.for_each_parameter(
           "a", [&](auto const&, auto value, auto) { fill(value, layer_seed, ++index, std); });
       if (b.moe >= 0)
-        moe_[static_cast<std::size_t>(b.moe)]->initialize(layer_seed + 7, std);
+        moe_[static_cast<std::size_t>(b.moe)]->initialize(layer_seed + 500000, std);
       else
         dense_[static_cast<std::size_t>(b.dense)].for_each_parameter(
             "d", [&](auto const&, auto value, auto) { fill(value, layer_seed, ++index, std); });
