@@ -108,6 +108,36 @@ TEST(RmsNorm, ForwardIsTheFormulaAndGradientsMatchFiniteDifferences) {
                                     loss);
 }
 
+// The residual add fused into the norm's pass, and the input gradient added into a running one,
+// against the separate steps; the weight gradient (summed per block of 64 rows) against the sum
+// over all rows, on rows that end inside a block.
+TEST(RmsNorm, FusedResidualAddAndAccumulatingBackwardEqualTheSeparateSteps) {
+  mm::thread_pool pool(2);
+  int const N = 150, H = 6;
+  mm::rms_norm<double> fused(H, 1e-5), plain(H, 1e-5);
+  parameters(fused).at("p.weight") = random_matrix(1, H, 31);
+  parameters(plain).at("p.weight") = parameters(fused).at("p.weight");
+  matrix const x = random_matrix(N, H, 32), branch = random_matrix(N, H, 33);
+  matrix const R = random_matrix(N, H, 34), running = random_matrix(N, H, 35);
+  matrix residual = x, y_fused(N, H), y_plain(N, H);
+  fused.add_forward(pool, out(residual), in(branch), out(y_fused));
+  matrix const sum = x + branch;
+  EXPECT_EQ(residual, sum);
+  plain.forward(pool, in(sum), out(y_plain));
+  EXPECT_EQ(y_fused, y_plain);
+  matrix dx_fused = running, dx_plain(N, H);
+  fused.backward(pool, in(R), out(dx_fused), true);
+  plain.backward(pool, in(R), out(dx_plain));
+  EXPECT_LT((dx_fused - (running + dx_plain)).cwiseAbs().maxCoeff(), 1e-14);
+  Eigen::RowVectorXd expected = Eigen::RowVectorXd::Zero(H);
+  for (int t = 0; t < N; ++t)
+    expected += R.row(t).cwiseProduct(sum.row(t)) / std::sqrt(sum.row(t).squaredNorm() / H + 1e-5);
+  EXPECT_LT((gradients(fused).at("p.weight") - matrix(expected)).cwiseAbs().maxCoeff(), 1e-12);
+  matrix const wrong_rows = random_matrix(N - 1, H, 36);
+  EXPECT_THROW(fused.add_forward(pool, out(residual), in(wrong_rows), out(y_fused)),
+               mm::input_error);
+}
+
 TEST(TokenEmbedding, RowsOfTheTableAndGradientsAddPerId) {
   mm::thread_pool pool(2);
   int const V = 7, H = 4;

@@ -10,6 +10,7 @@
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -30,35 +31,59 @@ class rms_norm {
   /// y [N,H] from x [N,H] (y may not alias x).
   void forward(thread_pool& pool, const_row_matrix_map<T> x, row_matrix_map<T> y) {
     require(x.rows(), x.cols(), "input");
-    x_ = x;
-    inverse_rms_.resize(static_cast<std::size_t>(x.rows()));
-    int const H = hidden();
+    start(x.rows());
     parallel_rows(pool, static_cast<int>(x.rows()), [&](int begin, int end) {
+      for (int t = begin; t < end; ++t) normalize(t, x.row(t), y);
+    });
+  }
+
+  /// The residual add and the norm in one pass: residual += branch, then y = norm(residual)
+  /// (y may alias neither).
+  void add_forward(thread_pool& pool, row_matrix_map<T> residual, const_row_matrix_map<T> branch,
+                   row_matrix_map<T> y) {
+    require(residual.rows(), residual.cols(), "residual");
+    require(branch.rows(), branch.cols(), "branch");
+    if (branch.rows() != residual.rows())
+      throw input_error("rms_norm: a branch of " + std::to_string(branch.rows()) +
+                        " rows for a residual of " + std::to_string(residual.rows()));
+    start(residual.rows());
+    parallel_rows(pool, static_cast<int>(residual.rows()), [&](int begin, int end) {
       for (int t = begin; t < end; ++t) {
-        T const mean_square = x.row(t).squaredNorm() / static_cast<T>(H);
-        T const r = T(1) / std::sqrt(mean_square + static_cast<T>(eps_));
-        inverse_rms_[static_cast<std::size_t>(t)] = r;
-        y.row(t) = (x.row(t) * r).cwiseProduct(weight_);
+        residual.row(t) += branch.row(t);
+        normalize(t, residual.row(t), y);
       }
     });
   }
 
-  /// dx [N,H] from dy [N,H] of the last forward (dx may alias dy); adds the weight gradient.
-  void backward(thread_pool& pool, const_row_matrix_map<T> dy, row_matrix_map<T> dx) {
+  /// dx [N,H] from dy [N,H] of the last forward (dx may alias dy), or dx += it with `accumulate`
+  /// (then dx may not alias dy); adds the weight gradient.
+  void backward(thread_pool& pool, const_row_matrix_map<T> dy, row_matrix_map<T> dx,
+                bool accumulate = false) {
     require(dy.rows(), dy.cols(), "output gradient");
     if (dy.rows() != x_.rows())
       throw input_error("rms_norm: backward of " + std::to_string(dy.rows()) +
                         " rows after a forward of " + std::to_string(x_.rows()));
-    int const H = hidden();
-    // The weight gradient first: dx may overwrite dy.
-    for (Eigen::Index t = 0; t < dy.rows(); ++t)
-      grad_ += dy.row(t).cwiseProduct(x_.row(t)) * inverse_rms_[static_cast<std::size_t>(t)];
-    parallel_rows(pool, static_cast<int>(dy.rows()), [&](int begin, int end) {
+    int const H = hidden(), N = static_cast<int>(dy.rows());
+    // The weight gradient per block of rows (summed in block order, so the thread count never
+    // changes it), before dx may overwrite dy.
+    int const blocks = (N + rows_per_block - 1) / rows_per_block;
+    partial_.setZero(blocks, H);
+    parallel_rows(pool, blocks, [&](int first, int last) {
+      for (int k = first; k < last; ++k)
+        for (int t = k * rows_per_block; t < std::min(N, (k + 1) * rows_per_block); ++t)
+          partial_.row(k) +=
+              dy.row(t).cwiseProduct(x_.row(t)) * inverse_rms_[static_cast<std::size_t>(t)];
+    });
+    for (int k = 0; k < blocks; ++k) grad_ += partial_.row(k);
+    parallel_rows(pool, N, [&](int begin, int end) {
       for (int t = begin; t < end; ++t) {
         T const r = inverse_rms_[static_cast<std::size_t>(t)];
         auto const g = dy.row(t).cwiseProduct(weight_).eval();
         T const mean_gx = g.dot(x_.row(t)) / static_cast<T>(H);
-        dx.row(t) = r * (g - x_.row(t) * (r * r * mean_gx));
+        if (accumulate)
+          dx.row(t) += r * (g - x_.row(t) * (r * r * mean_gx));
+        else
+          dx.row(t) = r * (g - x_.row(t) * (r * r * mean_gx));
       }
     });
   }
@@ -78,6 +103,22 @@ class rms_norm {
   }
 
  private:
+  static constexpr int rows_per_block = 64;
+
+  void start(Eigen::Index rows) {
+    x_.resize(rows, hidden());
+    inverse_rms_.resize(static_cast<std::size_t>(rows));
+  }
+  /// Keeps row t of the input and writes y's row t.
+  template <class Row>
+  void normalize(int t, Row const& x, row_matrix_map<T> y) {
+    x_.row(t) = x;
+    T const mean_square = x.squaredNorm() / static_cast<T>(hidden());
+    T const r = T(1) / std::sqrt(mean_square + static_cast<T>(eps_));
+    inverse_rms_[static_cast<std::size_t>(t)] = r;
+    y.row(t) = (x * r).cwiseProduct(weight_);
+  }
+
   void require(Eigen::Index rows, Eigen::Index cols, char const* what) const {
     if (cols != hidden() || rows < 0)
       throw input_error(std::string("rms_norm: ") + what + " has " + std::to_string(cols) +
@@ -86,7 +127,7 @@ class rms_norm {
 
   row_matrix<T> weight_, grad_;
   double eps_;
-  row_matrix<T> x_;
+  row_matrix<T> x_, partial_;
   std::vector<T> inverse_rms_;
 };
 

@@ -98,21 +98,30 @@ class transformer {
     times.time(stage::embedding_output_loss,
                [&] { embedding_.forward(pool, tokens, map(residual_)); });
     transformer_output out;
+    // Each FFN's output [N, H] joins the residual stream in the next norm's pass (add_forward).
+    scalar const* pending = nullptr;
+    auto norm_of_residual = [&](rms_norm<scalar>& norm) {
+      times.time(stage::norms_residuals, [&] {
+        if (pending == nullptr)
+          norm.forward(pool, cmap(residual_), map(normed_));
+        else
+          norm.add_forward(pool, map(residual_), const_row_matrix_map<scalar>(pending, N, H),
+                           map(normed_));
+      });
+    };
     for (int i = 0; i < layers(); ++i) {
       auto& b = blocks_[static_cast<std::size_t>(i)];
-      times.time(stage::norms_residuals,
-                 [&] { b.input_norm.forward(pool, cmap(residual_), map(normed_)); });
+      norm_of_residual(b.input_norm);
       times.time(stage::attention, [&] {
         b.attention.forward(ctx.executor<scalar>(), cmap(normed_), seq, batch, map(branch_));
       });
       times.time(stage::norms_residuals, [&] {
-        residual_ += branch_;
-        b.pre_mlp_norm.forward(pool, cmap(residual_), map(normed_));
+        b.pre_mlp_norm.add_forward(pool, map(residual_), cmap(branch_), map(normed_));
       });
       if (b.moe >= 0) {
         auto const result =
             moe_[static_cast<std::size_t>(b.moe)]->forward(ctx, normed_, seq, batch);
-        times.time(stage::norms_residuals, [&] { residual_ += result.y; });
+        pending = result.y.data();
         for (auto const& l :
              {result.losses.aux_loss, result.losses.seq_aux_loss, result.losses.global_aux_loss})
           if (l) out.aux_loss += static_cast<double>(l->value);
@@ -123,11 +132,10 @@ class transformer {
           dense_[static_cast<std::size_t>(b.dense)].forward(ctx.executor<scalar>(), cmap(normed_),
                                                             map(branch_));
         });
-        times.time(stage::norms_residuals, [&] { residual_ += branch_; });
+        pending = branch_.data();
       }
     }
-    times.time(stage::norms_residuals,
-               [&] { final_norm_.forward(pool, cmap(residual_), map(normed_)); });
+    norm_of_residual(final_norm_);
     if (!targets.empty())
       out.cross_entropy = times.time(stage::embedding_output_loss, [&] {
         return head_.forward(ctx.executor<scalar>(), cmap(normed_), targets);
@@ -155,7 +163,6 @@ class transformer {
     auto& pool = ctx.pool();
     int const N = seq_ * batch_, H = hidden_size();
     grad_.resize(N, H);
-    grad_branch_.resize(N, H);
     grad_normed_.resize(N, H);
     auto& times = ctx.step_stages;
     using stage = step_stage;
@@ -165,26 +172,24 @@ class transformer {
                [&] { final_norm_.backward(pool, cmap(grad_normed_), map(grad_)); });
     for (int i = layers() - 1; i >= 0; --i) {
       auto& b = blocks_[static_cast<std::size_t>(i)];
+      // The norms' input gradients add into the residual stream's (backward's accumulate).
       if (b.moe >= 0) {
         auto const dx = moe_[static_cast<std::size_t>(b.moe)]->backward(ctx, grad_);
-        times.time(stage::norms_residuals, [&] { grad_normed_ = dx; });
+        times.time(stage::norms_residuals,
+                   [&] { b.pre_mlp_norm.backward(pool, dx, map(grad_), true); });
       } else {
         times.time(stage::dense_ffn, [&] {
           dense_[static_cast<std::size_t>(b.dense)].backward(ctx.executor<scalar>(), cmap(grad_),
                                                              map(grad_normed_));
         });
+        times.time(stage::norms_residuals,
+                   [&] { b.pre_mlp_norm.backward(pool, cmap(grad_normed_), map(grad_), true); });
       }
-      times.time(stage::norms_residuals, [&] {
-        b.pre_mlp_norm.backward(pool, cmap(grad_normed_), map(grad_branch_));
-        grad_ += grad_branch_;
-      });
       times.time(stage::attention, [&] {
         b.attention.backward(ctx.executor<scalar>(), cmap(grad_), map(grad_normed_));
       });
-      times.time(stage::norms_residuals, [&] {
-        b.input_norm.backward(pool, cmap(grad_normed_), map(grad_branch_));
-        grad_ += grad_branch_;
-      });
+      times.time(stage::norms_residuals,
+                 [&] { b.input_norm.backward(pool, cmap(grad_normed_), map(grad_), true); });
     }
     times.time(stage::embedding_output_loss, [&] { embedding_.backward(cmap(grad_)); });
   }
@@ -399,7 +404,7 @@ class transformer {
   rms_norm<scalar> final_norm_{1};
   lm_head<scalar> head_{1, 1};
   int seq_ = 0, batch_ = 0;
-  row_matrix<scalar> residual_, normed_, branch_, grad_, grad_branch_, grad_normed_;
+  row_matrix<scalar> residual_, normed_, branch_, grad_, grad_normed_;
 };
 
 }  // namespace megamoe
