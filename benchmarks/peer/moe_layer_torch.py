@@ -18,10 +18,11 @@ before torch is imported). Prints one JSON line.
 """
 import argparse
 import json
-import os
 import resource
 import sys
 import time
+
+from peer_threads import load_torch
 
 SHAPES = {"A": (4096, 1024, 2816, 8, 2), "B": (4096, 1024, 704, 32, 8), "C": (1024, 256, 512, 16, 4)}
 
@@ -40,16 +41,8 @@ def main():
     if args.shape not in SHAPES or args.threads < 1 or args.iters < 1:
         print(f"moe_layer_torch: unknown shape {args.shape!r} or bad counts", file=sys.stderr)
         return 2
-    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[name] = str(args.threads)
-    if args.omp_wait_policy == "passive":
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    else:
-        os.environ.pop("OMP_WAIT_POLICY", None)
-    import torch  # after the environment: OpenMP and OpenBLAS read it once
+    torch = load_torch(args.threads, args.omp_wait_policy)
     import torch.nn.functional as F
-
-    torch.set_num_threads(args.threads)
     T, H, Fw, E, k = SHAPES[args.shape]
     gen = torch.Generator().manual_seed(args.seed)
     router = (0.02 * torch.randn(E, H, generator=gen)).requires_grad_()

@@ -64,7 +64,9 @@ import statistics
 import sys
 import time
 
-# Megamoe's presets (examples/presets.hpp) and the medium preset of issue 24. Router kinds:
+from peer_threads import load_torch
+
+# megamoe's presets (examples/presets.hpp). Router kinds:
 # "top_k" = top_k<K, aux_loss<aux>, z_loss<z>> (softmax after top-k); "aux_loss_free" =
 # aux_loss_free<K, seq_aux_loss<seq_aux>> (sigmoid scores, expert bias).
 PRESETS = {
@@ -192,17 +194,10 @@ def main():
               file=sys.stderr)
         return 2
 
-    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[name] = str(args.threads)
-    if args.omp_wait_policy == "passive":
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    else:
-        os.environ.pop("OMP_WAIT_POLICY", None)
-    import torch  # after the environment: OpenMP and OpenBLAS read it once
+    torch = load_torch(args.threads, args.omp_wait_policy)
     import torch.nn as nn
     import torch.nn.functional as F
 
-    torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed & 0x7FFFFFFFFFFFFFFF)
 
     class RMSNorm(nn.Module):

@@ -358,8 +358,9 @@ class flash_attention {
     return scratch_[static_cast<std::size_t>(std::max(0, pool.current_thread()))];
   }
 
-  /// Row `src` (head size n) into `dst`, rotated at `position` and times `factor`.
-  void load_row(T const* src, int n, int position, T factor, T* dst) const {
+  /// Row `src` (head size n) into `dst`, rotated at `position` and times `factor`; `sign` -1
+  /// applies the rotation's transpose (its inverse), which takes gradients back.
+  void rotate_row(T const* src, int n, int position, T factor, T* dst, T sign = T(1)) const {
     if (!rope_) {
       for (int c = 0; c < n; ++c) dst[c] = src[c] * factor;
       return;
@@ -368,24 +369,9 @@ class flash_attention {
     T const* cs = rope_->cos_at(position);
     T const* sn = rope_->sin_at(position);
     for (int i = 0; i < half; ++i) {
-      T const a = src[i], b = src[i + half];
-      dst[i] = (a * cs[i] - b * sn[i]) * factor;
-      dst[i + half] = (b * cs[i] + a * sn[i]) * factor;
-    }
-  }
-  /// The transpose of load_row's rotation, for gradients.
-  void store_gradient(T const* g, int n, int position, T factor, T* dst) const {
-    if (!rope_) {
-      for (int c = 0; c < n; ++c) dst[c] = g[c] * factor;
-      return;
-    }
-    int const half = n / 2;
-    T const* cs = rope_->cos_at(position);
-    T const* sn = rope_->sin_at(position);
-    for (int i = 0; i < half; ++i) {
-      T const a = g[i], b = g[i + half];
-      dst[i] = (a * cs[i] + b * sn[i]) * factor;
-      dst[i + half] = (b * cs[i] - a * sn[i]) * factor;
+      T const a = src[i], b = src[i + half], s = sign * sn[i];
+      dst[i] = (a * cs[i] - b * s) * factor;
+      dst[i + half] = (b * cs[i] + a * s) * factor;
     }
   }
 
@@ -416,8 +402,8 @@ class flash_attention {
       for (auto* a : {&w.max, &w.sum, &w.alpha}) detail::grow(*a, bs);
       detail::grow(w.valid, bs);
       for (int r = 0; r < mq; ++r)
-        load_row(q.data + (std::int64_t(q0 + r) * B + b) * q.ld + std::int64_t(h) * dk, dk,
-                 s.query_offset + q0 + r, scale, w.q.data() + std::size_t(r) * dk);
+        rotate_row(q.data + (std::int64_t(q0 + r) * B + b) * q.ld + std::int64_t(h) * dk, dk,
+                   s.query_offset + q0 + r, scale, w.q.data() + std::size_t(r) * dk);
       std::fill(w.o.begin(), w.o.begin() + std::ptrdiff_t(mq) * dv, T(0));
       std::fill(w.max.begin(), w.max.begin() + mq, -std::numeric_limits<T>::infinity());
       std::fill(w.sum.begin(), w.sum.begin() + mq, T(0));
@@ -427,8 +413,8 @@ class flash_attention {
         T* row = w.k.data();  // one rotated key row
         for (int j = 0; j < nk; ++j) {
           auto const token = std::int64_t(k0 + j) * B + b;
-          load_row(k.data + token * k.ld + std::int64_t(g) * dk, dk, s.key_offset + k0 + j, T(1),
-                   row);
+          rotate_row(k.data + token * k.ld + std::int64_t(g) * dk, dk, s.key_offset + k0 + j, T(1),
+                     row);
           for (int c = 0; c < dk; ++c) w.kt[std::size_t(c) * bs + j] = row[c];
           std::copy_n(v.data + token * v.ld + std::int64_t(g) * dv, dv,
                       w.v.data() + std::size_t(j) * dv);
@@ -482,7 +468,7 @@ class flash_attention {
       for (int t = 0; t < K; ++t) {
         auto const token = std::int64_t(t) * B + b;
         T* row = w.k.data() + std::size_t(t) * hk;
-        load_row(k.data + token * k.ld + std::int64_t(g) * hk, hk, s.key_offset + t, T(1), row);
+        rotate_row(k.data + token * k.ld + std::int64_t(g) * hk, hk, s.key_offset + t, T(1), row);
         for (int c = 0; c < hk; ++c) w.kt[std::size_t(c) * Sk + t] = row[c];
         T const* vrow = v.data + token * v.ld + std::int64_t(g) * hv;
         for (int c = 0; c < hv; ++c) w.vt[std::size_t(c) * Sk + t] = vrow[c];
@@ -492,8 +478,8 @@ class flash_attention {
       for (int h = g * per_group; h < (g + 1) * per_group; ++h) {
         for (int r = 0; r < S; ++r) {
           auto const token = std::int64_t(r) * B + b;
-          load_row(q.data + token * q.ld + std::int64_t(h) * hk, hk, s.query_offset + r, scale,
-                   w.q.data() + std::size_t(r) * hk);
+          rotate_row(q.data + token * q.ld + std::int64_t(h) * hk, hk, s.query_offset + r, scale,
+                     w.q.data() + std::size_t(r) * hk);
           T const* o = out.data + token * out.ld + std::int64_t(h) * hv;
           T const* go = dout.data + token * dout.ld + std::int64_t(h) * hv;
           T dot = 0;
@@ -528,13 +514,13 @@ class flash_attention {
           }
         }
         for (int r = 0; r < S; ++r)
-          store_gradient(w.dq.data() + std::size_t(r) * hk, hk, s.query_offset + r, scale,
-                         dq.data + (std::int64_t(r) * B + b) * dq.ld + std::int64_t(h) * hk);
+          rotate_row(w.dq.data() + std::size_t(r) * hk, hk, s.query_offset + r, scale,
+                     dq.data + (std::int64_t(r) * B + b) * dq.ld + std::int64_t(h) * hk, T(-1));
       }
       for (int t = 0; t < K; ++t) {
         auto const token = std::int64_t(t) * B + b;
-        store_gradient(w.dk.data() + std::size_t(t) * hk, hk, s.key_offset + t, T(1),
-                       dk.data + token * dk.ld + std::int64_t(g) * hk);
+        rotate_row(w.dk.data() + std::size_t(t) * hk, hk, s.key_offset + t, T(1),
+                   dk.data + token * dk.ld + std::int64_t(g) * hk, T(-1));
         std::copy_n(w.dv.data() + std::size_t(t) * hv, hv,
                     dv.data + token * dv.ld + std::int64_t(g) * hv);
       }
