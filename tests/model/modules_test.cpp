@@ -150,7 +150,7 @@ TEST(TokenEmbedding, RowsOfTheTableAndGradientsAddPerId) {
   embedding.forward(pool, ids, out(y));
   for (int t = 0; t < N; ++t)
     EXPECT_EQ(y.row(t), matrix(params.at("p.weight")).row(ids[static_cast<std::size_t>(t)]));
-  embedding.backward(in(R));
+  embedding.backward(pool, in(R));
   auto loss = [&] {
     matrix result(N, H);
     embedding.forward(pool, ids, out(result));

@@ -40,12 +40,16 @@ class token_embedding {
     });
   }
 
-  /// Adds dy [N,H] into the rows of the last forward's ids (in token order).
-  void backward(const_row_matrix_map<T> dy) {
+  /// Adds dy [N,H] into the rows of the last forward's ids, each row's additions in token order
+  /// (the pool's threads take disjoint ranges of the vocabulary, so no row is shared).
+  void backward(thread_pool& pool, const_row_matrix_map<T> dy) {
     if (dy.rows() != std::ssize(ids_) || dy.cols() != hidden())
       throw input_error("token_embedding: gradient shape does not match the last forward");
-    for (std::size_t t = 0; t < ids_.size(); ++t)
-      grad_.row(ids_[t]) += dy.row(static_cast<Eigen::Index>(t));
+    parallel_rows(pool, vocabulary(), [&](int first, int last) {
+      for (std::size_t t = 0; t < ids_.size(); ++t)
+        if (ids_[t] >= first && ids_[t] < last)
+          grad_.row(ids_[t]) += dy.row(static_cast<Eigen::Index>(t));
+    });
   }
 
   void zero_grad() { grad_.setZero(); }

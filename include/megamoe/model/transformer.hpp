@@ -191,7 +191,7 @@ class transformer {
       times.time(stage::norms_residuals,
                  [&] { b.input_norm.backward(pool, cmap(grad_normed_), map(grad_), true); });
     }
-    times.time(stage::embedding_output_loss, [&] { embedding_.backward(cmap(grad_)); });
+    times.time(stage::embedding_output_loss, [&] { embedding_.backward(pool, cmap(grad_)); });
   }
 
   /// Once per global batch: the MoE layers' expert-bias updates (collective on a job).
