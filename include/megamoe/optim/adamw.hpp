@@ -184,17 +184,13 @@ class distributed_adamw {
   /// Zeroes every parameter's gradient (the whole model's, not only this rank's shard), in chunks
   /// on the pool's threads.
   void zero_grad(thread_pool& pool) {
-    zeroing_.clear();
     for (auto& k : kinds_)
-      for (auto& e : k.entries)
-        for (std::int64_t first = 0; first < e.grad.size(); first += chunk)
-          zeroing_.push_back({&e, first, std::min<std::int64_t>(chunk, e.grad.size() - first), 0});
-    parallel_rows(pool, static_cast<int>(zeroing_.size()), [&](int begin, int end) {
-      for (int i = begin; i < end; ++i) {
-        auto const& s = zeroing_[static_cast<std::size_t>(i)];
-        std::fill_n(s.e->grad.data() + s.first, s.count, T(0));
-      }
-    });
+      parallel_rows(pool, static_cast<int>(k.whole.size()), [&](int begin, int end) {
+        for (int i = begin; i < end; ++i) {
+          auto const& s = k.whole[static_cast<std::size_t>(i)];
+          std::fill_n(k.entries[s.entry].grad.data() + s.first, s.count, T(0));
+        }
+      });
   }
 
  private:
@@ -239,7 +235,7 @@ class distributed_adamw {
   /// A run of one entry's shard elements inside one chunk: local elements [first, first +
   /// count), at shard position `at`.
   struct segment {
-    entry* e;
+    std::size_t entry;  // in kind_state::entries
     std::int64_t first, count, at;
   };
   static constexpr std::int64_t chunk = std::int64_t{1} << 15;
@@ -254,10 +250,12 @@ class distributed_adamw {
     std::vector<T> master;                   // quantized experts: the shard's fp32 values
     std::vector<std::int64_t> shard_pieces;  // per group rank: its part of one tensor
     boost::mpi::communicator const* group = nullptr;
-    // The shard cut into chunks of `chunk` elements for the threads: runs of one entry each.
+    // The shard cut into chunks of `chunk` elements for the threads (runs of one entry each),
+    // once the shard is placed.
     std::vector<segment> segments;
     std::vector<std::size_t> chunk_starts;  // first segment of each chunk, then the end
     std::vector<double> chunk_sums;
+    std::vector<segment> whole;  // every entry's gradient in pieces of `chunk` (zero_grad)
   };
   static constexpr std::size_t quantized = 2;  // kinds_[quantized]: quantized_expert weights
 
@@ -341,6 +339,32 @@ class distributed_adamw {
     k.end = k.total * (rank + 1) / size;
     k.m.assign(static_cast<std::size_t>(k.end - k.begin), state_type(0));
     k.v.assign(k.m.size(), state_type(0));
+    cut_into_chunks(k);
+  }
+
+  /// The shard's segments, chunk by chunk, and every gradient's pieces for zero_grad.
+  static void cut_into_chunks(kind_state& k) {
+    k.segments.clear();
+    k.chunk_starts.clear();
+    for_shard(k, [&](entry const& e, std::int64_t first, std::int64_t count, std::int64_t at) {
+      auto const index = static_cast<std::size_t>(&e - k.entries.data());
+      while (count > 0) {
+        auto const c = static_cast<std::size_t>(at / chunk);
+        std::int64_t const n = std::min(count, (at / chunk + 1) * chunk - at);
+        while (k.chunk_starts.size() <= c) k.chunk_starts.push_back(k.segments.size());
+        k.segments.push_back({index, first, n, at});
+        first += n;
+        at += n;
+        count -= n;
+      }
+    });
+    k.chunk_starts.push_back(k.segments.size());
+    k.chunk_sums.assign(k.chunk_starts.size() - 1, 0.0);
+    k.whole.clear();
+    for (std::size_t i = 0; i < k.entries.size(); ++i)
+      for (std::int64_t first = 0; first < k.entries[i].grad.size(); first += chunk)
+        k.whole.push_back(
+            {i, first, std::min<std::int64_t>(chunk, k.entries[i].grad.size() - first), 0});
   }
 
   /// Calls f(entry, first element in it, count, position in the shard) for the shard's pieces.
@@ -357,20 +381,6 @@ class distributed_adamw {
   /// are fixed by the shard alone, so sums over them do not depend on the thread count).
   template <class F>
   static void for_each_chunk(thread_pool* pool, kind_state& k, F const& f) {
-    k.segments.clear();
-    k.chunk_starts.clear();
-    for_shard(k, [&](entry& e, std::int64_t first, std::int64_t count, std::int64_t at) {
-      while (count > 0) {
-        auto const c = static_cast<std::size_t>(at / chunk);
-        std::int64_t const n = std::min(count, (at / chunk + 1) * chunk - at);
-        while (k.chunk_starts.size() <= c) k.chunk_starts.push_back(k.segments.size());
-        k.segments.push_back({&e, first, n, at});
-        first += n;
-        at += n;
-        count -= n;
-      }
-    });
-    k.chunk_starts.push_back(k.segments.size());
     int const chunks = static_cast<int>(k.chunk_starts.size()) - 1;
     auto body = [&](int c) {
       for (std::size_t i = k.chunk_starts[static_cast<std::size_t>(c)];
@@ -387,10 +397,10 @@ class distributed_adamw {
   }
 
   static double shard_squares(thread_pool* pool, kind_state& k) {
-    k.chunk_sums.assign(static_cast<std::size_t>(k.total / chunk + 1), 0.0);
+    std::fill(k.chunk_sums.begin(), k.chunk_sums.end(), 0.0);
     for_each_chunk(pool, k, [&](int c, segment const& s) {
       k.chunk_sums[static_cast<std::size_t>(c)] +=
-          kernels::sum_of_squares(s.e->grad.data() + s.first, s.count);
+          kernels::sum_of_squares(k.entries[s.entry].grad.data() + s.first, s.count);
     });
     double sum = 0.0;
     for (double x : k.chunk_sums) sum += x;
@@ -400,10 +410,11 @@ class distributed_adamw {
   static void update(thread_pool* pool, kind_state& k, kernels::adamw_step const& constants) {
     bool const masters = !k.master.empty();
     for_each_chunk(pool, k, [&](int, segment const& s) {
-      T* const values = masters ? k.master.data() + s.at : s.e->value.data() + s.first;
+      entry& e = k.entries[s.entry];
+      T* const values = masters ? k.master.data() + s.at : e.value.data() + s.first;
       auto const at = static_cast<std::size_t>(s.at);
-      kernels::adamw_update(values, s.e->grad.data() + s.first, k.m.data() + at, k.v.data() + at,
-                            s.count, constants, s.e->decay);
+      kernels::adamw_update(values, e.grad.data() + s.first, k.m.data() + at, k.v.data() + at,
+                            s.count, constants, e.decay);
     });
   }
 
@@ -423,7 +434,6 @@ class distributed_adamw {
   adamw_settings settings_;
   std::optional<boost::mpi::communicator> world_;  // on a job: the norm's sum
   std::array<kind_state, 3> kinds_;
-  std::vector<segment> zeroing_;  // zero_grad's chunks
   int step_ = 0;
 };
 
