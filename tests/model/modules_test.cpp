@@ -263,6 +263,33 @@ TEST(LmHead, CrossEntropyIsTheFormulaAndGradientsMatchFiniteDifferences) {
                                     scaled_loss);
   std::vector<std::int32_t> const bad{0, 9, 1, 1, 1, 1};
   EXPECT_THROW(head.forward(exec, in(h), bad), mm::input_error);
+  EXPECT_THROW(mm::lm_head<double>(H, V, 0), mm::input_error);
+}
+
+// Logits formed two rows at a time (four blocks, the last one short) give the loss and gradients
+// of the whole [N, V] at once.
+TEST(LmHead, BlocksOfRowsGiveTheSameLossAndGradients) {
+  mm::thread_pool pool(2);
+  mm::expert::executor<double> exec(pool);
+  int const N = 7, H = 5, V = 9;
+  mm::lm_head<double> whole(H, V), blocked(H, V, 2 * V + 3);
+  matrix const w = random_matrix(V, H, 31, 0.9);
+  parameters(whole).at("p.weight") = w;
+  parameters(blocked).at("p.weight") = w;
+  matrix h = random_matrix(N, H, 32), dh_whole(N, H), dh_blocked(N, H);
+  std::vector<std::int32_t> const targets{4, 0, 8, 8, 2, 6, 1};
+  double const loss = whole.forward(exec, in(h), targets);
+  EXPECT_NEAR(blocked.forward(exec, in(h), targets), loss, 1e-14);
+  for (int t = 0; t < N; ++t)
+    EXPECT_NEAR(blocked.token_losses()[static_cast<std::size_t>(t)],
+                whole.token_losses()[static_cast<std::size_t>(t)], 1e-13);
+  whole.backward(exec, 0.25, out(dh_whole));
+  blocked.backward(exec, 0.25, out(dh_blocked));
+  EXPECT_LT((dh_blocked - dh_whole).cwiseAbs().maxCoeff(), 1e-15);
+  EXPECT_LT((matrix(gradients(blocked).at("p.weight")) - matrix(gradients(whole).at("p.weight")))
+                .cwiseAbs()
+                .maxCoeff(),
+            1e-15);
 }
 
 }  // namespace

@@ -132,6 +132,40 @@ TEST(AdamW, ThreadedStepsEqualOneThreadBitForBit) {
   }
 }
 
+// step_and_zero_grad: the update of step, then every gradient zero, in fewer passes; a
+// non-finite gradient skips the step and keeps the gradients.
+TEST(AdamW, StepAndZeroGradEqualsStepThenZeroGrad) {
+  large_float_model separate, fused;
+  fused = separate;
+  mo::adamw_settings settings;
+  settings.clip_grad = 5.0;
+  mo::distributed_adamw<float> a(separate, settings), b(fused, settings);
+  mm::thread_pool pool(2);
+  for (int step = 0; step < 3; ++step) {
+    for (std::size_t i = 0; i < separate.grads.size(); ++i) {
+      separate.grads[i] =
+          mm::row_matrix<float>::Random(separate.grads[i].rows(), separate.grads[i].cols());
+      fused.grads[i] = separate.grads[i];
+    }
+    auto const ra = a.step(pool, 1e-2);
+    a.zero_grad(pool);
+    auto const rb = b.step_and_zero_grad(pool, 1e-2);
+    EXPECT_EQ(ra.grad_norm, rb.grad_norm);
+    for (std::size_t i = 0; i < separate.values.size(); ++i) {
+      EXPECT_EQ(separate.values[i], fused.values[i]);
+      EXPECT_TRUE(separate.grads[i].isZero(0.0F));
+      EXPECT_TRUE(fused.grads[i].isZero(0.0F));
+    }
+  }
+  fused.grads[2](5, 7) = std::numeric_limits<float>::quiet_NaN();
+  fused.grads[0](1, 1) = 3.0F;
+  auto const values = fused.values;
+  EXPECT_FALSE(b.step_and_zero_grad(pool, 1e-2).finite);
+  EXPECT_EQ(fused.grads[0](1, 1), 3.0F);
+  EXPECT_TRUE(std::isnan(fused.grads[2](5, 7)));
+  EXPECT_EQ(fused.values, values);
+}
+
 // The fp32 AVX-512 loops and the portable ones: the same bits, for lengths around the 8 lanes.
 TEST(AdamWKernels, Avx512AndPortableLoopsGiveTheSameBits) {
 #if MEGAMOE_VECTOR_MATH_AVX512
@@ -151,6 +185,17 @@ TEST(AdamWKernels, Avx512AndPortableLoopsGiveTheSameBits) {
       EXPECT_EQ(m1, m2) << n;
       EXPECT_EQ(v1, v2) << n;
       EXPECT_NE(p1, p0) << n;
+      // Zeroing the gradient in the same pass changes nothing else.
+      Eigen::VectorXf g3 = g0, p3 = p0, m3 = m0, v3 = v0, g4 = g0, p4 = p0, m4 = m0, v4 = v0;
+      k::detail::update_avx512<k::gradient_after::zeroed>(p3.data(), g3.data(), m3.data(),
+                                                          v3.data(), n, s, decay);
+      k::detail::update_portable<k::gradient_after::zeroed>(p4.data(), g4.data(), m4.data(),
+                                                            v4.data(), n, s, decay);
+      EXPECT_EQ(p3, p1) << n;
+      EXPECT_EQ(m3, m1) << n;
+      EXPECT_EQ(v3, v1) << n;
+      EXPECT_EQ(p4, p2) << n;
+      EXPECT_TRUE(g3.isZero(0.0F) && g4.isZero(0.0F)) << n;
     }
   }
 #else

@@ -6,6 +6,8 @@
 #include <megamoe/train/corpus.hpp>
 #include <megamoe/train/trainer.hpp>
 
+#include "support/allocation_counter.hpp"
+
 #include <gtest/gtest.h>
 
 #include <array>
@@ -157,6 +159,37 @@ TEST(Training, ANonFiniteGradientSkipsTheStepOrStops) {
   settings.stop_on_nonfinite = true;
   mt::trainer<tiny_moe> strict(model, corpus, settings);
   EXPECT_THROW(strict.step(ctx), mm::input_error);
+}
+
+// After the first steps have grown every buffer, a step on one rank allocates nothing: forward,
+// backward, loss, clipping, the optimizer and the metrics included; and the bytes held stay the
+// same.
+TEST(Training, AStepAfterTheFirstAllocatesNothing) {
+  auto const corpus = mt::byte_corpus::load(sample());
+  auto model = two_layer_model();
+  mt::train_settings settings;
+  settings.seq_length = 32;
+  settings.micro_batch = 4;
+  settings.micro_batches = 2;
+  settings.steps = 10;
+  settings.schedule = {3e-3, 3e-4, 2, settings.steps};
+  settings.optimizer.clip_grad = 1e-3;  // every step clips
+  mt::trainer<tiny_moe> trainer(model, corpus, settings);
+  mm::context ctx(2);
+  trainer.step(ctx);
+  trainer.step(ctx);
+  std::vector<std::uint64_t> calls;
+  calls.reserve(3);
+  auto const start = mm::testing::allocations();
+  for (int i = 0; i < 3; ++i) {
+    auto const before = mm::testing::allocations().calls;
+    auto const& m = trainer.step(ctx);
+    calls.push_back(mm::testing::allocations().calls - before);
+    EXPECT_LT(m.clip_factor, 1.0);
+    EXPECT_FALSE(m.skipped);
+  }
+  EXPECT_EQ(calls, (std::vector<std::uint64_t>{0, 0, 0}));
+  EXPECT_EQ(mm::testing::allocations().live_bytes, start.live_bytes);
 }
 
 }  // namespace

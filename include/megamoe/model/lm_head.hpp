@@ -4,6 +4,9 @@
 //   logits = h W^T   (W: output_layer.weight [V, H])
 //   loss   = mean over tokens of  log sum_v exp(logits_v) - logits_target
 //   dlogits = (softmax(logits) - onehot(target)) / N, scaled by the caller's loss scale
+//
+// The logits exist a block of rows at a time (forward keeps each row's log-sum-exp; backward
+// forms the block again), so training never holds [N, V] of them.
 #pragma once
 
 #include <megamoe/core/error.hpp>
@@ -11,6 +14,7 @@
 #include <megamoe/core/thread_pool.hpp>
 #include <megamoe/model/products.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -22,11 +26,14 @@ namespace megamoe {
 template <class T>
 class lm_head {
  public:
-  lm_head(int hidden, int vocabulary)
+  /// Logits are formed `block_logits` at a time at most (rows of V): about 1 MiB of fp32 by
+  /// default, whatever the vocabulary, and at least one row.
+  lm_head(int hidden, int vocabulary, std::int64_t block_logits = std::int64_t{1} << 18)
       : weight_(row_matrix<T>::Zero(vocabulary, hidden)),
-        grad_(row_matrix<T>::Zero(vocabulary, hidden)) {
-    if (vocabulary < 1 || hidden < 1)
-      throw input_error("lm_head: vocabulary and hidden size must be positive");
+        grad_(row_matrix<T>::Zero(vocabulary, hidden)),
+        block_logits_(block_logits) {
+    if (vocabulary < 1 || hidden < 1 || block_logits < 1)
+      throw input_error("lm_head: vocabulary, hidden size and block size must be positive");
   }
 
   [[nodiscard]] int vocabulary() const noexcept { return static_cast<int>(weight_.rows()); }
@@ -39,11 +46,11 @@ class lm_head {
     return logits_;
   }
 
-  /// The mean cross-entropy (nats per token) of `targets` under softmax(h W^T); keeps h and the
-  /// probabilities for backward. Accumulated in double.
+  /// The mean cross-entropy (nats per token) of `targets` under softmax(h W^T), accumulated in
+  /// double. Keeps h and each row's log-sum-exp for backward, never the [N, V] logits: they are
+  /// formed a block of rows at a time and formed again in backward.
   double forward(expert::executor<T>& exec, const_row_matrix_map<T> h,
                  std::span<std::int32_t const> targets) {
-    auto& pool = exec.pool();
     require(h);
     if (std::ssize(targets) != h.rows())
       throw input_error("lm_head: " + std::to_string(targets.size()) + " targets for " +
@@ -54,22 +61,22 @@ class lm_head {
                           std::to_string(vocabulary()));
     h_ = h;
     targets_.assign(targets.begin(), targets.end());
-    int const N = static_cast<int>(h.rows()), V = vocabulary(), H = hidden();
-    logits_.resize(N, V);
-    threaded_product<expert::gemm_op::nt>(exec, N, V, H, h_.data(), H, weight_.data(), H,
-                                          logits_.data(), V);
+    int const N = static_cast<int>(h.rows());
     token_loss_.resize(targets.size());
-    parallel_rows(pool, static_cast<int>(h.rows()), [&](int begin, int end) {
-      for (int t = begin; t < end; ++t) {
-        auto row = logits_.row(t);
-        T const top = row.maxCoeff();
-        row = (row.array() - top).exp();
-        double const sum = row.template cast<double>().sum();
-        auto const target = targets_[static_cast<std::size_t>(t)];
-        token_loss_[static_cast<std::size_t>(t)] =
-            std::log(sum) - std::log(static_cast<double>(row(target)));
-        row /= static_cast<T>(sum);  // now the probabilities
-      }
+    log_sum_exp_.resize(targets.size());
+    for_each_block(N, [&](int first, int rows) {
+      form_logits(exec, first, rows);
+      parallel_rows(exec.pool(), rows, [&](int begin, int end) {
+        for (int r = begin; r < end; ++r) {
+          auto const t = static_cast<std::size_t>(first + r);
+          auto const row = block_.row(r);
+          T const top = row.maxCoeff();
+          double const sum = (row.array() - top).exp().template cast<double>().sum();
+          double const lse = static_cast<double>(top) + std::log(sum);
+          log_sum_exp_[t] = lse;
+          token_loss_[t] = lse - static_cast<double>(row(targets_[t]));
+        }
+      });
     });
     double total = 0.0;
     for (double l : token_loss_) total += l;
@@ -80,22 +87,30 @@ class lm_head {
   [[nodiscard]] std::span<double const> token_losses() const noexcept { return token_loss_; }
 
   /// dh [N, H] = scale * d(mean loss)/dh; adds scale * d(mean loss)/dW to the weight gradient.
+  /// Block by block: the logits again, (softmax - onehot) * scale / N in their place, then both
+  /// products.
   void backward(expert::executor<T>& exec, T scale, row_matrix_map<T> dh) {
-    auto& pool = exec.pool();
     if (dh.rows() != h_.rows() || dh.cols() != hidden())
       throw input_error("lm_head: gradient shape does not match the last forward");
-    T const per_token = targets_.empty() ? T(0) : scale / static_cast<T>(targets_.size());
-    parallel_rows(pool, static_cast<int>(h_.rows()), [&](int begin, int end) {
-      for (int t = begin; t < end; ++t) {
-        logits_(t, targets_[static_cast<std::size_t>(t)]) -= T(1);
-        logits_.row(t) *= per_token;
-      }
-    });
     int const N = static_cast<int>(h_.rows()), V = vocabulary(), H = hidden();
-    threaded_product<expert::gemm_op::tn>(exec, V, H, N, logits_.data(), V, h_.data(), H,
-                                          grad_.data(), H, true);
-    threaded_product<expert::gemm_op::nn>(exec, N, H, V, logits_.data(), V, weight_.data(), H,
-                                          dh.data(), static_cast<int>(dh.outerStride()));
+    T const per_token = targets_.empty() ? T(0) : scale / static_cast<T>(targets_.size());
+    for_each_block(N, [&](int first, int rows) {
+      form_logits(exec, first, rows);
+      parallel_rows(exec.pool(), rows, [&](int begin, int end) {
+        for (int r = begin; r < end; ++r) {
+          auto const t = static_cast<std::size_t>(first + r);
+          auto row = block_.row(r);
+          T const lse = static_cast<T>(log_sum_exp_[t]);
+          row = (row.array() - lse).exp() * per_token;
+          row(targets_[t]) -= per_token;
+        }
+      });
+      threaded_product<expert::gemm_op::tn>(exec, V, H, rows, block_.data(), V,
+                                            h_.row(first).data(), H, grad_.data(), H, true);
+      threaded_product<expert::gemm_op::nn>(exec, rows, H, V, block_.data(), V, weight_.data(), H,
+                                            dh.row(first).data(),
+                                            static_cast<int>(dh.outerStride()));
+    });
   }
 
   void zero_grad() { grad_.setZero(); }
@@ -113,10 +128,27 @@ class lm_head {
                         std::to_string(hidden()));
   }
 
+  /// body(first, rows) for consecutive blocks of at most block_logits_ / V rows.
+  template <class Body>
+  void for_each_block(int n, Body&& body) {
+    auto const per_block =
+        static_cast<int>(std::clamp<std::int64_t>(block_logits_ / vocabulary(), 1, std::max(1, n)));
+    block_.resize(per_block, vocabulary());
+    for (int first = 0; first < n; first += per_block) body(first, std::min(per_block, n - first));
+  }
+
+  /// block_ rows [0, rows) = h_ rows [first, first + rows) W^T.
+  void form_logits(expert::executor<T>& exec, int first, int rows) {
+    int const V = vocabulary(), H = hidden();
+    threaded_product<expert::gemm_op::nt>(exec, rows, V, H, h_.row(first).data(), H, weight_.data(),
+                                          H, block_.data(), V);
+  }
+
   row_matrix<T> weight_, grad_;
-  row_matrix<T> h_, logits_;
+  std::int64_t block_logits_;
+  row_matrix<T> h_, block_, logits_;
   std::vector<std::int32_t> targets_;
-  std::vector<double> token_loss_;
+  std::vector<double> token_loss_, log_sum_exp_;
 };
 
 }  // namespace megamoe

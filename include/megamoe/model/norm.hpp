@@ -64,28 +64,26 @@ class rms_norm {
       throw input_error("rms_norm: backward of " + std::to_string(dy.rows()) +
                         " rows after a forward of " + std::to_string(x_.rows()));
     int const H = hidden(), N = static_cast<int>(dy.rows());
-    // The weight gradient per block of rows (summed in block order, so the thread count never
-    // changes it), before dx may overwrite dy.
+    // One pass per block of rows: each row adds to its block's weight gradient before its dx is
+    // written (dx may overwrite that row of dy); the blocks are summed in block order, so the
+    // thread count never changes the weight gradient.
     int const blocks = (N + rows_per_block - 1) / rows_per_block;
     partial_.setZero(blocks, H);
     parallel_rows(pool, blocks, [&](int first, int last) {
       for (int k = first; k < last; ++k)
-        for (int t = k * rows_per_block; t < std::min(N, (k + 1) * rows_per_block); ++t)
-          partial_.row(k) +=
-              dy.row(t).cwiseProduct(x_.row(t)) * inverse_rms_[static_cast<std::size_t>(t)];
+        for (int t = k * rows_per_block; t < std::min(N, (k + 1) * rows_per_block); ++t) {
+          T const r = inverse_rms_[static_cast<std::size_t>(t)];
+          auto const x = x_.row(t);
+          auto const g = dy.row(t).cwiseProduct(weight_);
+          partial_.row(k) += dy.row(t).cwiseProduct(x) * r;
+          T const mean_gx = g.dot(x) / static_cast<T>(H);
+          if (accumulate)
+            dx.row(t) += r * (g - x * (r * r * mean_gx));
+          else
+            dx.row(t) = r * (g - x * (r * r * mean_gx));
+        }
     });
     for (int k = 0; k < blocks; ++k) grad_ += partial_.row(k);
-    parallel_rows(pool, N, [&](int begin, int end) {
-      for (int t = begin; t < end; ++t) {
-        T const r = inverse_rms_[static_cast<std::size_t>(t)];
-        auto const g = dy.row(t).cwiseProduct(weight_).eval();
-        T const mean_gx = g.dot(x_.row(t)) / static_cast<T>(H);
-        if (accumulate)
-          dx.row(t) += r * (g - x_.row(t) * (r * r * mean_gx));
-        else
-          dx.row(t) = r * (g - x_.row(t) * (r * r * mean_gx));
-      }
-    });
   }
 
   void zero_grad() { grad_.setZero(); }

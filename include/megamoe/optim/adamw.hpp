@@ -180,21 +180,30 @@ class distributed_adamw {
   step_report step(thread_pool& pool, double lr, Models&... models) {
     return step_on(&pool, lr, models...);
   }
+  /// `step` that leaves every gradient zero when it updates, for the next backward to accumulate
+  /// into: the shard's gradients are zeroed in the update's own pass, the rest of the model's
+  /// beside it. A skipped step (non-finite norm) leaves the gradients as they are.
+  template <class... Models>
+  step_report step_and_zero_grad(thread_pool& pool, double lr, Models&... models) {
+    auto const report = step_on<kernels::gradient_after::zeroed>(&pool, lr, models...);
+    if (report.finite)
+      for (auto& k : kinds_) zero_outside_shard(pool, k);
+    return report;
+  }
 
   /// Zeroes every parameter's gradient (the whole model's, not only this rank's shard), in chunks
   /// on the pool's threads.
   void zero_grad(thread_pool& pool) {
-    for (auto& k : kinds_)
-      parallel_rows(pool, static_cast<int>(k.whole.size()), [&](int begin, int end) {
-        for (int i = begin; i < end; ++i) {
-          auto const& s = k.whole[static_cast<std::size_t>(i)];
-          std::fill_n(k.entries[s.entry].grad.data() + s.first, s.count, T(0));
-        }
+    for (auto& k : kinds_) {
+      zero_outside_shard(pool, k);
+      for_each_chunk(&pool, k, [&](int, segment const& s) {
+        std::fill_n(k.entries[s.entry].grad.data() + s.first, s.count, T(0));
       });
+    }
   }
 
  private:
-  template <class... Models>
+  template <kernels::gradient_after After = kernels::gradient_after::kept, class... Models>
   step_report step_on(thread_pool* pool, double lr, Models&... models) {
     if (kinds_[quantized].total > 0 && sizeof...(Models) == 0)
       throw input_error(
@@ -218,7 +227,7 @@ class distributed_adamw {
                                         settings_.eps,
                                         settings_.weight_decay,
                                         lr};
-    for (auto& k : kinds_) update(pool, k, constants);
+    for (auto& k : kinds_) update<After>(pool, k, constants);
     gather(kinds_[0]);
     gather(kinds_[1]);
     (hand_back(models), ...);
@@ -255,7 +264,7 @@ class distributed_adamw {
     std::vector<segment> segments;
     std::vector<std::size_t> chunk_starts;  // first segment of each chunk, then the end
     std::vector<double> chunk_sums;
-    std::vector<segment> whole;  // every entry's gradient in pieces of `chunk` (zero_grad)
+    std::vector<segment> outside;  // the gradients outside the shard in pieces of `chunk`
   };
   static constexpr std::size_t quantized = 2;  // kinds_[quantized]: quantized_expert weights
 
@@ -342,7 +351,7 @@ class distributed_adamw {
     cut_into_chunks(k);
   }
 
-  /// The shard's segments, chunk by chunk, and every gradient's pieces for zero_grad.
+  /// The shard's segments, chunk by chunk, and the pieces of the gradients outside it.
   static void cut_into_chunks(kind_state& k) {
     k.segments.clear();
     k.chunk_starts.clear();
@@ -360,11 +369,28 @@ class distributed_adamw {
     });
     k.chunk_starts.push_back(k.segments.size());
     k.chunk_sums.assign(k.chunk_starts.size() - 1, 0.0);
-    k.whole.clear();
-    for (std::size_t i = 0; i < k.entries.size(); ++i)
-      for (std::int64_t first = 0; first < k.entries[i].grad.size(); first += chunk)
-        k.whole.push_back(
-            {i, first, std::min<std::int64_t>(chunk, k.entries[i].grad.size() - first), 0});
+    k.outside.clear();
+    auto outside = [&](std::size_t i, std::int64_t first, std::int64_t last) {
+      for (; first < last; first += chunk)
+        k.outside.push_back({i, first, std::min(chunk, last - first), 0});
+    };
+    for (std::size_t i = 0; i < k.entries.size(); ++i) {
+      auto const& e = k.entries[i];
+      std::int64_t const size = e.grad.size();
+      std::int64_t const lo = std::clamp(k.begin - e.offset, std::int64_t{0}, size);
+      std::int64_t const hi = std::clamp(k.end - e.offset, lo, size);
+      outside(i, 0, lo);
+      outside(i, hi, size);
+    }
+  }
+
+  static void zero_outside_shard(thread_pool& pool, kind_state& k) {
+    parallel_rows(pool, static_cast<int>(k.outside.size()), [&](int begin, int end) {
+      for (int i = begin; i < end; ++i) {
+        auto const& s = k.outside[static_cast<std::size_t>(i)];
+        std::fill_n(k.entries[s.entry].grad.data() + s.first, s.count, T(0));
+      }
+    });
   }
 
   /// Calls f(entry, first element in it, count, position in the shard) for the shard's pieces.
@@ -407,14 +433,15 @@ class distributed_adamw {
     return sum;
   }
 
+  template <kernels::gradient_after After>
   static void update(thread_pool* pool, kind_state& k, kernels::adamw_step const& constants) {
     bool const masters = !k.master.empty();
     for_each_chunk(pool, k, [&](int, segment const& s) {
       entry& e = k.entries[s.entry];
       T* const values = masters ? k.master.data() + s.at : e.value.data() + s.first;
       auto const at = static_cast<std::size_t>(s.at);
-      kernels::adamw_update(values, e.grad.data() + s.first, k.m.data() + at, k.v.data() + at,
-                            s.count, constants, e.decay);
+      kernels::adamw_update<After>(values, e.grad.data() + s.first, k.m.data() + at,
+                                   k.v.data() + at, s.count, constants, e.decay);
     });
   }
 

@@ -26,6 +26,14 @@ struct adamw_step {
   double clip, beta1, beta2, c1, c2, eps, weight_decay, lr;
 };
 
+/// What the update leaves in the gradient it read: the gradient, or zero (the update and the
+/// next step's gradient zeroing in one pass over memory).
+enum class gradient_after { kept, zeroed };
+
+/// The update's gradient operand: writable where it is zeroed.
+template <gradient_after After, class T>
+using gradient_pointer = std::conditional_t<After == gradient_after::zeroed, T*, T const*>;
+
 namespace detail {
 
 template <class T>
@@ -42,9 +50,9 @@ double squares_portable(T const* g, std::int64_t n) {
 
 /// p -= lr (m^ / (sqrt(v^) + eps) + wd p), m and v updated, for n elements, in the arithmetic
 /// of T (fp32 for fp32 parameters, as the reference's fused Adam; fp64 for fp64).
-template <class T, class S>
-void update_portable(T* p, T const* grad, S* m, S* v, std::int64_t n, adamw_step const& s,
-                     bool decay) {
+template <gradient_after After = gradient_after::kept, class T, class S>
+void update_portable(T* p, gradient_pointer<After, T> grad, S* m, S* v, std::int64_t n,
+                     adamw_step const& s, bool decay) {
   T const clip = static_cast<T>(s.clip), b1 = static_cast<T>(s.beta1), b2 = static_cast<T>(s.beta2),
           one_b1 = static_cast<T>(1.0 - s.beta1), one_b2 = static_cast<T>(1.0 - s.beta2),
           c1 = static_cast<T>(s.c1), c2 = static_cast<T>(s.c2), eps = static_cast<T>(s.eps),
@@ -56,6 +64,7 @@ void update_portable(T* p, T const* grad, S* m, S* v, std::int64_t n, adamw_step
     m[i] = static_cast<S>(mi);
     v[i] = static_cast<S>(vi);
     p[i] = p[i] - lr * ((mi / c1) / (std::sqrt(vi / c2) + eps) + wd * p[i]);
+    if constexpr (After == gradient_after::zeroed) grad[i] = T(0);
   }
 }
 
@@ -103,8 +112,10 @@ MEGAMOE_AVX512_TARGET inline double squares_avx512(float const* g, std::int64_t 
   return sum;
 }
 
-MEGAMOE_AVX512_TARGET inline void update_avx512(float* p, float const* grad, float* m, float* v,
-                                                std::int64_t n, adamw_step const& s, bool decay) {
+template <gradient_after After = gradient_after::kept>
+MEGAMOE_AVX512_TARGET inline void update_avx512(float* p, gradient_pointer<After, float> grad,
+                                                float* m, float* v, std::int64_t n,
+                                                adamw_step const& s, bool decay) {
   __m512 const clip = broadcast(s.clip), b1 = broadcast(s.beta1), b2 = broadcast(s.beta2),
                one_b1 = broadcast(1.0 - s.beta1), one_b2 = broadcast(1.0 - s.beta2),
                c1 = broadcast(s.c1), c2 = broadcast(s.c2), eps = broadcast(s.eps),
@@ -120,6 +131,8 @@ MEGAMOE_AVX512_TARGET inline void update_avx512(float* p, float const* grad, flo
     __m512 const root = _mm512_sqrt_round_ps(div(vi, c2), nearest);
     __m512 const step = add(div(div(mi, c1), add(root, eps)), mul(wd, pi));
     _mm512_mask_storeu_ps(p + i, mask, sub(pi, mul(lr, step)));
+    if constexpr (After == gradient_after::zeroed)
+      _mm512_mask_storeu_ps(grad + i, mask, _mm512_setzero_ps());
   }
 }
 
@@ -140,15 +153,15 @@ double sum_of_squares(T const* g, std::int64_t n) {
 }
 
 /// One AdamW step of n elements: values p, gradients, moments m and v; `decay` applies weight
-/// decay.
-template <class T, class S>
-void adamw_update(T* p, T const* grad, S* m, S* v, std::int64_t n, adamw_step const& s,
-                  bool decay) {
+/// decay; the gradients are left as `After` says.
+template <gradient_after After = gradient_after::kept, class T, class S>
+void adamw_update(T* p, gradient_pointer<After, T> grad, S* m, S* v, std::int64_t n,
+                  adamw_step const& s, bool decay) {
 #if MEGAMOE_VECTOR_MATH_AVX512
   if constexpr (std::is_same_v<T, float> && std::is_same_v<S, float>)
-    if (cpu().use_avx512()) return detail::update_avx512(p, grad, m, v, n, s, decay);
+    if (cpu().use_avx512()) return detail::update_avx512<After>(p, grad, m, v, n, s, decay);
 #endif
-  detail::update_portable(p, grad, m, v, n, s, decay);
+  detail::update_portable<After>(p, grad, m, v, n, s, decay);
 }
 
 }  // namespace megamoe::optim::kernels

@@ -27,50 +27,77 @@ concept has_parameters = requires(M& m) {
   m.for_each_parameter([](std::string_view, auto, auto, parameter_kind) {});
 };
 
-/// Collective over the world's stage: every rank must call it with the same models in the same
-/// order. One all-reduce per kind per model, both in flight together.
-template <has_parameters... Models>
-void reduce_gradients(process_groups const& groups, Models&... models) {
-  auto const& l = groups.layout();
-  double const scale = 1.0 / (static_cast<double>(l.dp) * l.cp);
-  bool const dense_alone = groups.tp_dp_cp().size() == 1,
-             experts_alone = groups.expert_dp().size() == 1;
-  auto one = [&](auto& model) {
-    using scalar = typename std::remove_reference_t<decltype(model)>::scalar;
-    // A kind whose group is this rank alone is only scaled, in place (not at all by 1).
+/// The gradient reduction of one set of models, set up once: their gradients (the maps stay valid
+/// while the models live, as the optimizer's do) and the two buckets the all-reduces run on, so a
+/// reduction allocates nothing after the first.
+template <class T>
+class gradient_reduction {
+ public:
+  template <has_parameters... Models>
+  explicit gradient_reduction(Models&... models) {
+    static_assert((std::is_same_v<typename Models::scalar, T> && ...),
+                  "gradient_reduction: every model's scalar type must be T");
+    (models.for_each_parameter([&](std::string_view, auto, auto grad, parameter_kind kind) {
+      gradients_.push_back({row_matrix_map<T>(grad.data(), grad.rows(), grad.cols()), kind});
+    }),
+     ...);
+  }
+
+  /// Collective over the world's stage: every rank must call it for the same models. One
+  /// all-reduce per kind, both in flight together; a kind whose group is this rank alone is only
+  /// scaled, in place (not at all by 1).
+  void operator()(process_groups const& groups) {
+    auto const& l = groups.layout();
+    double const scale = 1.0 / (static_cast<double>(l.dp) * l.cp);
+    bool const dense_alone = groups.tp_dp_cp().size() == 1,
+               experts_alone = groups.expert_dp().size() == 1;
+    if (dense_alone && experts_alone && scale == 1.0) return;
     auto alone = [&](parameter_kind kind) {
       return kind == parameter_kind::dense ? dense_alone : experts_alone;
     };
-    std::vector<scalar> dense, expert;
-    model.for_each_parameter([&](std::string_view, auto, auto grad, parameter_kind kind) {
-      if (alone(kind)) return;
-      auto& bucket = kind == parameter_kind::dense ? dense : expert;
+    dense_.clear();
+    expert_.clear();
+    for (auto const& [grad, kind] : gradients_) {
+      if (alone(kind)) continue;
+      auto& bucket = kind == parameter_kind::dense ? dense_ : expert_;
       bucket.insert(bucket.end(), grad.data(), grad.data() + grad.size());
-    });
+    }
     {
       request dense_sum, expert_sum;
-      if (!dense_alone)
-        dense_sum = all_reduce_sum_start(groups.tp_dp_cp(), std::span<scalar>(dense));
+      if (!dense_alone) dense_sum = all_reduce_sum_start(groups.tp_dp_cp(), std::span<T>(dense_));
       if (!experts_alone)
-        expert_sum = all_reduce_sum_start(groups.expert_dp(), std::span<scalar>(expert));
+        expert_sum = all_reduce_sum_start(groups.expert_dp(), std::span<T>(expert_));
     }
     std::size_t at_dense = 0, at_expert = 0;
-    model.for_each_parameter([&](std::string_view, auto, auto grad, parameter_kind kind) {
+    for (auto& [grad, kind] : gradients_) {
       if (alone(kind)) {
         if (scale != 1.0)
           for (Eigen::Index i = 0; i < grad.size(); ++i)
-            grad.data()[i] = static_cast<scalar>(grad.data()[i] * scale);
-        return;
+            grad.data()[i] = static_cast<T>(grad.data()[i] * scale);
+        continue;
       }
       bool const is_dense = kind == parameter_kind::dense;
-      auto const& bucket = is_dense ? dense : expert;
+      auto const& bucket = is_dense ? dense_ : expert_;
       std::size_t& at = is_dense ? at_dense : at_expert;
       for (Eigen::Index i = 0; i < grad.size(); ++i)
-        grad.data()[i] = static_cast<scalar>(bucket[at + static_cast<std::size_t>(i)] * scale);
+        grad.data()[i] = static_cast<T>(bucket[at + static_cast<std::size_t>(i)] * scale);
       at += static_cast<std::size_t>(grad.size());
-    });
+    }
+  }
+
+ private:
+  struct gradient {
+    row_matrix_map<T> grad;
+    parameter_kind kind;
   };
-  (one(models), ...);
+  std::vector<gradient> gradients_;
+  std::vector<T> dense_, expert_;
+};
+
+/// The reduction of `models`' gradients, once (a training loop keeps a gradient_reduction).
+template <has_parameters Model, has_parameters... Models>
+void reduce_gradients(process_groups const& groups, Model& model, Models&... models) {
+  gradient_reduction<typename Model::scalar>(model, models...)(groups);
 }
 
 }  // namespace megamoe::parallel

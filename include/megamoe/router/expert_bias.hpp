@@ -27,7 +27,7 @@ struct router_state {
   template <count_group TpCp, count_group TpDpCp>
   void finish_global_batch(reduction_groups<TpCp, TpDpCp> const& groups) {
     if (!expert_bias.empty()) {
-      std::vector<double> counts = local_tokens_per_expert;
+      auto& counts = local_tokens_per_expert;  // summed in place: reset below
       groups.tp_dp_cp.sum(counts);
       if (!frozen_expert_bias) {
         // The reference works in fp32: mean of the counts, sign of the offset, rate * sign.

@@ -18,6 +18,7 @@
 #include <megamoe/parallel/process_groups.hpp>
 #include <megamoe/train/corpus.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -95,22 +96,34 @@ class trainer {
   void set_schedule(optim::lr_schedule const& schedule) { settings_.schedule = schedule; }
 
   /// One global batch: forward and backward of every micro-batch, reduction, clipping, update.
-  step_metrics step(context& ctx) {
+  /// A step starts from zero gradients, which the last step's update left (nothing may add to
+  /// the model's gradients between steps). The metrics live in the trainer until the next step:
+  /// after the first steps, a step on one rank allocates nothing.
+  step_metrics const& step(context& ctx) {
     auto const start = std::chrono::steady_clock::now();
     int const S = settings_.seq_length, B = settings_.micro_batch, M = settings_.micro_batches;
     int const DP = dp_size();
     ++step_;
-    step_metrics out;
+    step_metrics& out = metrics_;
+    out.loss = out.router_loss = out.aux_loss = out.z_loss = out.grad_norm = 0.0;
+    out.clip_factor = 1.0;
+    out.skipped = false;
+    out.nonfinite_at.clear();
     out.step = step_;
     out.lr = settings_.schedule.at(step_);
     auto& times = ctx.step_stages;
-    times.time(step_stage::optimizer, [&] { optimizer_.zero_grad(ctx.pool()); });
+    // The optimizer's update leaves the gradients zero; before the first step and after a
+    // skipped one they are zeroed here.
+    if (!gradients_zeroed_)
+      times.time(step_stage::optimizer, [&] { optimizer_.zero_grad(ctx.pool()); });
+    gradients_zeroed_ = false;
     ctx.step.mode = router::pass::training;
     ctx.step.loss_backward_scale = router::loss_backward_scale(1.0, 1, M);
     tokens_.resize(static_cast<std::size_t>(S) * B);
     targets_.resize(tokens_.size());
     auto const& moe = model_.moe_layers();
-    out.expert_load.assign(moe.size(), {});
+    out.expert_load.resize(moe.size());
+    for (auto& layer : out.expert_load) std::fill(layer.begin(), layer.end(), 0.0);
     double loss = 0.0, router_loss = 0.0, aux_loss = 0.0, z_loss = 0.0;
     for (int m = 0; m < M; ++m) {
       auto const first = static_cast<std::uint64_t>((m * DP + dp_rank()) * B);
@@ -133,7 +146,8 @@ class trainer {
       model_.backward(ctx, static_cast<scalar>(1.0 / M));
     }
     // Logged values over the global batch (every rank the same).
-    std::vector<double> sums{loss, router_loss, aux_loss, z_loss};
+    auto& sums = sums_;
+    sums.assign({loss, router_loss, aux_loss, z_loss});
     for (auto const& layer : out.expert_load) sums.insert(sums.end(), layer.begin(), layer.end());
     if (groups_) parallel::all_reduce_sum(groups_->dp(), std::span<double>(sums));
     out.loss = sums[0] / (M * DP);
@@ -143,11 +157,11 @@ class trainer {
     std::size_t at = 4;
     for (auto& layer : out.expert_load)
       for (double& v : layer) v = sums[at++];
-    if (groups_)
-      times.time(step_stage::gradient_reduction,
-                 [&] { parallel::reduce_gradients(*groups_, model_); });
-    auto const report = times.time(step_stage::optimizer,
-                                   [&] { return optimizer_.step(ctx.pool(), out.lr, model_); });
+    if (groups_) times.time(step_stage::gradient_reduction, [&] { gradients_(*groups_); });
+    auto const report = times.time(step_stage::optimizer, [&] {
+      return optimizer_.step_and_zero_grad(ctx.pool(), out.lr, model_);
+    });
+    gradients_zeroed_ = report.finite;
     out.grad_norm = report.grad_norm;
     out.clip_factor = report.clip_factor;
     if (!report.finite || !std::isfinite(out.loss)) {
@@ -221,7 +235,11 @@ class trainer {
   train_settings settings_;
   parallel::process_groups const* groups_ = nullptr;
   optim::distributed_adamw<scalar> optimizer_;
+  parallel::gradient_reduction<scalar> gradients_{model_};
   std::vector<std::int32_t> tokens_, targets_;
+  step_metrics metrics_;
+  std::vector<double> sums_;       // the logged values summed over DP
+  bool gradients_zeroed_ = false;  // by the last step's update
   int step_ = 0;
 };
 
