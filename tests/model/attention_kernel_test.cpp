@@ -3,7 +3,7 @@
 // softmax, in double): outputs and log-sum-exp for grouped queries, differing head sizes, position
 // offsets, RoPE on and off and sequences that end inside a block; gradients against central
 // finite differences in double; the fp32 kernels (portable, and AVX-512 where the CPU has it)
-// against the double results.
+// against the double results; BF16 operands: BF16 values stored, BF16 precision kept.
 #include <megamoe/core/random.hpp>
 #include <megamoe/model/flash_attention.hpp>
 
@@ -99,10 +99,10 @@ struct run_result {
 };
 
 /// Forward and backward with the kernel `kind` on T copies of the problem; dout = R.
-template <class T>
+template <class T, class Operands = at::same_operands>
 run_result<T> run(problem const& p, at::attention_kernel kind, std::vector<double> const& R) {
   megamoe::thread_pool pool(2);
-  at::flash_attention<T> attention(p.rope_base);
+  at::flash_attention<T, Operands> attention(p.rope_base);
   attention.set_kernel(kind);
   std::vector<T> const q(p.q.begin(), p.q.end()), k(p.k.begin(), p.k.end()),
       v(p.v.begin(), p.v.end()), dout(R.begin(), R.end());
@@ -214,6 +214,40 @@ TEST(FlashAttention, Fp32KernelsMatchDouble) {
       EXPECT_LT(max_difference(r.dq, exact.dq), 1e-4) << which;
       EXPECT_LT(max_difference(r.dk, exact.dk), 1e-4) << which;
       EXPECT_LT(max_difference(r.dv, exact.dv), 1e-4) << which;
+    }
+  }
+}
+
+// BF16 operands: everything stored is a BF16 value; the results are within BF16's precision of
+// the exact ones (relative to the largest magnitude), and the rounding shows against fp32.
+TEST(FlashAttention, Bf16OperandsStoreBf16ValuesWithinBf16Precision) {
+  std::vector<at::attention_kernel> kinds{at::attention_kernel::portable};
+  if (megamoe::cpu().use_avx512() && MEGAMOE_VECTOR_MATH_AVX512)
+    kinds.push_back(at::attention_kernel::avx512);
+  auto largest = [](std::vector<double> const& v) {
+    double m = 0;
+    for (double x : v) m = std::max(m, std::abs(x));
+    return m;
+  };
+  auto all_bf16 = [](std::vector<float> const& v) {
+    return std::all_of(v.begin(), v.end(), [](float x) { return megamoe::round_to_bf16(x) == x; });
+  };
+  for (auto const& p : problems()) {
+    auto const R = random_values<double>(p.out_size(), 93);
+    auto const exact = run<double>(p, at::attention_kernel::portable, R);
+    for (auto kind : kinds) {
+      int const which = static_cast<int>(kind);
+      auto const fp32 = run<float>(p, kind, R);
+      auto const r = run<float, at::bf16_operands>(p, kind, R);
+      EXPECT_TRUE(all_bf16(r.out) && all_bf16(r.dq) && all_bf16(r.dk) && all_bf16(r.dv)) << which;
+      EXPECT_FALSE(all_bf16(fp32.out)) << which;
+      EXPECT_LT(max_difference(r.out, exact.out), 1e-2 * largest(exact.out)) << which;
+      EXPECT_LT(max_difference(r.lse, exact.lse), 2e-2) << which;
+      EXPECT_LT(max_difference(r.dq, exact.dq), 1.5e-2 * largest(exact.dq)) << which;
+      EXPECT_LT(max_difference(r.dk, exact.dk), 1.5e-2 * largest(exact.dk)) << which;
+      EXPECT_LT(max_difference(r.dv, exact.dv), 1.5e-2 * largest(exact.dv)) << which;
+      std::vector<double> const out32(fp32.out.begin(), fp32.out.end());
+      EXPECT_GT(max_difference(r.out, out32), 1e-3 * largest(exact.out)) << which;
     }
   }
 }

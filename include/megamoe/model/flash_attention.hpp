@@ -16,8 +16,17 @@
 // triangle's uneven blocks balance over the pool; backward tasks are (sequence, key/value head),
 // each owning its heads' gradients. The tile products and the softmax run on AVX-512 where the CPU
 // has it (fp32) and on portable loops otherwise; scratch is per pool thread and only grows.
+//
+// Operands: with `same_operands` the products take the values as they are; with `bf16_operands`
+// (fp32 only) every operand of a tile product is a BF16 value (q, k, v and the output gradient
+// rounded as their tiles are staged, the probabilities P and dS rounded before the products that
+// take them) and out, dq, dk and dv are stored as BF16 values, while products accumulate, and the
+// softmax and log-sum-exp run, in fp32: the numerics of BF16 flash attention. A product of two
+// BF16 values is exact in fp32, so the fp32 tile kernels compute what BF16 units compute, up to
+// the order of the additions.
 #pragma once
 
+#include <megamoe/core/bf16.hpp>
 #include <megamoe/core/cpu_features.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/thread_pool.hpp>
@@ -104,6 +113,21 @@ class rope_table {
 
 /// Which tile kernels run: AVX-512 (fp32, where the CPU has it) or portable loops.
 enum class attention_kernel { portable, avx512 };
+
+/// The products' operands as they are.
+struct same_operands {
+  static constexpr bool rounds = false;
+  template <class T>
+  static T round(T x) noexcept {
+    return x;
+  }
+};
+
+/// The products' operands and the stored results rounded to BF16 (fp32 kernels only).
+struct bf16_operands {
+  static constexpr bool rounds = true;
+  static float round(float x) noexcept { return round_to_bf16(x); }
+};
 
 namespace detail {
 
@@ -297,8 +321,11 @@ void grow(std::vector<T>& v, std::size_t n) {
 }  // namespace detail
 
 /// Causal attention by blocks. Holds the RoPE table and per-thread scratch, which only grow.
-template <class T>
+template <class T, class Operands = same_operands>
 class flash_attention {
+  static_assert(!Operands::rounds || std::is_same_v<T, float>,
+                "flash_attention: BF16 operands are rounded from fp32; T must be float");
+
  public:
   /// `rope_base` > 0 applies RoPE of that base to q and k; 0 applies none.
   explicit flash_attention(double rope_base = 10000.0)
@@ -362,7 +389,7 @@ class flash_attention {
   /// applies the rotation's transpose (its inverse), which takes gradients back.
   void rotate_row(T const* src, int n, int position, T factor, T* dst, T sign = T(1)) const {
     if (!rope_) {
-      for (int c = 0; c < n; ++c) dst[c] = src[c] * factor;
+      for (int c = 0; c < n; ++c) dst[c] = Operands::round(src[c] * factor);
       return;
     }
     int const half = n / 2;
@@ -370,9 +397,20 @@ class flash_attention {
     T const* sn = rope_->sin_at(position);
     for (int i = 0; i < half; ++i) {
       T const a = src[i], b = src[i + half], s = sign * sn[i];
-      dst[i] = (a * cs[i] - b * s) * factor;
-      dst[i + half] = (b * cs[i] + a * s) * factor;
+      dst[i] = Operands::round((a * cs[i] - b * s) * factor);
+      dst[i + half] = Operands::round((b * cs[i] + a * s) * factor);
     }
+  }
+
+  /// n values from src to dst, rounded as the operands are.
+  static void stage(T const* src, int n, T* dst) {
+    for (int c = 0; c < n; ++c) dst[c] = Operands::round(src[c]);
+  }
+  /// A rows x cols tile (row stride ld) rounded in place, where the operands are rounded.
+  static void round_tile(int rows, int cols, T* tile, std::ptrdiff_t ld) {
+    if constexpr (Operands::rounds)
+      for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < cols; ++c) tile[r * ld + c] = Operands::round(tile[r * ld + c]);
   }
 
   /// Keys row r of a query block sees, among `count` keys starting at key row `first`.
@@ -416,13 +454,13 @@ class flash_attention {
           rotate_row(k.data + token * k.ld + std::int64_t(g) * dk, dk, s.key_offset + k0 + j, T(1),
                      row);
           for (int c = 0; c < dk; ++c) w.kt[std::size_t(c) * bs + j] = row[c];
-          std::copy_n(v.data + token * v.ld + std::int64_t(g) * dv, dv,
-                      w.v.data() + std::size_t(j) * dv);
+          stage(v.data + token * v.ld + std::int64_t(g) * dv, dv, w.v.data() + std::size_t(j) * dv);
         }
         for (int r = 0; r < mq; ++r) w.valid[r] = visible(s, q0 + r, k0, nk);
         Tiles::product(mq, nk, dk, w.q.data(), dk, 1, w.kt.data(), bs, w.scores.data(), bs, false);
         Tiles::softmax_forward(mq, nk, w.scores.data(), bs, w.valid.data(), w.max.data(),
                                w.sum.data(), w.alpha.data());
+        round_tile(mq, nk, w.scores.data(), bs);
         for (int r = 0; r < mq; ++r)
           if (w.alpha[r] != T(1))
             for (int c = 0; c < dv; ++c) w.o[std::size_t(r) * dv + c] *= w.alpha[r];
@@ -432,7 +470,7 @@ class flash_attention {
         T* dst = out.data + (std::int64_t(q0 + r) * B + b) * out.ld + std::int64_t(h) * dv;
         T const total = w.sum[r];
         T const inv = total > T(0) ? T(1) / total : T(0);
-        for (int c = 0; c < dv; ++c) dst[c] = w.o[std::size_t(r) * dv + c] * inv;
+        for (int c = 0; c < dv; ++c) dst[c] = Operands::round(w.o[std::size_t(r) * dv + c] * inv);
         lse[(std::int64_t(b) * s.heads + h) * S + q0 + r] =
             total > T(0) ? w.max[r] + std::log(total) : -std::numeric_limits<T>::infinity();
       }
@@ -471,7 +509,7 @@ class flash_attention {
         rotate_row(k.data + token * k.ld + std::int64_t(g) * hk, hk, s.key_offset + t, T(1), row);
         for (int c = 0; c < hk; ++c) w.kt[std::size_t(c) * Sk + t] = row[c];
         T const* vrow = v.data + token * v.ld + std::int64_t(g) * hv;
-        for (int c = 0; c < hv; ++c) w.vt[std::size_t(c) * Sk + t] = vrow[c];
+        for (int c = 0; c < hv; ++c) w.vt[std::size_t(c) * Sk + t] = Operands::round(vrow[c]);
       }
       std::fill(w.dk.begin(), w.dk.begin() + std::ptrdiff_t(Sk * hk), T(0));
       std::fill(w.dv.begin(), w.dv.begin() + std::ptrdiff_t(Sk * hv), T(0));
@@ -482,10 +520,11 @@ class flash_attention {
                      w.q.data() + std::size_t(r) * hk);
           T const* o = out.data + token * out.ld + std::int64_t(h) * hv;
           T const* go = dout.data + token * dout.ld + std::int64_t(h) * hv;
+          T* staged = w.dout.data() + std::size_t(r) * hv;
+          stage(go, hv, staged);
           T dot = 0;
-          for (int c = 0; c < hv; ++c) dot += o[c] * go[c];
+          for (int c = 0; c < hv; ++c) dot += o[c] * staged[c];
           w.d[r] = dot;
-          std::copy_n(go, hv, w.dout.data() + std::size_t(r) * hv);
           w.lse[r] = lse[(std::int64_t(b) * s.heads + h) * S + r];
         }
         std::fill(w.dq.begin(), w.dq.begin() + std::ptrdiff_t(Sq * hk), T(0));
@@ -504,6 +543,8 @@ class flash_attention {
             Tiles::product(mq, nk, hv, doi, hv, 1, w.vt.data() + k0, K, ds, bs, false);
             Tiles::softmax_backward(mq, nk, sc, ds, bs, w.valid.data(), w.lse.data() + q0,
                                     w.d.data() + q0);
+            round_tile(mq, nk, sc, bs);
+            round_tile(mq, nk, ds, bs);
             // dV_j += P^T dO_i, dK_j += dS^T (scale q_i), dq_i += dS K_j.
             Tiles::product(nk, hv, mq, sc, 1, bs, doi, hv, w.dv.data() + std::size_t(k0) * hv, hv,
                            true);
@@ -521,8 +562,8 @@ class flash_attention {
         auto const token = std::int64_t(t) * B + b;
         rotate_row(w.dk.data() + std::size_t(t) * hk, hk, s.key_offset + t, T(1),
                    dk.data + token * dk.ld + std::int64_t(g) * hk, T(-1));
-        std::copy_n(w.dv.data() + std::size_t(t) * hv, hv,
-                    dv.data + token * dv.ld + std::int64_t(g) * hv);
+        stage(w.dv.data() + std::size_t(t) * hv, hv,
+              dv.data + token * dv.ld + std::int64_t(g) * hv);
       }
     });
   }
