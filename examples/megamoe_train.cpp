@@ -355,7 +355,7 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
   for (int step = first_step; step <= o.steps; ++step) {
     ctx.stages.clear();
     ctx.step_stages.clear();
-    auto const m = trainer.step(ctx);
+    auto const& m = trainer.step(ctx);
     for (std::size_t i = 0; i < moe_seconds.size(); ++i) moe_seconds[i] += ctx.stages.seconds[i];
     for (std::size_t i = 0; i < step_seconds.size(); ++i)
       step_seconds[i] += ctx.step_stages.seconds[i];

@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
     megamoe::train::trainer<my_moe> trainer(groups, model, corpus, settings);
     mm::context ctx(env.num_threads());
     for (int i = 0; i < steps; ++i) {
-      auto const m = trainer.step(ctx);
+      auto const& m = trainer.step(ctx);
       if (root && (m.step % 5 == 0 || m.step == steps))
         std::cout << "step " << m.step << ": loss " << m.loss << " nats/byte\n";
     }
