@@ -218,6 +218,56 @@ TEST(FlashAttention, Fp32KernelsMatchDouble) {
   }
 }
 
+// Context parallelism's pieces: attention over the keys cut into chunks (key_offset, key_seq),
+// merged by log-sum-exp, is attention over all keys; backward over each chunk, given the merged
+// output and log-sum-exp, gives that chunk's dk and dv, and dq summed over the chunks.
+TEST(FlashAttention, KeyChunksMergedByLogSumExpAreTheWholeAttention) {
+  megamoe::thread_pool pool(2);
+  for (auto const& p : problems()) {
+    auto const R = random_values<double>(p.out_size(), 55);
+    auto const whole = run<double>(p, at::attention_kernel::portable, R);
+    auto const& s = p.shape;
+    int const K = s.keys(), B = s.batch;
+    std::vector<int> const cuts{0, K / 3, K / 3 + 1, K - 7, K};  // one chunk of a single key
+    at::flash_attention<double> attention(p.rope_base);
+    std::vector<double> out(p.out_size()), lse(p.lse_size()), part(p.out_size()),
+        part_lse(p.lse_size());
+    auto chunk_shape = [&](std::size_t c) {
+      at::attention_shape cs = s;
+      cs.key_seq = cuts[c + 1] - cuts[c];
+      cs.key_offset = s.key_offset + cuts[c];
+      return cs;
+    };
+    auto keys_at = [&](std::vector<double> const& x, std::size_t c, std::int64_t ld) {
+      return at::token_view<double const>{x.data() + std::int64_t(cuts[c]) * B * ld, ld};
+    };
+    for (std::size_t c = 0; c + 1 < cuts.size(); ++c) {
+      bool const first = c == 0;
+      attention.forward(pool, chunk_shape(c), {p.q.data(), p.ldq()}, keys_at(p.k, c, p.ldk()),
+                        keys_at(p.v, c, p.ldv()), {(first ? out : part).data(), p.ldo()},
+                        (first ? lse : part_lse).data());
+      if (!first)
+        at::merge_partial(pool, s, at::token_view<double>{out.data(), p.ldo()}, lse.data(),
+                          at::token_view<double const>{part.data(), p.ldo()}, part_lse.data());
+    }
+    EXPECT_LT(max_difference(out, whole.out), 1e-12) << s.seq;
+    EXPECT_LT(max_difference(lse, whole.lse), 1e-12) << s.seq;
+    std::vector<double> dq(p.q.size(), 0.0), dk(p.k.size()), dv(p.v.size()), dq_part(p.q.size());
+    for (std::size_t c = 0; c + 1 < cuts.size(); ++c) {
+      auto const at_k = std::int64_t(cuts[c]) * B;
+      attention.backward(pool, chunk_shape(c), {p.q.data(), p.ldq()}, keys_at(p.k, c, p.ldk()),
+                         keys_at(p.v, c, p.ldv()), {out.data(), p.ldo()}, {R.data(), p.ldo()},
+                         lse.data(), {dq_part.data(), p.ldq()},
+                         {dk.data() + at_k * p.ldk(), p.ldk()},
+                         {dv.data() + at_k * p.ldv(), p.ldv()});
+      for (std::size_t i = 0; i < dq.size(); ++i) dq[i] += dq_part[i];
+    }
+    EXPECT_LT(max_difference(dq, whole.dq), 1e-12) << s.seq;
+    EXPECT_LT(max_difference(dk, whole.dk), 1e-12) << s.seq;
+    EXPECT_LT(max_difference(dv, whole.dv), 1e-12) << s.seq;
+  }
+}
+
 // BF16 operands: everything stored is a BF16 value; the results are within BF16's precision of
 // the exact ones (relative to the largest magnitude), and the rounding shows against fp32.
 TEST(FlashAttention, Bf16OperandsStoreBf16ValuesWithinBf16Precision) {

@@ -17,6 +17,10 @@
 // each owning its heads' gradients. The tile products and the softmax run on AVX-512 where the CPU
 // has it (fp32) and on portable loops otherwise; scratch is per pool thread and only grows.
 //
+// Context parallelism: attention over disjoint sets of keys (key_offset, key_seq) merges by the
+// rows' log-sum-exp (merge_partial); backward over each set, given the merged output and
+// log-sum-exp, gives that set's dk and dv and its share of dq (the shares sum to dq).
+//
 // Operands: with `same_operands` the products take the values as they are; with `bf16_operands`
 // (fp32 only) every operand of a tile product is a BF16 value (q, k, v and the output gradient
 // rounded as their tiles are staged, the probabilities P and dS rounded before the products that
@@ -573,5 +577,32 @@ class flash_attention {
   std::optional<rope_table<T>> rope_;
   std::vector<detail::scratch<T>> scratch_;
 };
+
+/// Context parallelism's merge of partial results: `out` and `lse` hold attention over some keys,
+/// `part` and `part_lse` the same queries' attention over other keys; afterwards `out` and `lse`
+/// hold it over both: lse = log(e^lse + e^part_lse), out = (out e^lse + part e^part_lse) / e^lse'.
+/// A row that saw no key on one side (lse -inf, out 0) takes the other side's.
+template <class T>
+void merge_partial(thread_pool& pool, attention_shape const& s, token_view<T> out, T* lse,
+                   token_view<T const> part, T const* part_lse) {
+  int const S = s.seq, B = s.batch, dv = s.value_head();
+  parallel_rows(pool, B * s.heads, [&](int begin, int end) {
+    for (int pair = begin; pair < end; ++pair) {
+      int const b = pair / s.heads, h = pair % s.heads;
+      for (int r = 0; r < S; ++r) {
+        auto const i = (std::int64_t(b) * s.heads + h) * S + r;
+        T const top = std::max(lse[i], part_lse[i]);
+        if (top == -std::numeric_limits<T>::infinity()) continue;  // no key on either side
+        T const mine = std::exp(lse[i] - top), theirs = std::exp(part_lse[i] - top);
+        T const total = mine + theirs;
+        auto const row = std::int64_t(r) * B + b;
+        T* o = out.data + row * out.ld + std::int64_t(h) * dv;
+        T const* p = part.data + row * part.ld + std::int64_t(h) * dv;
+        for (int c = 0; c < dv; ++c) o[c] = (o[c] * mine + p[c] * theirs) / total;
+        lse[i] = top + std::log(total);
+      }
+    }
+  });
+}
 
 }  // namespace megamoe::attention
