@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace {
@@ -265,6 +266,61 @@ TEST(FlashAttention, KeyChunksMergedByLogSumExpAreTheWholeAttention) {
     EXPECT_LT(max_difference(dq, whole.dq), 1e-12) << s.seq;
     EXPECT_LT(max_difference(dk, whole.dk), 1e-12) << s.seq;
     EXPECT_LT(max_difference(dv, whole.dv), 1e-12) << s.seq;
+  }
+}
+
+// The reference's linear_qkv layout: one row per token holding, per key/value group, its query
+// heads, then its key head, then its value head. Views with heads in blocks read q, k, v from it
+// and write the gradients in it; the results are those of separate buffers, bit for bit.
+TEST(FlashAttention, HeadsInBlocksReadTheReferenceQkvLayout) {
+  megamoe::thread_pool pool(2);
+  for (auto const& p : problems()) {
+    auto const& s = p.shape;
+    auto const R = random_values<double>(p.out_size(), 61);
+    auto const plain = run<double>(p, at::attention_kernel::portable, R);
+    int const B = s.batch, G = s.groups(), per = s.heads / G, dk = s.qk_head, dv = s.value_head();
+    std::int64_t const block = std::int64_t(per + 1) * dk + dv, ld = G * block;
+    auto const rows = std::size_t(std::max(s.seq, s.keys())) * B;
+    double const nan = std::numeric_limits<double>::quiet_NaN();
+    std::vector<double> fused(rows * ld, nan), grad(rows * ld, nan);
+    at::token_view<double> const q{fused.data(), ld, per, block},
+        k{fused.data() + per * dk, ld, 1, block}, v{fused.data() + (per + 1) * dk, ld, 1, block},
+        dq{grad.data(), ld, per, block}, dkv{grad.data() + per * dk, ld, 1, block},
+        dvv{grad.data() + (per + 1) * dk, ld, 1, block};
+    // Where the layout puts query head h, and group g's key and value heads, of token t.
+    auto at_q = [&](std::int64_t t, int h) { return t * ld + (h / per) * block + (h % per) * dk; };
+    auto at_k = [&](std::int64_t t, int g) { return t * ld + g * block + per * dk; };
+    auto at_v = [&](std::int64_t t, int g) { return t * ld + g * block + (per + 1) * dk; };
+    for (std::int64_t t = 0; t < std::int64_t(s.seq) * B; ++t)
+      for (int h = 0; h < s.heads; ++h)
+        std::copy_n(&p.q[std::size_t(t * p.ldq() + h * dk)], dk, &fused[std::size_t(at_q(t, h))]);
+    for (std::int64_t t = 0; t < std::int64_t(s.keys()) * B; ++t)
+      for (int g = 0; g < G; ++g) {
+        std::copy_n(&p.k[std::size_t(t * p.ldk() + g * dk)], dk, &fused[std::size_t(at_k(t, g))]);
+        std::copy_n(&p.v[std::size_t(t * p.ldv() + g * dv)], dv, &fused[std::size_t(at_v(t, g))]);
+      }
+    at::flash_attention<double> attention(p.rope_base);
+    std::vector<double> out(p.out_size()), lse(p.lse_size());
+    auto view = [](at::token_view<double> x) {
+      return at::token_view<double const>{x.data, x.ld, x.heads_per_block, x.block_stride};
+    };
+    attention.forward(pool, s, view(q), view(k), view(v), {out.data(), p.ldo()}, lse.data());
+    attention.backward(pool, s, view(q), view(k), view(v), {out.data(), p.ldo()},
+                       {R.data(), p.ldo()}, lse.data(), dq, dkv, dvv);
+    EXPECT_EQ(max_difference(out, plain.out), 0.0);
+    EXPECT_EQ(max_difference(lse, plain.lse), 0.0);
+    std::vector<double> got_dq(p.q.size()), got_dk(p.k.size()), got_dv(p.v.size());
+    for (std::int64_t t = 0; t < std::int64_t(s.seq) * B; ++t)
+      for (int h = 0; h < s.heads; ++h)
+        std::copy_n(&grad[std::size_t(at_q(t, h))], dk, &got_dq[std::size_t(t * p.ldq() + h * dk)]);
+    for (std::int64_t t = 0; t < std::int64_t(s.keys()) * B; ++t)
+      for (int g = 0; g < G; ++g) {
+        std::copy_n(&grad[std::size_t(at_k(t, g))], dk, &got_dk[std::size_t(t * p.ldk() + g * dk)]);
+        std::copy_n(&grad[std::size_t(at_v(t, g))], dv, &got_dv[std::size_t(t * p.ldv() + g * dv)]);
+      }
+    EXPECT_EQ(max_difference(got_dq, plain.dq), 0.0);
+    EXPECT_EQ(max_difference(got_dk, plain.dk), 0.0);
+    EXPECT_EQ(max_difference(got_dv, plain.dv), 0.0);
   }
 }
 

@@ -48,11 +48,26 @@
 
 namespace megamoe::attention {
 
-/// Rows of token-major data: element c of head h at token t is data[t*ld + h*head_size + c].
+/// Rows of token-major data: head h of token t starts at data[t*ld + head_offset(h, size)]. By
+/// default the heads lie side by side (offset h*size); with heads_per_block > 0 they come in
+/// blocks of that many heads, block_stride elements apart (the reference's linear_qkv output: per
+/// query group its query heads, then its key head, then its value head).
 template <class T>
 struct token_view {
   T* data = nullptr;
   std::int64_t ld = 0;
+  int heads_per_block = 0;
+  std::int64_t block_stride = 0;
+
+  [[nodiscard]] std::int64_t head_offset(int h, int size) const noexcept {
+    if (heads_per_block <= 0) return std::int64_t(h) * size;
+    return std::int64_t(h / heads_per_block) * block_stride +
+           std::int64_t(h % heads_per_block) * size;
+  }
+  /// Head h (of `size` elements) of token t.
+  [[nodiscard]] T* head(std::int64_t t, int h, int size) const noexcept {
+    return data + t * ld + head_offset(h, size);
+  }
 };
 
 /// The sizes of one attention call.
@@ -444,8 +459,8 @@ class flash_attention {
       for (auto* a : {&w.max, &w.sum, &w.alpha}) detail::grow(*a, bs);
       detail::grow(w.valid, bs);
       for (int r = 0; r < mq; ++r)
-        rotate_row(q.data + (std::int64_t(q0 + r) * B + b) * q.ld + std::int64_t(h) * dk, dk,
-                   s.query_offset + q0 + r, scale, w.q.data() + std::size_t(r) * dk);
+        rotate_row(q.head(std::int64_t(q0 + r) * B + b, h, dk), dk, s.query_offset + q0 + r, scale,
+                   w.q.data() + std::size_t(r) * dk);
       std::fill(w.o.begin(), w.o.begin() + std::ptrdiff_t(mq) * dv, T(0));
       std::fill(w.max.begin(), w.max.begin() + mq, -std::numeric_limits<T>::infinity());
       std::fill(w.sum.begin(), w.sum.begin() + mq, T(0));
@@ -455,10 +470,9 @@ class flash_attention {
         T* row = w.k.data();  // one rotated key row
         for (int j = 0; j < nk; ++j) {
           auto const token = std::int64_t(k0 + j) * B + b;
-          rotate_row(k.data + token * k.ld + std::int64_t(g) * dk, dk, s.key_offset + k0 + j, T(1),
-                     row);
+          rotate_row(k.head(token, g, dk), dk, s.key_offset + k0 + j, T(1), row);
           for (int c = 0; c < dk; ++c) w.kt[std::size_t(c) * bs + j] = row[c];
-          stage(v.data + token * v.ld + std::int64_t(g) * dv, dv, w.v.data() + std::size_t(j) * dv);
+          stage(v.head(token, g, dv), dv, w.v.data() + std::size_t(j) * dv);
         }
         for (int r = 0; r < mq; ++r) w.valid[r] = visible(s, q0 + r, k0, nk);
         Tiles::product(mq, nk, dk, w.q.data(), dk, 1, w.kt.data(), bs, w.scores.data(), bs, false);
@@ -471,7 +485,7 @@ class flash_attention {
         Tiles::product(mq, dv, nk, w.scores.data(), bs, 1, w.v.data(), dv, w.o.data(), dv, true);
       }
       for (int r = 0; r < mq; ++r) {
-        T* dst = out.data + (std::int64_t(q0 + r) * B + b) * out.ld + std::int64_t(h) * dv;
+        T* dst = out.head(std::int64_t(q0 + r) * B + b, h, dv);
         T const total = w.sum[r];
         T const inv = total > T(0) ? T(1) / total : T(0);
         for (int c = 0; c < dv; ++c) dst[c] = Operands::round(w.o[std::size_t(r) * dv + c] * inv);
@@ -510,9 +524,9 @@ class flash_attention {
       for (int t = 0; t < K; ++t) {
         auto const token = std::int64_t(t) * B + b;
         T* row = w.k.data() + std::size_t(t) * hk;
-        rotate_row(k.data + token * k.ld + std::int64_t(g) * hk, hk, s.key_offset + t, T(1), row);
+        rotate_row(k.head(token, g, hk), hk, s.key_offset + t, T(1), row);
         for (int c = 0; c < hk; ++c) w.kt[std::size_t(c) * Sk + t] = row[c];
-        T const* vrow = v.data + token * v.ld + std::int64_t(g) * hv;
+        T const* vrow = v.head(token, g, hv);
         for (int c = 0; c < hv; ++c) w.vt[std::size_t(c) * Sk + t] = Operands::round(vrow[c]);
       }
       std::fill(w.dk.begin(), w.dk.begin() + std::ptrdiff_t(Sk * hk), T(0));
@@ -520,10 +534,10 @@ class flash_attention {
       for (int h = g * per_group; h < (g + 1) * per_group; ++h) {
         for (int r = 0; r < S; ++r) {
           auto const token = std::int64_t(r) * B + b;
-          rotate_row(q.data + token * q.ld + std::int64_t(h) * hk, hk, s.query_offset + r, scale,
+          rotate_row(q.head(token, h, hk), hk, s.query_offset + r, scale,
                      w.q.data() + std::size_t(r) * hk);
-          T const* o = out.data + token * out.ld + std::int64_t(h) * hv;
-          T const* go = dout.data + token * dout.ld + std::int64_t(h) * hv;
+          T const* o = out.head(token, h, hv);
+          T const* go = dout.head(token, h, hv);
           T* staged = w.dout.data() + std::size_t(r) * hv;
           stage(go, hv, staged);
           T dot = 0;
@@ -560,14 +574,13 @@ class flash_attention {
         }
         for (int r = 0; r < S; ++r)
           rotate_row(w.dq.data() + std::size_t(r) * hk, hk, s.query_offset + r, scale,
-                     dq.data + (std::int64_t(r) * B + b) * dq.ld + std::int64_t(h) * hk, T(-1));
+                     dq.head(std::int64_t(r) * B + b, h, hk), T(-1));
       }
       for (int t = 0; t < K; ++t) {
         auto const token = std::int64_t(t) * B + b;
         rotate_row(w.dk.data() + std::size_t(t) * hk, hk, s.key_offset + t, T(1),
-                   dk.data + token * dk.ld + std::int64_t(g) * hk, T(-1));
-        stage(w.dv.data() + std::size_t(t) * hv, hv,
-              dv.data + token * dv.ld + std::int64_t(g) * hv);
+                   dk.head(token, g, hk), T(-1));
+        stage(w.dv.data() + std::size_t(t) * hv, hv, dv.head(token, g, hv));
       }
     });
   }
@@ -596,8 +609,8 @@ void merge_partial(thread_pool& pool, attention_shape const& s, token_view<T> ou
         T const mine = std::exp(lse[i] - top), theirs = std::exp(part_lse[i] - top);
         T const total = mine + theirs;
         auto const row = std::int64_t(r) * B + b;
-        T* o = out.data + row * out.ld + std::int64_t(h) * dv;
-        T const* p = part.data + row * part.ld + std::int64_t(h) * dv;
+        T* o = out.head(row, h, dv);
+        T const* p = part.head(row, h, dv);
         for (int c = 0; c < dv; ++c) o[c] = (o[c] * mine + p[c] * theirs) / total;
         lse[i] = top + std::log(total);
       }
