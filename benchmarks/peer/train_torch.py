@@ -216,13 +216,14 @@ def main():
         def __init__(self, hidden, heads):
             super().__init__()
             self.heads, self.head_size = heads, hidden // heads
-            self.linear_qkv = nn.Linear(hidden, 3 * hidden, bias=False)  # rows q | k | v
+            # Rows as the reference lays them out: per head (one query group each) its q, k, v.
+            self.linear_qkv = nn.Linear(hidden, 3 * hidden, bias=False)
             self.linear_proj = nn.Linear(hidden, hidden, bias=False)
 
         def forward(self, x, cos, sin, mask):
             b, s, h = x.shape
-            qkv = self.linear_qkv(x).view(b, s, 3, self.heads, self.head_size)
-            q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each [B, heads, S, d]
+            qkv = self.linear_qkv(x).view(b, s, self.heads, 3, self.head_size)
+            q, k, v = qkv.permute(3, 0, 2, 1, 4)  # each [B, heads, S, d]
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
             if hasattr(F, "scaled_dot_product_attention"):  # torch >= 2.0

@@ -112,8 +112,9 @@ TEST(Resolve, ModelSizesLeftOpenAreGivenAtStartUpWithTheSameRules) {
   EXPECT_EQ(mm::resolve<cfg>({.world_size = 1, .layers = 4, .heads = 8, .moe_layer_freq = 1})
                 .model.dense_ffn,
             0);
-  EXPECT_EQ(rule_of([] { mm::resolve<cfg>({.world_size = 1, .heads = 8, .query_groups = 2}); }),
-            43);
+  // Grouped-query attention: 2 query groups of 8 heads.
+  EXPECT_EQ(mm::resolve<cfg>({.world_size = 1, .heads = 8, .query_groups = 2}).model.query_groups,
+            2);
   // A size the type fixes may be given only with the same value.
   EXPECT_THROW(mm::resolve<cfg>({.world_size = 1, .vocabulary = 512}), mm::input_error);
   EXPECT_NO_THROW(mm::resolve<cfg>({.world_size = 1, .vocabulary = 256}));

@@ -176,11 +176,6 @@ std::vector<breaking_case> const& breaking_cases() {
          v.model.heads = 8;
          v.model.query_groups = 3;
        }},
-      {43, "2 query groups of 8 heads",
-       [](auto& v) {
-         v.model.heads = 8;
-         v.model.query_groups = 2;
-       }},
       {44, "every other layer dense without a dense width",
        [](auto& v) {
          v.model.layers = 4;

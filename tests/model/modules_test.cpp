@@ -163,10 +163,13 @@ TEST(TokenEmbedding, RowsOfTheTableAndGradientsAddPerId) {
   EXPECT_THROW(embedding.forward(pool, bad, out(two)), mm::input_error);
 }
 
-/// Attention by plain loops over (sequence, head, query, key): the formula of attention.hpp.
+/// Attention by plain loops over (sequence, head, query, key): the formula of attention.hpp, with
+/// linear_qkv's rows as the reference lays them out: per query group its query heads, its key
+/// head, its value head.
 matrix attention_by_loops(matrix const& x, matrix const& wqkv, matrix const& wproj, int S, int B,
-                          int heads) {
-  int const H = static_cast<int>(x.cols()), d = H / heads, half = d / 2;
+                          int heads, int groups) {
+  int const H = static_cast<int>(x.cols()), d = H / heads, half = d / 2, per = heads / groups;
+  int const block = (per + 2) * d;
   matrix const qkv = x * wqkv.transpose();
   auto rope = [&](Eigen::RowVectorXd const& u, int s) {
     Eigen::RowVectorXd rotated(d);
@@ -181,34 +184,42 @@ matrix attention_by_loops(matrix const& x, matrix const& wqkv, matrix const& wpr
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < heads; ++h)
       for (int i = 0; i < S; ++i) {
-        Eigen::RowVectorXd const q = rope(qkv.row(i * B + b).segment(h * d, d), i);
+        int const g = h / per;
+        Eigen::RowVectorXd const q =
+            rope(qkv.row(i * B + b).segment(g * block + (h % per) * d, d), i);
         std::vector<double> score(static_cast<std::size_t>(i) + 1);
         double top = -1e300, sum = 0.0;
         for (int j = 0; j <= i; ++j) {
-          Eigen::RowVectorXd const k = rope(qkv.row(j * B + b).segment(H + h * d, d), j);
+          Eigen::RowVectorXd const k = rope(qkv.row(j * B + b).segment(g * block + per * d, d), j);
           score[static_cast<std::size_t>(j)] = q.dot(k) / std::sqrt(double(d));
           top = std::max(top, score[static_cast<std::size_t>(j)]);
         }
         for (double& s : score) sum += (s = std::exp(s - top));
         for (int j = 0; j <= i; ++j)
-          context.row(i * B + b).segment(h * d, d) += score[static_cast<std::size_t>(j)] / sum *
-                                                      qkv.row(j * B + b).segment(2 * H + h * d, d);
+          context.row(i * B + b).segment(h * d, d) +=
+              score[static_cast<std::size_t>(j)] / sum *
+              qkv.row(j * B + b).segment(g * block + (per + 1) * d, d);
       }
   return context * wproj.transpose();
 }
 
-TEST(CausalAttention, ForwardIsTheFormulaAndGradientsMatchFiniteDifferences) {
+/// Multi-head (2 heads, 2 groups) and grouped-query attention (4 heads in 2 groups).
+class CausalAttention : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(CausalAttention, ForwardIsTheFormulaAndGradientsMatchFiniteDifferences) {
   mm::thread_pool pool(2);
   mm::expert::executor<double> exec(pool);
-  int const S = 5, B = 2, H = 8, heads = 2, N = S * B;
-  mm::causal_attention<double> attention(H, heads);
+  auto const [heads, groups] = GetParam();
+  int const S = 5, B = 2, H = 4 * heads, N = S * B, width = H + 2 * groups * (H / heads);
+  mm::causal_attention<double> attention(H, heads, groups);
+  EXPECT_EQ(attention.qkv_width(), width);
   auto params = parameters(attention);
-  params.at("p.linear_qkv.weight") = random_matrix(3 * H, H, 11, 0.4);
+  params.at("p.linear_qkv.weight") = random_matrix(width, H, 11, 0.4);
   params.at("p.linear_proj.weight") = random_matrix(H, H, 12, 0.4);
   matrix x = random_matrix(N, H, 13), R = random_matrix(N, H, 14), y(N, H), dx(N, H);
   attention.forward(exec, in(x), S, B, out(y));
-  matrix const expected = attention_by_loops(x, params.at("p.linear_qkv.weight"),
-                                             params.at("p.linear_proj.weight"), S, B, heads);
+  matrix const expected = attention_by_loops(
+      x, params.at("p.linear_qkv.weight"), params.at("p.linear_proj.weight"), S, B, heads, groups);
   EXPECT_LT((y - expected).cwiseAbs().maxCoeff(), 1e-12);
 
   // Causal: changing the last position changes no earlier output.
@@ -233,8 +244,12 @@ TEST(CausalAttention, ForwardIsTheFormulaAndGradientsMatchFiniteDifferences) {
                                     grads.at("p.linear_qkv.weight"), loss, 3);
   expect_matches_finite_differences("attention linear_proj", params.at("p.linear_proj.weight"),
                                     grads.at("p.linear_proj.weight"), loss);
-  EXPECT_THROW(mm::causal_attention<double>(6, 4), mm::input_error);  // odd head size
+  EXPECT_THROW(mm::causal_attention<double>(6, 4), mm::input_error);     // odd head size
+  EXPECT_THROW(mm::causal_attention<double>(8, 4, 3), mm::input_error);  // 3 groups of 4 heads
 }
+
+INSTANTIATE_TEST_SUITE_P(HeadsAndGroups, CausalAttention,
+                         ::testing::Values(std::pair{2, 2}, std::pair{4, 2}, std::pair{4, 1}));
 
 TEST(LmHead, CrossEntropyIsTheFormulaAndGradientsMatchFiniteDifferences) {
   mm::thread_pool pool(2);
@@ -396,6 +411,18 @@ TEST(Transformer, ParameterCountIsWhatTheModelHolds) {
       md::decoder<md::layers<3>, md::heads<2>, md::vocabulary<7>, md::dense_ffn<5>,
                   md::moe_layer_pattern<0, 1, 1>>>;
   expect_parameter_count_is_what_the_model_holds<shared_and_biases>();
+  using grouped_query =
+      mm::make_config<mm::shape<mm::hidden<16>, mm::ffn<6>, mm::experts<4>>, rt::top_k<2>,
+                      mm::dispatch::local, mm::expert::mlp<mm::expert::swiglu>, mm::precision::fp64,
+                      md::decoder<md::layers<2>, md::heads<4>, md::query_groups<2>,
+                                  md::vocabulary<7>, md::dense_ffn<5>, md::moe_layer_freq<2>>>;
+  expect_parameter_count_is_what_the_model_holds<grouped_query>();
+  mm::transformer<grouped_query> model;
+  model.for_each_parameter([](std::string_view name, auto value, auto, mm::parameter_kind) {
+    if (name.ends_with("linear_qkv.weight")) {
+      EXPECT_EQ(value.rows(), 16 + 2 * 2 * 4) << name;
+    }
+  });
 }
 
 TEST(Transformer, SizesLeftToStartUpAreGivenOrNamedInTheError) {

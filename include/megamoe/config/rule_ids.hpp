@@ -116,9 +116,9 @@
   "megamoe[R041]: the head size (shape hidden / model heads) must be even: RoPE rotates pairs " \
   "of dimensions"
 #define MEGAMOE_RULE_R042 "megamoe[R042]: model query_groups must divide model heads"
-#define MEGAMOE_RULE_R043                                                                          \
-  "megamoe[R043]: model query_groups must equal model heads (multi-head attention; grouped-query " \
-  "attention is not implemented)"
+#define MEGAMOE_RULE_R043                                                                    \
+  "megamoe[R043]: retired (it required query_groups == heads; grouped-query attention runs " \
+  "now), no configuration breaks it"
 #define MEGAMOE_RULE_R044                                                                          \
   "megamoe[R044]: model dense_ffn must be positive when a layer is dense (moe_layer_freq above 1 " \
   "or a 0 in moe_layer_pattern)"
@@ -173,7 +173,7 @@ enum class id : int {
   heads_divide_hidden = 40,
   head_size_even = 41,
   query_groups_divide_heads = 42,
-  attention_is_multi_head = 43,
+  attention_is_multi_head_retired = 43,
   dense_ffn_for_dense_layers = 44,
   moe_layer_pattern_valid = 45,
 };
@@ -231,7 +231,7 @@ inline constexpr std::array<rule_info, 45> rule_catalog{{
     {40, "heads_divide_hidden", MEGAMOE_RULE_R040},
     {41, "head_size_even", MEGAMOE_RULE_R041},
     {42, "query_groups_divide_heads", MEGAMOE_RULE_R042},
-    {43, "attention_is_multi_head", MEGAMOE_RULE_R043},
+    {43, "attention_is_multi_head_retired", MEGAMOE_RULE_R043},
     {44, "dense_ffn_for_dense_layers", MEGAMOE_RULE_R044},
     {45, "moe_layer_pattern_valid", MEGAMOE_RULE_R045},
 }};

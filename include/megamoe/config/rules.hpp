@@ -266,14 +266,6 @@ constexpr bool query_groups_divide_heads(config_values const& v) {
   return v.model.heads % v.model.query_groups == 0;
 }
 
-/// R043: the attention computes one key and value head per query head.
-constexpr bool attention_is_multi_head(config_values const& v) {
-  if (!query_groups_divide_heads(v) || !detail::usable(v.model.query_groups) ||
-      !detail::usable(v.model.heads))
-    return true;
-  return v.model.query_groups == v.model.heads;
-}
-
 /// R044
 constexpr bool dense_ffn_for_dense_layers(config_values const& v) {
   auto const& m = v.model;
@@ -318,7 +310,7 @@ struct value_rule {
 };
 
 /// Every value rule, in id order; the start-up check runs all of them.
-inline constexpr std::array<value_rule, 35> value_rules{{
+inline constexpr std::array<value_rule, 34> value_rules{{
     {id::shape_sizes_valid, shape_sizes_valid},
     {id::top_k_within_experts, top_k_within_experts},
     {id::ep_divides_experts, ep_divides_experts},
@@ -351,7 +343,6 @@ inline constexpr std::array<value_rule, 35> value_rules{{
     {id::heads_divide_hidden, heads_divide_hidden},
     {id::head_size_even, head_size_even},
     {id::query_groups_divide_heads, query_groups_divide_heads},
-    {id::attention_is_multi_head, attention_is_multi_head},
     {id::dense_ffn_for_dense_layers, dense_ffn_for_dense_layers},
     {id::moe_layer_pattern_valid, moe_layer_pattern_valid},
 }};
@@ -434,7 +425,6 @@ consteval bool check() {
     static_assert(heads_divide_hidden(v), MEGAMOE_RULE_R040);
     static_assert(head_size_even(v), MEGAMOE_RULE_R041);
     static_assert(query_groups_divide_heads(v), MEGAMOE_RULE_R042);
-    static_assert(attention_is_multi_head(v), MEGAMOE_RULE_R043);
     static_assert(dense_ffn_for_dense_layers(v), MEGAMOE_RULE_R044);
     static_assert(moe_layer_pattern_valid(v), MEGAMOE_RULE_R045);
   }

@@ -60,7 +60,8 @@
 namespace megamoe::io {
 
 inline constexpr char const* checkpoint_format = "megamoe-checkpoint";
-inline constexpr int checkpoint_version = 1;
+// 2: linear_qkv's rows per query group (its query heads, key, value), as the reference's.
+inline constexpr int checkpoint_version = 2;
 inline constexpr char const* checkpoint_tracker = "latest_checkpointed_iteration.txt";
 
 /// "iter_0000042", as the reference names an iteration's folder.

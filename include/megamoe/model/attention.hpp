@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// megamoe/model/attention.hpp — causal multi-head self-attention with rotary position embedding,
-// forward and backward, on one rank (TP = CP = 1).
+// megamoe/model/attention.hpp — causal self-attention with grouped queries and rotary position
+// embedding, forward and backward, on one rank (TP = CP = 1).
 //
-// Tokens are [S*B, H] with t = s*B + b. linear_qkv.weight is [3H, H]: rows [0, H) give q, [H, 2H)
-// k, [2H, 3H) v; head h uses columns [h*d, (h+1)*d) of each (d = H / heads). RoPE rotates the two
+// Tokens are [S*B, H] with t = s*B + b; d = H / heads; G query groups (key/value heads) of
+// P = heads / G query heads each (G = heads: multi-head attention). linear_qkv.weight is
+// [(heads + 2G) d, H] in the reference's layout: rows in G blocks of (P + 2) d, block g holding
+// the query heads gP .. gP + P - 1, then group g's key head, then its value head, d rows each (a
+// tensor-parallel split of whole blocks gives each rank whole groups). RoPE rotates the two
 // halves of each head's q and k (the "rotate half" form): for i < d/2 at position s,
 //   (u_i, u_{i+d/2}) -> (u_i cos - u_{i+d/2} sin, u_{i+d/2} cos + u_i sin),  angle = s *
 //   base^(-2i/d).
@@ -28,13 +31,20 @@ namespace megamoe {
 template <class T>
 class causal_attention {
  public:
-  causal_attention(int hidden, int heads, double rope_base = 10000.0)
-      : hidden_(hidden), heads_(heads), kernel_(rope_base) {
+  /// `query_groups` 0: one key/value head per query head.
+  causal_attention(int hidden, int heads, int query_groups = 0, double rope_base = 10000.0)
+      : hidden_(hidden),
+        heads_(heads),
+        groups_(query_groups > 0 ? query_groups : heads),
+        kernel_(rope_base) {
     if (hidden < 1 || heads < 1 || hidden % heads != 0 || (hidden / heads) % 2 != 0)
       throw input_error("causal_attention: hidden " + std::to_string(hidden) + " over " +
                         std::to_string(heads) + " heads must give an even head size");
-    qkv_weight_ = row_matrix<T>::Zero(3 * hidden, hidden);
-    qkv_grad_ = row_matrix<T>::Zero(3 * hidden, hidden);
+    if (heads % groups_ != 0)
+      throw input_error("causal_attention: " + std::to_string(groups_) +
+                        " query groups do not divide " + std::to_string(heads) + " heads");
+    qkv_weight_ = row_matrix<T>::Zero(qkv_width(), hidden);
+    qkv_grad_ = row_matrix<T>::Zero(qkv_width(), hidden);
     proj_weight_ = row_matrix<T>::Zero(hidden, hidden);
     proj_grad_ = row_matrix<T>::Zero(hidden, hidden);
   }
@@ -42,6 +52,9 @@ class causal_attention {
   [[nodiscard]] int hidden() const noexcept { return hidden_; }
   [[nodiscard]] int heads() const noexcept { return heads_; }
   [[nodiscard]] int head_size() const noexcept { return hidden_ / heads_; }
+  [[nodiscard]] int query_groups() const noexcept { return groups_; }
+  /// Rows of linear_qkv.weight, (heads + 2 query_groups) * head size.
+  [[nodiscard]] int qkv_width() const noexcept { return (heads_ + 2 * groups_) * head_size(); }
 
   /// y [S*B, H] from x [S*B, H]; keeps what backward needs.
   void forward(expert::executor<T>& exec, const_row_matrix_map<T> x, int seq, int batch,
@@ -53,15 +66,15 @@ class causal_attention {
                         ", B = " + std::to_string(batch) + ", H = " + std::to_string(hidden_));
     seq_ = seq;
     batch_ = batch;
-    int const H = hidden_, N = static_cast<int>(x.rows());
+    int const H = hidden_, N = static_cast<int>(x.rows()), W = qkv_width();
     x_ = x;
-    qkv_.resize(N, 3 * H);
-    threaded_product<expert::gemm_op::nt>(exec, N, 3 * H, H, x_.data(), H, qkv_weight_.data(), H,
-                                          qkv_.data(), 3 * H);
+    qkv_.resize(N, W);
+    threaded_product<expert::gemm_op::nt>(exec, N, W, H, x_.data(), H, qkv_weight_.data(), H,
+                                          qkv_.data(), W);
     context_.resize(N, H);
     lse_.resize(std::size_t(batch) * heads_ * seq);
-    kernel_.forward(exec.pool(), shape(), part(qkv_, 0), part(qkv_, H), part(qkv_, 2 * H),
-                    {context_.data(), H}, lse_.data());
+    auto const qkv = views<T const>(qkv_.data());
+    kernel_.forward(exec.pool(), shape(), qkv.q, qkv.k, qkv.v, {context_.data(), H}, lse_.data());
     threaded_product<expert::gemm_op::nt>(exec, N, H, H, context_.data(), H, proj_weight_.data(), H,
                                           y.data(), static_cast<int>(y.outerStride()));
   }
@@ -71,23 +84,22 @@ class causal_attention {
     if (dy.rows() != x_.rows() || dy.cols() != hidden_ || dx.rows() != x_.rows() ||
         dx.cols() != hidden_)
       throw input_error("causal_attention: gradient shape does not match the last forward");
-    int const H = hidden_, N = static_cast<int>(x_.rows());
+    int const H = hidden_, N = static_cast<int>(x_.rows()), W = qkv_width();
     int const ldy = static_cast<int>(dy.outerStride());
     threaded_product<expert::gemm_op::tn>(exec, H, H, N, dy.data(), ldy, context_.data(), H,
                                           proj_grad_.data(), H, true);
     grad_context_.resize(N, H);
     threaded_product<expert::gemm_op::nn>(exec, N, H, H, dy.data(), ldy, proj_weight_.data(), H,
                                           grad_context_.data(), H);
-    grad_qkv_.resize(N, 3 * H);
-    kernel_.backward(exec.pool(), shape(), part(qkv_, 0), part(qkv_, H), part(qkv_, 2 * H),
-                     {context_.data(), H}, {grad_context_.data(), H}, lse_.data(),
-                     {grad_qkv_.data(), 3 * H}, {grad_qkv_.data() + H, 3 * H},
-                     {grad_qkv_.data() + 2 * H, 3 * H});
-    threaded_product<expert::gemm_op::tn>(exec, 3 * H, H, N, grad_qkv_.data(), 3 * H, x_.data(), H,
+    grad_qkv_.resize(N, W);
+    auto const qkv = views<T const>(qkv_.data());
+    auto const grad = views<T>(grad_qkv_.data());
+    kernel_.backward(exec.pool(), shape(), qkv.q, qkv.k, qkv.v, {context_.data(), H},
+                     {grad_context_.data(), H}, lse_.data(), grad.q, grad.k, grad.v);
+    threaded_product<expert::gemm_op::tn>(exec, W, H, N, grad_qkv_.data(), W, x_.data(), H,
                                           qkv_grad_.data(), H, true);
-    threaded_product<expert::gemm_op::nn>(exec, N, H, 3 * H, grad_qkv_.data(), 3 * H,
-                                          qkv_weight_.data(), H, dx.data(),
-                                          static_cast<int>(dx.outerStride()));
+    threaded_product<expert::gemm_op::nn>(exec, N, H, W, grad_qkv_.data(), W, qkv_weight_.data(), H,
+                                          dx.data(), static_cast<int>(dx.outerStride()));
   }
 
   void zero_grad() {
@@ -110,14 +122,28 @@ class causal_attention {
 
  private:
   static row_matrix_map<T> map(row_matrix<T>& m) { return {m.data(), m.rows(), m.cols()}; }
-  static attention::token_view<T const> part(row_matrix<T> const& m, int column) {
-    return {m.data() + column, m.cols()};
+  /// q, k and v of rows laid out as linear_qkv's (per group: its query heads, key, value).
+  template <class U>
+  struct qkv_views {
+    attention::token_view<U> q, k, v;
+  };
+  template <class U>
+  [[nodiscard]] qkv_views<U> views(U* data) const noexcept {
+    int const d = head_size(), per = heads_ / groups_;
+    std::int64_t const block = std::int64_t(per + 2) * d, ld = qkv_width();
+    return {{data, ld, per, block},
+            {data + per * d, ld, 1, block},
+            {data + (per + 1) * d, ld, 1, block}};
   }
   [[nodiscard]] attention::attention_shape shape() const noexcept {
-    return {.seq = seq_, .batch = batch_, .heads = heads_, .qk_head = head_size()};
+    return {.seq = seq_,
+            .batch = batch_,
+            .heads = heads_,
+            .query_groups = groups_,
+            .qk_head = head_size()};
   }
 
-  int hidden_, heads_;
+  int hidden_, heads_, groups_;
   attention::flash_attention<T> kernel_;
   int seq_ = 0, batch_ = 0;
   row_matrix<T> qkv_weight_, qkv_grad_, proj_weight_, proj_grad_;

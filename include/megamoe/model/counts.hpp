@@ -19,9 +19,10 @@ constexpr std::int64_t parameter_count(config_values const& v) {
   std::int64_t const H = v.shape.hidden, V = v.model.vocabulary, E = v.shape.experts;
   std::int64_t const F = v.shape.ffn, Fs = v.shape.shared_ffn, Fd = v.model.dense_ffn;
   std::int64_t const W1 = expert::fc1_width(v.expert.activation, 1);
+  std::int64_t const kv = H / v.model.heads * v.model.query_groups;  // key (or value) width
   std::int64_t total = 2 * V * H + H;  // embedding, output layer, final norm
   for (int i = 0; i < v.model.layers; ++i) {
-    total += 2 * H + 4 * H * H;  // norms, qkv [3H, H] and proj [H, H]
+    total += 2 * H + 2 * H * H + 2 * kv * H;  // norms, qkv [H + 2 kv, H], proj [H, H]
     if (v.model.is_moe(i)) {
       total += E * H;                 // router
       total += E * (W1 + 1) * F * H;  // fc1 [W1 F, H] and fc2 [H, F] per expert
@@ -42,9 +43,11 @@ constexpr double flops_per_token(config_values const& v, int seq) {
   double const H = v.shape.hidden, V = v.model.vocabulary;
   double const W1 = expert::fc1_width(v.expert.activation, 1);
   int const k = v.router ? v.router->top_k : 0;
-  double forward = 2.0 * H * V;  // output layer
+  double const kv = H / v.model.heads * v.model.query_groups;  // key (or value) width
+  double forward = 2.0 * H * V;                                // output layer
   for (int i = 0; i < v.model.layers; ++i) {
-    forward += 2.0 * 4.0 * H * H + 2.0 * 2.0 * H * (seq + 1) / 2.0;  // qkv + proj, qk and pv
+    // qkv and proj, then q.k and p.v over the causal half
+    forward += 2.0 * (2.0 * H + 2.0 * kv) * H + 2.0 * 2.0 * H * (seq + 1) / 2.0;
     if (v.model.is_moe(i)) {
       forward += 2.0 * H * v.shape.experts;  // router
       forward += 2.0 * k * (W1 + 1.0) * H * v.shape.ffn;

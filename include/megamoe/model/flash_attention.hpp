@@ -399,6 +399,28 @@ class flash_attention {
       rope_->ensure(std::max(shape.query_offset + shape.seq, shape.key_offset + shape.keys()));
     }
     scratch_.resize(static_cast<std::size_t>(std::max(1, pool.size())));
+    // Every thread's scratch grows here, before the tasks fan out, to what forward and backward
+    // need, so which thread takes which task never decides whether a call allocates.
+    auto const b = std::size_t(bs), Sq = std::size_t(shape.seq), Sk = std::size_t(shape.keys());
+    auto const hk = std::size_t(shape.qk_head), hv = std::size_t(shape.value_head());
+    for (auto& w : scratch_) {
+      detail::grow(w.q, std::max(b, Sq) * hk);
+      detail::grow(w.k, std::max<std::size_t>(1, Sk) * hk);
+      detail::grow(w.kt, std::max(b, Sk) * hk);
+      detail::grow(w.v, b * hv);
+      detail::grow(w.o, b * hv);
+      detail::grow(w.vt, Sk * hv);
+      detail::grow(w.dq, Sq * hk);
+      detail::grow(w.dout, Sq * hv);
+      detail::grow(w.dk, Sk * hk);
+      detail::grow(w.dv, Sk * hv);
+      detail::grow(w.scores, b * b);
+      detail::grow(w.dscores, b * b);
+      for (auto* a : {&w.max, &w.sum, &w.alpha}) detail::grow(*a, b);
+      detail::grow(w.lse, Sq);
+      detail::grow(w.d, Sq);
+      detail::grow(w.valid, b);
+    }
   }
   detail::scratch<T>& mine(thread_pool& pool) {
     return scratch_[static_cast<std::size_t>(std::max(0, pool.current_thread()))];
@@ -450,14 +472,6 @@ class flash_attention {
       int const b = pair / s.heads, h = pair % s.heads, g = h / per_group;
       int const q0 = qb * bs, mq = std::min(bs, S - q0);
       auto& w = mine(pool);
-      detail::grow(w.q, std::size_t(bs) * dk);
-      detail::grow(w.k, std::size_t(dk));
-      detail::grow(w.kt, std::size_t(dk) * bs);
-      detail::grow(w.v, std::size_t(bs) * dv);
-      detail::grow(w.o, std::size_t(bs) * dv);
-      detail::grow(w.scores, std::size_t(bs) * bs);
-      for (auto* a : {&w.max, &w.sum, &w.alpha}) detail::grow(*a, bs);
-      detail::grow(w.valid, bs);
       for (int r = 0; r < mq; ++r)
         rotate_row(q.head(std::int64_t(q0 + r) * B + b, h, dk), dk, s.query_offset + q0 + r, scale,
                    w.q.data() + std::size_t(r) * dk);
@@ -507,19 +521,6 @@ class flash_attention {
       int const b = task / s.groups(), g = task % s.groups();
       auto& w = mine(pool);
       auto const Sq = std::size_t(S), Sk = std::size_t(K);
-      detail::grow(w.q, Sq * hk);
-      detail::grow(w.dq, Sq * hk);
-      detail::grow(w.dout, Sq * hv);
-      detail::grow(w.k, Sk * hk);
-      detail::grow(w.kt, Sk * hk);
-      detail::grow(w.vt, Sk * hv);
-      detail::grow(w.dk, Sk * hk);
-      detail::grow(w.dv, Sk * hv);
-      detail::grow(w.scores, std::size_t(bs) * bs);
-      detail::grow(w.dscores, std::size_t(bs) * bs);
-      detail::grow(w.lse, Sq);
-      detail::grow(w.d, Sq);
-      detail::grow(w.valid, bs);
       // This group's keys (rotated; also transposed) and values (transposed).
       for (int t = 0; t < K; ++t) {
         auto const token = std::int64_t(t) * B + b;

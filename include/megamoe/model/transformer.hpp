@@ -384,7 +384,7 @@ class transformer {
     blocks_.reserve(static_cast<std::size_t>(m.layers));
     for (int i = 0; i < m.layers; ++i) {
       blocks_.push_back(block{rms_norm<scalar>(H, m.norm_epsilon),
-                              causal_attention<scalar>(H, m.heads, m.rope_base),
+                              causal_attention<scalar>(H, m.heads, m.query_groups, m.rope_base),
                               rms_norm<scalar>(H, m.norm_epsilon)});
       if (is_moe(i)) {
         blocks_.back().moe = next_moe++;
