@@ -405,7 +405,7 @@ class flash_attention {
     auto const hk = std::size_t(shape.qk_head), hv = std::size_t(shape.value_head());
     for (auto& w : scratch_) {
       detail::grow(w.q, std::max(b, Sq) * hk);
-      detail::grow(w.k, std::max<std::size_t>(1, Sk) * hk);
+      detail::grow(w.k, Sk * hk);
       detail::grow(w.kt, std::max(b, Sk) * hk);
       detail::grow(w.v, b * hv);
       detail::grow(w.o, b * hv);

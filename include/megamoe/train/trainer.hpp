@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <numbers>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace megamoe::train {
@@ -104,11 +105,11 @@ class trainer {
     int const S = settings_.seq_length, B = settings_.micro_batch, M = settings_.micro_batches;
     int const DP = dp_size();
     ++step_;
+    // Every field back to its default; the expert loads keep their buffers.
+    auto loads = std::move(metrics_.expert_load);
+    metrics_ = {};
+    metrics_.expert_load = std::move(loads);
     step_metrics& out = metrics_;
-    out.loss = out.router_loss = out.aux_loss = out.z_loss = out.grad_norm = 0.0;
-    out.clip_factor = 1.0;
-    out.skipped = false;
-    out.nonfinite_at.clear();
     out.step = step_;
     out.lr = settings_.schedule.at(step_);
     auto& times = ctx.step_stages;
@@ -146,7 +147,7 @@ class trainer {
       model_.backward(ctx, static_cast<scalar>(1.0 / M));
     }
     // Logged values over the global batch (every rank the same).
-    auto& sums = sums_;
+    std::vector<double>& sums = sums_;
     sums.assign({loss, router_loss, aux_loss, z_loss});
     for (auto const& layer : out.expert_load) sums.insert(sums.end(), layer.begin(), layer.end());
     if (groups_) parallel::all_reduce_sum(groups_->dp(), std::span<double>(sums));
