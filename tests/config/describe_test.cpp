@@ -178,12 +178,15 @@ TEST(Describe, TheModelSlotUsesReferenceNames) {
   EXPECT_EQ(m["moe_layer_freq"], 3);
   EXPECT_EQ(m["vocab_size"], 512);
   EXPECT_EQ(m["rotary_base"], 5e5);
+  EXPECT_EQ(m["qk_layernorm"], false);
   EXPECT_EQ(m["layernorm_epsilon"], 1e-5);
   using listed =
       mm::make_config<small_shape, md::decoder<md::layers<3>, md::heads<mm::dynamic>,
-                                               md::dense_ffn<96>, md::moe_layer_pattern<1, 0, 1>>>;
+                                               md::dense_ffn<96>, md::moe_layer_pattern<1, 0, 1>,
+                                               md::qk_layernorm<>>>;
   auto const l = mm::describe<listed>().json["model"];
   EXPECT_EQ(l["moe_layer_freq"], json::array({1, 0, 1}));
+  EXPECT_EQ(l["qk_layernorm"], true);
   EXPECT_EQ(l["num_attention_heads"], "dynamic");
   EXPECT_EQ(l["num_query_groups"], "dynamic");
   EXPECT_EQ(l["vocab_size"], "dynamic");

@@ -165,13 +165,17 @@ TEST(TokenEmbedding, RowsOfTheTableAndGradientsAddPerId) {
 
 /// Attention by plain loops over (sequence, head, query, key): the formula of attention.hpp, with
 /// linear_qkv's rows as the reference lays them out: per query group its query heads, its key
-/// head, its value head.
+/// head, its value head. Given QK layernorm weights, each query and key head is divided by its
+/// root mean square (epsilon 1e-5) and scaled by them before RoPE.
 matrix attention_by_loops(matrix const& x, matrix const& wqkv, matrix const& wproj, int S, int B,
-                          int heads, int groups) {
+                          int heads, int groups, matrix const* q_norm = nullptr,
+                          matrix const* k_norm = nullptr) {
   int const H = static_cast<int>(x.cols()), d = H / heads, half = d / 2, per = heads / groups;
   int const block = (per + 2) * d;
   matrix const qkv = x * wqkv.transpose();
-  auto rope = [&](Eigen::RowVectorXd const& u, int s) {
+  auto rope = [&](Eigen::RowVectorXd u, int s, matrix const* norm) {
+    if (norm != nullptr)
+      u = (u / std::sqrt(u.squaredNorm() / d + 1e-5)).cwiseProduct(norm->row(0));
     Eigen::RowVectorXd rotated(d);
     for (int i = 0; i < half; ++i) {
       double const angle = s * std::pow(10000.0, -2.0 * i / d);
@@ -186,11 +190,12 @@ matrix attention_by_loops(matrix const& x, matrix const& wqkv, matrix const& wpr
       for (int i = 0; i < S; ++i) {
         int const g = h / per;
         Eigen::RowVectorXd const q =
-            rope(qkv.row(i * B + b).segment(g * block + (h % per) * d, d), i);
+            rope(qkv.row(i * B + b).segment(g * block + (h % per) * d, d), i, q_norm);
         std::vector<double> score(static_cast<std::size_t>(i) + 1);
         double top = -1e300, sum = 0.0;
         for (int j = 0; j <= i; ++j) {
-          Eigen::RowVectorXd const k = rope(qkv.row(j * B + b).segment(g * block + per * d, d), j);
+          Eigen::RowVectorXd const k =
+              rope(qkv.row(j * B + b).segment(g * block + per * d, d), j, k_norm);
           score[static_cast<std::size_t>(j)] = q.dot(k) / std::sqrt(double(d));
           top = std::max(top, score[static_cast<std::size_t>(j)]);
         }
@@ -246,6 +251,48 @@ TEST_P(CausalAttention, ForwardIsTheFormulaAndGradientsMatchFiniteDifferences) {
                                     grads.at("p.linear_proj.weight"), loss);
   EXPECT_THROW(mm::causal_attention<double>(6, 4), mm::input_error);     // odd head size
   EXPECT_THROW(mm::causal_attention<double>(8, 4, 3), mm::input_error);  // 3 groups of 4 heads
+}
+
+// QK layernorm: the query and key heads normalized (weights away from 1) before RoPE, against the
+// loops; every gradient, the norms' weights included, against finite differences.
+TEST_P(CausalAttention, QkLayernormNormalizesEachQueryAndKeyHeadBeforeRope) {
+  mm::thread_pool pool(2);
+  mm::expert::executor<double> exec(pool);
+  auto const [heads, groups] = GetParam();
+  int const S = 4, B = 2, H = 4 * heads, N = S * B, d = 4, width = H + 2 * groups * d;
+  mm::causal_attention<double, true> attention(H, heads, groups);
+  auto params = parameters(attention);
+  ASSERT_EQ(params.size(), 4U);
+  EXPECT_EQ(params.at("p.q_layernorm.weight"), matrix::Ones(1, d));  // norms start at 1
+  params.at("p.linear_qkv.weight") = random_matrix(width, H, 41, 0.4);
+  params.at("p.linear_proj.weight") = random_matrix(H, H, 42, 0.4);
+  params.at("p.q_layernorm.weight") = (random_matrix(1, d, 43, 0.3).array() + 1.0).matrix();
+  params.at("p.k_layernorm.weight") = (random_matrix(1, d, 44, 0.3).array() + 1.0).matrix();
+  matrix x = random_matrix(N, H, 45), R = random_matrix(N, H, 46), y(N, H), dx(N, H);
+  attention.forward(exec, in(x), S, B, out(y));
+  matrix const wq = params.at("p.q_layernorm.weight"), wk = params.at("p.k_layernorm.weight");
+  matrix const expected =
+      attention_by_loops(x, params.at("p.linear_qkv.weight"), params.at("p.linear_proj.weight"),
+                         S, B, heads, groups, &wq, &wk);
+  EXPECT_LT((y - expected).cwiseAbs().maxCoeff(), 1e-12);
+  matrix const without = attention_by_loops(
+      x, params.at("p.linear_qkv.weight"), params.at("p.linear_proj.weight"), S, B, heads, groups);
+  EXPECT_GT((y - without).cwiseAbs().maxCoeff(), 1e-3);  // the norms change the result
+
+  auto loss = [&] {
+    matrix result(N, H);
+    attention.forward(exec, in(x), S, B, out(result));
+    return (result.array() * R.array()).sum();
+  };
+  attention.zero_grad();
+  attention.forward(exec, in(x), S, B, out(y));
+  attention.backward(exec, in(R), out(dx));
+  auto const grads = gradients(attention);
+  expect_matches_finite_differences("attention input", out(x), dx, loss);
+  expect_matches_finite_differences("attention linear_qkv", params.at("p.linear_qkv.weight"),
+                                    grads.at("p.linear_qkv.weight"), loss, 3);
+  for (auto const* name : {"p.q_layernorm.weight", "p.k_layernorm.weight"})
+    expect_matches_finite_differences(name, params.at(name), grads.at(name), loss);
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadsAndGroups, CausalAttention,
@@ -423,6 +470,22 @@ TEST(Transformer, ParameterCountIsWhatTheModelHolds) {
       EXPECT_EQ(value.rows(), 16 + 2 * 2 * 4) << name;
     }
   });
+  using qk_normed =
+      mm::make_config<mm::shape<mm::hidden<16>, mm::ffn<6>, mm::experts<4>>, rt::top_k<2>,
+                      mm::dispatch::local, mm::expert::mlp<mm::expert::swiglu>, mm::precision::fp64,
+                      md::decoder<md::layers<2>, md::heads<4>, md::query_groups<2>,
+                                  md::vocabulary<7>, md::dense_ffn<5>, md::qk_layernorm<>>>;
+  expect_parameter_count_is_what_the_model_holds<qk_normed>();
+  mm::transformer<qk_normed> normed;
+  normed.initialize(3);
+  int norms = 0;
+  normed.for_each_parameter([&](std::string_view name, auto value, auto, mm::parameter_kind) {
+    if (name.ends_with("q_layernorm.weight") || name.ends_with("k_layernorm.weight")) {
+      ++norms;
+      EXPECT_EQ(value, mm::row_matrix<double>::Ones(1, 4)) << name;  // initialized to 1
+    }
+  });
+  EXPECT_EQ(norms, 4);
 }
 
 TEST(Transformer, SizesLeftToStartUpAreGivenOrNamedInTheError) {

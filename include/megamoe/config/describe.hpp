@@ -243,6 +243,7 @@ inline nlohmann::ordered_json model_json(std::string_view policy, model::setting
   }
   j["vocab_size"] = size_or_dynamic(m.vocabulary);
   j["normalization"] = "RMSNorm";
+  j["qk_layernorm"] = m.qk_layernorm;
   j["layernorm_epsilon"] = m.norm_epsilon;
   j["position_embedding_type"] = "rope";
   j["rotary_base"] = m.rope_base;

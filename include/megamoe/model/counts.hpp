@@ -12,7 +12,7 @@
 namespace megamoe {
 
 /// Parameters of the whole model (one copy of each, whatever the layout): the token embedding,
-/// per layer two RMSNorms and attention's qkv and projection weights, then the MoE layer (router,
+/// per layer two RMSNorms and attention's qkv and projection weights (and QK layernorm's two), then the MoE layer (router,
 /// every routed expert, the shared expert and its gate) or the dense SwiGLU FFN, the final RMSNorm
 /// and the output layer (not tied to the embedding). Every size must be resolved.
 constexpr std::int64_t parameter_count(config_values const& v) {
@@ -23,6 +23,7 @@ constexpr std::int64_t parameter_count(config_values const& v) {
   std::int64_t total = 2 * V * H + H;  // embedding, output layer, final norm
   for (int i = 0; i < v.model.layers; ++i) {
     total += 2 * H + 2 * H * H + 2 * kv * H;  // norms, qkv [H + 2 kv, H], proj [H, H]
+    if (v.model.qk_layernorm) total += 2 * (H / v.model.heads);  // q and k norms [d]
     if (v.model.is_moe(i)) {
       total += E * H;                 // router
       total += E * (W1 + 1) * F * H;  // fc1 [W1 F, H] and fc2 [H, F] per expert

@@ -10,7 +10,7 @@
 // start-up (startup_values), where the same rules run with the same ids. query_groups follows
 // heads unless given (as ETP follows TP). The names follow the reference's TransformerConfig
 // (`num_layers`, `num_attention_heads`, `num_query_groups`, `ffn_hidden_size`, `moe_layer_freq`,
-// `vocab_size`, `layernorm_epsilon`, `rotary_base`).
+// `vocab_size`, `layernorm_epsilon`, `rotary_base`, `qk_layernorm`).
 #pragma once
 
 #include <megamoe/config/policy.hpp>
@@ -54,6 +54,7 @@ struct settings {
   layer_pattern moe_layers{};
   double norm_epsilon = 1e-5;  // layernorm_epsilon (RMSNorm)
   double rope_base = 10000.0;  // rotary_base
+  bool qk_layernorm = false;   // qk_layernorm: RMSNorm of each query and key head before RoPE
 
   /// Whether layer i is an MoE layer.
   [[nodiscard]] constexpr bool is_moe(int layer) const noexcept { return moe_layers.is_moe(layer); }
@@ -78,9 +79,10 @@ struct dense_ffn_kind {};
 struct moe_layers_kind {};
 struct norm_epsilon_kind {};
 struct rope_base_kind {};
-using all_kinds =
-    boost::mp11::mp_list<layers_kind, heads_kind, query_groups_kind, vocabulary_kind,
-                         dense_ffn_kind, moe_layers_kind, norm_epsilon_kind, rope_base_kind>;
+struct qk_layernorm_kind {};
+using all_kinds = boost::mp11::mp_list<layers_kind, heads_kind, query_groups_kind, vocabulary_kind,
+                                       dense_ffn_kind, moe_layers_kind, norm_epsilon_kind,
+                                       rope_base_kind, qk_layernorm_kind>;
 }  // namespace option
 
 /// Decoder layers (`num_layers`).
@@ -144,6 +146,14 @@ template <double Base>
 struct rope_base {
   using option_kind = option::rope_base_kind;
   static constexpr void apply(settings& s) { s.rope_base = Base; }
+};
+/// An RMSNorm over each query head and each key head (weights [head size], one for queries and
+/// one for keys, shared by the heads), applied before RoPE (`qk_layernorm`). A choice of the type
+/// only: the attention's code is chosen at compile time.
+template <bool On = true>
+struct qk_layernorm {
+  using option_kind = option::qk_layernorm_kind;
+  static constexpr void apply(settings& s) { s.qk_layernorm = On; }
 };
 
 /// What follows from the other choices when it is not given: query_groups follows heads, and the

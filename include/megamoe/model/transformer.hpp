@@ -265,7 +265,8 @@ class transformer {
     for (auto& m : moe_) m->set_operand_steps(steps);
   }
 
-  /// Weights from N(0, std^2) as a function of (seed, parameter name, element), norms at 1, so
+  /// Weights from N(0, std^2) as a function of (seed, parameter name, element), norms at 1 (QK
+  /// layernorm's too, which take no number), so
   /// every mapping starts from the same model. Parameter n of the model draws from seed + n, or
   /// from layer_seed + n inside layer i (layer_seed = seed + 1000003 (i + 1)); an MoE layer numbers
   /// its own from layer_seed + 500000, far from any n, so no two parameters share a seed.
@@ -276,8 +277,12 @@ class transformer {
     for (int i = 0; i < layers(); ++i) {
       auto& b = blocks_[static_cast<std::size_t>(i)];
       std::uint64_t const layer_seed = seed + 1000003ULL * static_cast<std::uint64_t>(i + 1);
-      b.attention.for_each_parameter(
-          "a", [&](auto const&, auto value, auto) { fill(value, layer_seed, ++index, std); });
+      b.attention.for_each_parameter("a", [&](std::string const& name, auto value, auto) {
+        if (name.ends_with("layernorm.weight"))
+          value.setOnes();
+        else
+          fill(value, layer_seed, ++index, std);
+      });
       if (b.moe >= 0)
         moe_[static_cast<std::size_t>(b.moe)]->initialize(layer_seed + 500000, std);
       else
@@ -299,9 +304,10 @@ class transformer {
   }
 
  private:
+  using attention_type = causal_attention<scalar, Config::model::value.qk_layernorm>;
   struct block {
     rms_norm<scalar> input_norm;
-    causal_attention<scalar> attention;
+    attention_type attention;
     rms_norm<scalar> pre_mlp_norm;
     int moe = -1, dense = -1;  // index into moe_ or dense_
   };
@@ -384,7 +390,8 @@ class transformer {
     blocks_.reserve(static_cast<std::size_t>(m.layers));
     for (int i = 0; i < m.layers; ++i) {
       blocks_.push_back(block{rms_norm<scalar>(H, m.norm_epsilon),
-                              causal_attention<scalar>(H, m.heads, m.query_groups, m.rope_base),
+                              attention_type(H, m.heads, m.query_groups, m.rope_base,
+                                             m.norm_epsilon),
                               rms_norm<scalar>(H, m.norm_epsilon)});
       if (is_moe(i)) {
         blocks_.back().moe = next_moe++;
