@@ -3,6 +3,11 @@
 //
 //   ./build/examples/megamoe-train                         # fortunes, preset "small", one process
 //   mpiexec -n 2 ./build/examples/megamoe-train --ep 2     # experts over 2 ranks
+//   mpiexec -n 4 ./build/examples/megamoe-train --cp 2 --etp 1 --ep 4   # folded: attention CP 2
+//
+// Degrees (the reference's long names too): --tp (attention tensor parallelism: 1 for now,
+// R036), --cp (context parallelism: 2 CP divides --seq-len), --etp (default: --tp), --ep
+// (default: every rank of the expert grid, world / ETP); DP takes the rest of the world.
 //
 // The corpus (default: the Debian `fortunes` files) is split: the last 5 % of its bytes are held
 // out and never trained on. Held-out bits per byte cover every held-out window of --seq-len (or
@@ -77,7 +82,8 @@ namespace md = megamoe::model;
 namespace {
 
 struct options {
-  int steps = 700, micro_batch = 16, global_batch = 0, seq_len = 128, ep = 0;
+  int steps = 700, micro_batch = 16, global_batch = 0, seq_len = 128;
+  int tp = 1, cp = 1, etp = 0, ep = 0;  // etp, ep 0: their defaults
   int eval_interval = 0, eval_iters = 0;  // 0: steps / 4, and every held-out window
   double lr = 3e-3;
   std::uint64_t seed = 1234;
@@ -97,10 +103,15 @@ extern "C" void request_termination(int) {
   terminate_requested = 1;
 }
 
-/// The job's degrees: TP = CP = PP = 1, EP = --ep or the expert grid's ranks.
+/// The job's degrees: TP and CP as given, ETP = --etp or TP, EP = --ep or every rank of the
+/// expert grid (world / ETP; 1 for the dense preset), PP = 1.
 mm::parallel::degrees job_degrees(int world_size, options const& o) {
   mm::parallel::degrees d;
-  d.ep = o.ep > 0 ? o.ep : (o.preset == "dense" ? 1 : world_size);
+  d.tp = o.tp;
+  d.cp = o.cp;
+  d.etp = o.etp > 0 ? o.etp : o.tp;
+  int const grid = d.etp > 0 && world_size % d.etp == 0 ? world_size / d.etp : world_size;
+  d.ep = o.ep > 0 ? o.ep : (o.preset == "dense" ? 1 : grid);
   return d;
 }
 
@@ -152,12 +163,19 @@ std::string generate(mm::context& ctx, Model& model, std::string const& prompt, 
   std::vector<std::int32_t> tokens(prompt.begin(), prompt.end());
   ctx.step.mode = rt::pass::eval;
   std::string out = prompt;
+  // Under CP the window is padded at its end to whole chunks: causal attention and dropless
+  // routing keep the padding from the logits of position n - 1.
+  int const multiple = model.context_parallel() > 1 ? 2 * model.context_parallel() : 1;
+  std::vector<std::int32_t> context;
   for (int i = 0; i < length; ++i) {
     int const n = std::min<int>(static_cast<int>(tokens.size()), window);
-    std::vector<std::int32_t> const context(tokens.end() - n, tokens.end());
-    model.forward(ctx, context, {}, n, 1);
-    auto const& logits = model.logits();
-    Eigen::RowVectorXd const last = logits.row(n - 1).template cast<double>() / 0.8;
+    int const padded = (n + multiple - 1) / multiple * multiple;
+    context.assign(tokens.end() - n, tokens.end());
+    context.resize(static_cast<std::size_t>(padded), 0);
+    model.forward(ctx, context, {}, padded, 1);
+    auto const logits = model.logits_at(n - 1, 0);
+    Eigen::RowVectorXd const last =
+        Eigen::Map<Eigen::RowVectorXd const>(logits.data(), static_cast<Eigen::Index>(logits.size())) / 0.8;
     Eigen::RowVectorXd const p = (last.array() - last.maxCoeff()).exp();
     double u = mm::uniform_open01(mm::splitmix64(seed) ^ static_cast<std::uint64_t>(i)) * p.sum();
     int next = 0;
@@ -331,7 +349,8 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
   if (root)
     std::cerr << "megamoe-train: preset " << o.preset << ", " << corpus.training().size()
               << " training bytes, " << corpus.heldout().size() << " held out (unigram " << unigram
-              << " bits/byte); " << world.size() << " rank(s), EP " << degrees.ep
+              << " bits/byte); " << world.size() << " rank(s), CP " << degrees.cp << ", EP "
+              << degrees.ep
               << ", global batch " << settings.micro_batch * settings.micro_batches * dp << " x "
               << o.seq_len << " bytes"
               << (resumed_line.empty() ? std::string() : "; " + resumed_line) << upcycled_line
@@ -542,7 +561,16 @@ int main(int argc, char** argv) {
     app.add_option("--eval-iters", o.eval_iters,
                    "global batches of held-out windows per evaluation (default: every window)");
     app.add_option("--out", o.out, "folder for metrics, plot and weights")->capture_default_str();
-    app.add_option("--ep", o.ep, "expert-parallel ranks (default: the world size)");
+    app.add_option("--tp,--tensor-model-parallel-size", o.tp,
+                   "attention tensor-parallel ranks (1 for now)")
+        ->capture_default_str();
+    app.add_option("--cp,--context-parallel-size", o.cp,
+                   "context-parallel ranks: each sequence cut into 2 CP chunks")
+        ->capture_default_str();
+    app.add_option("--etp,--expert-tensor-parallel-size", o.etp,
+                   "expert tensor-parallel ranks (default: --tp)");
+    app.add_option("--ep,--expert-model-parallel-size", o.ep,
+                   "expert-parallel ranks (default: every rank of the expert grid, world / ETP)");
     app.add_option("--preset", o.preset, "model: tiny | small | fine | medium | dense")
         ->check(CLI::IsMember({"tiny", "small", "fine", "medium", "dense"}))
         ->capture_default_str();

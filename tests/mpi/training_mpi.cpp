@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Run under mpiexec. Training on a job (DP x EP) against one rank on the same global batches:
+// Run under mpiexec. Training on a job (DP x CP x EP) against one rank on the same global batches:
 //   - fp64, clipping every step (threshold 1e-3): the loss of every step and, after the last,
 //     every parameter this rank holds equal the one-rank run's (1e-9 relative);
 //   - fp32: the first micro-batch's loss and every gradient after reduce_gradients equal one
@@ -11,7 +11,9 @@
 // The one-rank run uses micro_batches x DP micro-batches of the same size, which hold exactly the
 // same sequences (train/trainer.hpp).
 //
-//   mpiexec -n 4 megamoe_training_mpi --ep 2 [--etp 2] [--steps 3]
+// Under CP every rank of a CP group takes the same micro-batches, each its two chunks of them.
+//
+//   mpiexec -n 4 megamoe_training_mpi --ep 2 [--cp 2] [--etp 2] [--steps 3]
 #include "support/tally.hpp"
 
 #include <megamoe/config/config.hpp>
@@ -38,7 +40,8 @@ using config =
     mm::make_config<mm::shape<mm::hidden<16>, mm::ffn<12>, mm::experts<4>>,
                     rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>, Dispatch,
                     mm::expert::mlp<mm::expert::swiglu>, Precision, Parallel, Memory, decoder>;
-using mapped = mm::parallel::mapping<mm::parallel::etp<mm::dynamic>, mm::parallel::ep<mm::dynamic>>;
+using mapped = mm::parallel::mapping<mm::parallel::cp<mm::dynamic>, mm::parallel::etp<mm::dynamic>,
+                                     mm::parallel::ep<mm::dynamic>>;
 using one_rank = mm::parallel::mapping<>;
 
 constexpr int seq = 8, micro = 2;
@@ -94,6 +97,8 @@ int main(int argc, char** argv) {
           d.ep = std::stoi(argv[i + 1]);
         else if (key == "--tp")
           d.tp = std::stoi(argv[i + 1]);
+        else if (key == "--cp")
+          d.cp = std::stoi(argv[i + 1]);
         else if (key == "--etp")
           d.etp = std::stoi(argv[i + 1]);
         else if (key == "--steps")
@@ -104,7 +109,7 @@ int main(int argc, char** argv) {
     });
     auto const& world = env.world();
     mm::parallel::process_groups const groups(world, d);
-    int const DP = groups.dp().size();
+    int const DP = groups.dp().size(), CP = groups.cp().size();
     auto const corpus =
         mt::byte_corpus::load(std::string(MEGAMOE_TEST_DATA) + "/corpus_sample.txt");
     mm::context ctx(1);
@@ -144,7 +149,7 @@ int main(int argc, char** argv) {
       model.initialize(4, 0.3);
       one.initialize(4, 0.3);
       std::vector<std::int32_t> tokens(seq * micro), targets(tokens.size());
-      ctx.step.loss_backward_scale = 1.0;
+      ctx.step.loss_backward_scale = CP;  // the reference's cp / micro-batches
       model.zero_grad();
       one.zero_grad();
       corpus.training_batch(5, 1, static_cast<std::uint64_t>(groups.dp().rank() * micro), seq,
@@ -152,8 +157,8 @@ int main(int argc, char** argv) {
       double const mine = model.forward(ctx, tokens, targets, seq, micro).cross_entropy;
       model.backward(ctx, 1.0f);
       mm::parallel::reduce_gradients(groups, model);
-      std::vector<double> loss{mine};
-      mm::parallel::all_reduce_sum(groups.dp(), std::span<double>(loss));
+      std::vector<double> loss{mine / CP};  // a CP rank's mean is over its chunks
+      mm::parallel::all_reduce_sum(groups.dp_cp(), std::span<double>(loss));
       // One rank: the DP ranks' micro-batches in turn, each weighted 1/DP.
       ctx.step.loss_backward_scale = 1.0 / DP;
       double total = 0.0;
@@ -220,8 +225,8 @@ int main(int argc, char** argv) {
                    codes.moe_layers().front()->holds_weight_values() ? 1 : 0, 0, 1, 0);
     }
     return result.finish(world,
-                         "training on " + std::to_string(world.size()) + " ranks (DP " +
-                             std::to_string(DP) + ", EP " + std::to_string(groups.ep().size()) +
+"training on " + std::to_string(world.size()) + " ranks (DP " +
+                             std::to_string(DP) + ", CP " + std::to_string(CP) + ", EP " + std::to_string(groups.ep().size()) +
                              ", EDP " + std::to_string(groups.expert_dp().size()) + ")",
                          "all equal one rank's");
   });

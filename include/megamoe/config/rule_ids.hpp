@@ -94,9 +94,9 @@
 #define MEGAMOE_RULE_R034                                                                      \
   "megamoe[R034]: MEGAMOE_RANKS_PER_NODE must be a positive integer dividing the world size, " \
   "and every node must hold the same number of ranks of each EP group"
-#define MEGAMOE_RULE_R036                                                                   \
-  "megamoe[R036]: the transformer's attention runs with TP = CP = PP = 1 for now (the MoE " \
-  "layers may use EP and EDP)"
+#define MEGAMOE_RULE_R036                                                                  \
+  "megamoe[R036]: the transformer's attention runs with TP = PP = 1 for now (CP, and the MoE " \
+  "layers' EP and EDP, may be above 1)"
 #define MEGAMOE_RULE_R037                                                                 \
   "megamoe[R037]: expert::amx and expert::avx512_bf16 need a bf16, FP8 or FP4 precision " \
   "recipe (they multiply BF16 values); fp32 and fp64 run on expert::grouped, per_expert " \
@@ -125,6 +125,9 @@
 #define MEGAMOE_RULE_R045                                                                      \
   "megamoe[R045]: model moe_layer_freq must be positive, and moe_layer_pattern must list one " \
   "entry per layer, each 0 (dense) or 1 (MoE), at most 256"
+#define MEGAMOE_RULE_R046                                                                        \
+  "megamoe[R046]: with context parallelism each sequence is cut into 2 CP chunks, so 2 CP must " \
+  "divide the sequence length"
 
 namespace megamoe {
 
@@ -166,7 +169,7 @@ enum class id : int {
   overlap_needs_etp_one = 33,
   ranks_per_node_valid = 34,
   watchdog_seconds_valid = 35,
-  attention_needs_tp_cp_pp_one = 36,
+  attention_needs_tp_pp_one = 36,
   bf16_backends_need_a_recipe = 37,
   etp_divides_ffn = 38,
   model_sizes_valid = 39,
@@ -176,6 +179,7 @@ enum class id : int {
   attention_is_multi_head_retired = 43,
   dense_ffn_for_dense_layers = 44,
   moe_layer_pattern_valid = 45,
+  context_chunks_divide_sequence = 46,
 };
 }  // namespace rules
 
@@ -188,7 +192,7 @@ struct rule_info {
 };
 
 /// Every rule megamoe checks, in id order. `rule_catalog[i].id == i + 1`.
-inline constexpr std::array<rule_info, 45> rule_catalog{{
+inline constexpr std::array<rule_info, 46> rule_catalog{{
     {1, "shape_sizes_valid", MEGAMOE_RULE_R001},
     {2, "top_k_within_experts", MEGAMOE_RULE_R002},
     {3, "ep_divides_experts", MEGAMOE_RULE_R003},
@@ -224,7 +228,7 @@ inline constexpr std::array<rule_info, 45> rule_catalog{{
     {33, "overlap_needs_etp_one", MEGAMOE_RULE_R033},
     {34, "ranks_per_node_valid", MEGAMOE_RULE_R034},
     {35, "watchdog_seconds_valid", MEGAMOE_RULE_R035},
-    {36, "attention_needs_tp_cp_pp_one", MEGAMOE_RULE_R036},
+    {36, "attention_needs_tp_pp_one", MEGAMOE_RULE_R036},
     {37, "bf16_backends_need_a_recipe", MEGAMOE_RULE_R037},
     {38, "etp_divides_ffn", MEGAMOE_RULE_R038},
     {39, "model_sizes_valid", MEGAMOE_RULE_R039},
@@ -234,6 +238,7 @@ inline constexpr std::array<rule_info, 45> rule_catalog{{
     {43, "attention_is_multi_head_retired", MEGAMOE_RULE_R043},
     {44, "dense_ffn_for_dense_layers", MEGAMOE_RULE_R044},
     {45, "moe_layer_pattern_valid", MEGAMOE_RULE_R045},
+    {46, "context_chunks_divide_sequence", MEGAMOE_RULE_R046},
 }};
 
 /// The catalogue entry of rule `id` (1-based).

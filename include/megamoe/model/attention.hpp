@@ -25,9 +25,13 @@
 #include <megamoe/model/flash_attention.hpp>
 #include <megamoe/model/norm.hpp>
 #include <megamoe/model/products.hpp>
+#include <megamoe/parallel/collectives.hpp>
+
+#include <boost/mpi/communicator.hpp>
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -65,11 +69,22 @@ class causal_attention {
   /// Rows of linear_qkv.weight, (heads + 2 query_groups) * head size.
   [[nodiscard]] int qkv_width() const noexcept { return (heads_ + 2 * groups_) * head_size(); }
 
+  /// Context parallelism over `cp` (kept by reference; size 1: none): each sequence is cut into
+  /// 2 CP chunks and this rank's rows are chunks r and 2 CP - 1 - r (r its rank in `cp`), in that
+  /// order, each S / 2 positions of the B sequences (t = s B + b within the rank's S positions).
+  /// Keys and values are all-gathered over `cp` in forward and their gradients reduce-scattered
+  /// in backward; RoPE and the causal mask see global positions.
+  void set_context_parallel(boost::mpi::communicator const& cp) {
+    cp_ = &cp;
+    cp_size_ = cp.size();
+    cp_rank_ = cp.rank();
+  }
+
   /// y [S*B, H] from x [S*B, H]; keeps what backward needs.
   void forward(expert::executor<T>& exec, const_row_matrix_map<T> x, int seq, int batch,
                row_matrix_map<T> y) {
     if (seq < 1 || batch < 1 || x.rows() != std::int64_t{seq} * batch || x.cols() != hidden_ ||
-        y.rows() != x.rows() || y.cols() != hidden_)
+        y.rows() != x.rows() || y.cols() != hidden_ || (cp_size_ > 1 && seq % 2 != 0))
       throw input_error("causal_attention: input of shape [" + std::to_string(x.rows()) + ", " +
                         std::to_string(x.cols()) + "] for S = " + std::to_string(seq) +
                         ", B = " + std::to_string(batch) + ", H = " + std::to_string(hidden_));
@@ -84,7 +99,11 @@ class causal_attention {
     context_.resize(N, H);
     lse_.resize(std::size_t(batch) * heads_ * seq);
     auto const qkv = views<T const>(qkv_.data());
-    kernel_.forward(exec.pool(), shape(), qkv.q, qkv.k, qkv.v, {context_.data(), H}, lse_.data());
+    if (cp_size_ > 1)
+      context_parallel_forward(exec.pool());
+    else
+      kernel_.forward(exec.pool(), shape(), qkv.q, qkv.k, qkv.v, {context_.data(), H},
+                      lse_.data());
     threaded_product<expert::gemm_op::nt>(exec, N, H, H, context_.data(), H, proj_weight_.data(), H,
                                           y.data(), static_cast<int>(y.outerStride()));
   }
@@ -104,8 +123,11 @@ class causal_attention {
     grad_qkv_.resize(N, W);
     auto const qkv = views<T const>(qkv_.data());
     auto const grad = views<T>(grad_qkv_.data());
-    kernel_.backward(exec.pool(), shape(), qkv.q, qkv.k, qkv.v, {context_.data(), H},
-                     {grad_context_.data(), H}, lse_.data(), grad.q, grad.k, grad.v);
+    if (cp_size_ > 1)
+      context_parallel_backward(exec.pool());
+    else
+      kernel_.backward(exec.pool(), shape(), qkv.q, qkv.k, qkv.v, {context_.data(), H},
+                       {grad_context_.data(), H}, lse_.data(), grad.q, grad.k, grad.v);
     if constexpr (QkLayernorm) normalize_heads_backward(exec.pool(), N);
     threaded_product<expert::gemm_op::tn>(exec, W, H, N, grad_qkv_.data(), W, x_.data(), H,
                                           qkv_grad_.data(), H, true);
@@ -134,13 +156,14 @@ class causal_attention {
     }
   }
 
-  /// Bytes kept from forward to backward (input, q k v, context, log-sum-exp per row, and the
-  /// QK norms' inputs).
+  /// Bytes kept from forward to backward (input, q k v, context, log-sum-exp per row, the QK
+  /// norms' inputs, and under CP the gathered keys and values).
   [[nodiscard]] std::size_t saved_bytes() const noexcept {
     std::size_t norms = 0;
     if constexpr (QkLayernorm) norms = qk_norm_.q.saved_bytes() + qk_norm_.k.saved_bytes();
+    std::size_t const gathered = cp_size_ > 1 ? static_cast<std::size_t>(kv_sequence_.size()) : 0;
     return static_cast<std::size_t>(x_.size() + qkv_.size() + context_.size()) * sizeof(T) +
-           lse_.size() * sizeof(T) + norms;
+           (lse_.size() + gathered) * sizeof(T) + norms;
   }
 
  private:
@@ -220,6 +243,120 @@ class causal_attention {
     }
   }
 
+  // ---- context parallelism (all-gather of keys and values) ----
+  // Keys and values travel as rows of G blocks of 2d (a group's key head, then its value head:
+  // the last 2d of its linear_qkv block).
+  [[nodiscard]] int kv_width() const noexcept { return 2 * groups_ * head_size(); }
+  /// Where sequence chunk j (of 2 CP) lies among the gathered rows: rank-major, each rank's two.
+  [[nodiscard]] int gathered_block(int chunk) const noexcept {
+    return chunk < cp_size_ ? 2 * chunk : 2 * (2 * cp_size_ - 1 - chunk) + 1;
+  }
+  /// The sequence chunk of this rank's local chunk i (0 or 1).
+  [[nodiscard]] int my_chunk(int i) const noexcept {
+    return i == 0 ? cp_rank_ : 2 * cp_size_ - 1 - cp_rank_;
+  }
+  /// Copies each local row's key and value heads between qkv rows and packed kv rows.
+  template <bool ToQkv>
+  void move_kv(thread_pool& pool, T* qkv, T* kv, int tokens) const {
+    int const d = head_size(), per = heads_ / groups_, W = qkv_width(), KV = kv_width();
+    parallel_rows(pool, tokens, [&](int begin, int end) {
+      for (int t = begin; t < end; ++t)
+        for (int g = 0; g < groups_; ++g) {
+          T* const row = qkv + std::int64_t(t) * W + std::int64_t(g) * (per + 2) * d + per * d;
+          T* const packed = kv + std::int64_t(t) * KV + std::int64_t(g) * 2 * d;
+          if constexpr (ToQkv)
+            std::copy(packed, packed + 2 * d, row);
+          else
+            std::copy(row, row + 2 * d, packed);
+        }
+    });
+  }
+  /// Copies whole chunks between the rank-major gathered order and sequence order.
+  template <bool ToSequence>
+  void reorder_chunks(thread_pool& pool, T* gathered, T* sequence, int chunk_rows) const {
+    std::int64_t const run = std::int64_t(chunk_rows) * kv_width();
+    parallel_rows(pool, 2 * cp_size_, [&](int begin, int end) {
+      for (int j = begin; j < end; ++j) {
+        T* const g = gathered + gathered_block(j) * run;
+        T* const q = sequence + j * run;
+        if constexpr (ToSequence)
+          std::copy(g, g + run, q);
+        else
+          std::copy(q, q + run, g);
+      }
+    });
+  }
+  /// The shape of local chunk i's queries against the keys of every position up to its end.
+  [[nodiscard]] attention::attention_shape chunk_shape(int i) const noexcept {
+    int const L = seq_ / 2, c = my_chunk(i);
+    attention::attention_shape s = shape();
+    s.seq = L;
+    s.key_seq = (c + 1) * L;
+    s.query_offset = c * L;
+    s.key_offset = 0;
+    return s;
+  }
+  template <class U>
+  [[nodiscard]] attention::token_view<U> kv_view(U* data, bool value) const noexcept {
+    int const d = head_size();
+    return {data + (value ? d : 0), kv_width(), 1, 2 * d};
+  }
+  void context_parallel_forward(thread_pool& pool) {
+    int const N = static_cast<int>(qkv_.rows()), H = hidden_, W = qkv_width(), KV = kv_width();
+    int const chunk_rows = N / 2;
+    kv_local_.resize(N, KV);
+    move_kv<false>(pool, qkv_.data(), kv_local_.data(), N);
+    kv_gathered_.resize(std::int64_t(N) * cp_size_, KV);
+    rows_per_rank_.assign(static_cast<std::size_t>(cp_size_), N);
+    parallel::all_gather_v(*cp_, kv_local_.data(), kv_gathered_.data(),
+                           std::span<std::int64_t const>(rows_per_rank_), KV);
+    kv_sequence_.resize(kv_gathered_.rows(), KV);
+    reorder_chunks<true>(pool, kv_gathered_.data(), kv_sequence_.data(), chunk_rows);
+    auto const qkv = views<T const>(qkv_.data());
+    std::size_t const lse_chunk = lse_.size() / 2;
+    for (int i = 0; i < 2; ++i) {
+      auto q = qkv.q;
+      q.data += std::int64_t(i) * chunk_rows * W;
+      kernel_.forward(pool, chunk_shape(i), q, kv_view<T const>(kv_sequence_.data(), false),
+                      kv_view<T const>(kv_sequence_.data(), true),
+                      {context_.data() + std::int64_t(i) * chunk_rows * H, H},
+                      lse_.data() + i * lse_chunk);
+    }
+  }
+  void context_parallel_backward(thread_pool& pool) {
+    int const N = static_cast<int>(qkv_.rows()), H = hidden_, W = qkv_width(), KV = kv_width();
+    int const chunk_rows = N / 2;
+    auto const qkv = views<T const>(qkv_.data());
+    auto const grad = views<T>(grad_qkv_.data());
+    std::size_t const lse_chunk = lse_.size() / 2;
+    // Chunk 1 (the later one) sees keys up to its end, which covers chunk 0's; chunk 0's key
+    // gradients go to their own rows and are added.
+    grad_kv_sequence_.resize(kv_sequence_.rows(), KV);
+    grad_kv_chunk_.resize(std::int64_t(my_chunk(0) + 1) * chunk_rows, KV);
+    for (int i = 1; i >= 0; --i) {
+      auto const s = chunk_shape(i);
+      T* const dkv = i == 1 ? grad_kv_sequence_.data() : grad_kv_chunk_.data();
+      auto q = qkv.q;
+      q.data += std::int64_t(i) * chunk_rows * W;
+      auto dq = grad.q;
+      dq.data += std::int64_t(i) * chunk_rows * W;
+      T const* const out = context_.data() + std::int64_t(i) * chunk_rows * H;
+      T const* const dout = grad_context_.data() + std::int64_t(i) * chunk_rows * H;
+      kernel_.backward(pool, s, q, kv_view<T const>(kv_sequence_.data(), false),
+                       kv_view<T const>(kv_sequence_.data(), true), {out, H}, {dout, H},
+                       lse_.data() + i * lse_chunk, dq, kv_view(dkv, false), kv_view(dkv, true));
+    }
+    auto const covered = std::int64_t(my_chunk(1) + 1) * chunk_rows;
+    grad_kv_sequence_.bottomRows(grad_kv_sequence_.rows() - covered).setZero();
+    grad_kv_sequence_.topRows(grad_kv_chunk_.rows()) += grad_kv_chunk_;
+    kv_gathered_.resize(kv_sequence_.rows(), KV);
+    reorder_chunks<false>(pool, kv_gathered_.data(), grad_kv_sequence_.data(), chunk_rows);
+    kv_local_.resize(N, KV);
+    parallel::reduce_scatter_v(*cp_, kv_gathered_.data(), kv_local_.data(),
+                               std::span<std::int64_t const>(rows_per_rank_), KV);
+    move_kv<true>(pool, grad_qkv_.data(), kv_local_.data(), N);
+  }
+
   int hidden_, heads_, groups_;
   [[no_unique_address]] std::conditional_t<QkLayernorm, qk_norms, no_qk_norms> qk_norm_;
   attention::flash_attention<T> kernel_;
@@ -229,6 +366,12 @@ class causal_attention {
   std::vector<T> lse_;
   row_matrix<T> grad_context_, grad_qkv_;
   row_matrix<T> heads_in_, heads_out_;  // QK layernorm's packed heads
+  boost::mpi::communicator const* cp_ = nullptr;
+  int cp_size_ = 1, cp_rank_ = 0;
+  // Context parallelism: this rank's keys and values, all ranks' (rank-major), in sequence order,
+  // and their gradients.
+  row_matrix<T> kv_local_, kv_gathered_, kv_sequence_, grad_kv_sequence_, grad_kv_chunk_;
+  std::vector<std::int64_t> rows_per_rank_;
 };
 
 }  // namespace megamoe

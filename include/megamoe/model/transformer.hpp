@@ -7,9 +7,12 @@
 // Every size comes from the configuration type: `Config::model` (layers, heads, vocabulary, dense
 // FFN width, the MoE layer pattern, norm epsilon, RoPE base) and `Config::shape`; what the type
 // leaves `dynamic` is given at start-up (startup_values), where the same rules run with the same
-// ids. Attention runs with TP = CP = PP = 1 (R036); the MoE layers may use EP and EDP (the
-// process-groups constructor). Tokens of a micro-batch are S positions x B sequences, flattened
-// t = s*B + b.
+// ids. Attention runs with TP = PP = 1 (R036) and any CP; the MoE layers may use EP, ETP and
+// EDP (the process-groups constructor). Tokens of a micro-batch are S positions x B sequences,
+// flattened t = s*B + b. Under context parallelism every rank of a CP group is given the whole
+// micro-batch and keeps its two of the 2 CP chunks of each sequence (chunks r and 2 CP - 1 - r,
+// the reference's load balancing): the rank's rows are S / CP positions, its chunks in that
+// order, t = s*B + b over them.
 #pragma once
 
 #include <megamoe/config/error.hpp>
@@ -28,6 +31,9 @@
 #include <megamoe/model/norm.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 
+#include <boost/mpi/collectives/broadcast.hpp>
+
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -79,13 +85,34 @@ class transformer {
     return moe_;
   }
 
-  /// Forward of one micro-batch: tokens and targets [S*B] (t = s*B + b). Training mode (the
-  /// context's step) keeps what backward needs.
+  /// Context-parallel ranks (the CP degree; 1 without).
+  [[nodiscard]] int context_parallel() const noexcept { return values_.parallel.cp; }
+
+  /// Forward of one micro-batch: tokens and targets [S*B] (t = s*B + b), the whole micro-batch
+  /// on every rank of a CP group (2 CP must divide S, R046). The cross-entropy and router losses
+  /// are this rank's: the mean over its tokens, its share of the router losses (which sum over
+  /// the CP group to the micro-batch's). Training mode (the context's step) keeps what backward
+  /// needs.
   transformer_output forward(context& ctx, std::span<std::int32_t const> tokens,
                              std::span<std::int32_t const> targets, int seq, int batch) {
-    if (seq < 1 || batch < 1 || std::ssize(tokens) != std::int64_t{seq} * batch)
-      throw input_error("transformer: " + std::to_string(tokens.size()) + " tokens for S = " +
+    if (seq < 1 || batch < 1 || std::ssize(tokens) != std::int64_t{seq} * batch ||
+        (!targets.empty() && targets.size() != tokens.size()))
+      throw input_error("transformer: " + std::to_string(tokens.size()) + " tokens and " +
+                        std::to_string(targets.size()) + " targets for S = " +
                         std::to_string(seq) + ", B = " + std::to_string(batch));
+    int const cp = context_parallel();
+    if (seq % (2 * cp) != 0 && cp > 1)
+      throw config_error(rules::id::context_chunks_divide_sequence,
+                         "sequence length " + std::to_string(seq) + ", CP " + std::to_string(cp));
+    if (cp > 1) {
+      keep_my_chunks(tokens, seq, batch, local_tokens_);
+      tokens = local_tokens_;
+      if (!targets.empty()) {
+        keep_my_chunks(targets, seq, batch, local_targets_);
+        targets = local_targets_;
+      }
+      seq /= cp;
+    }
     int const N = seq * batch, H = hidden_size();
     auto& pool = ctx.pool();
     seq_ = seq;
@@ -149,13 +176,34 @@ class transformer {
     return megamoe::flops_per_token(values_, seq);
   }
 
-  /// Each token's cross-entropy (nats) in the last forward with targets.
+  /// Each of this rank's tokens' cross-entropy (nats) in the last forward with targets, in its
+  /// row order (t = s*B + b over its S / CP positions).
   [[nodiscard]] std::span<double const> token_losses() const noexcept {
     return head_.token_losses();
   }
 
-  /// Logits [S*B, V] of the last forward's final hidden states (for sampling).
+  /// Logits [rows, V] of this rank's rows of the last forward (for sampling).
   row_matrix<scalar> const& logits() { return head_.logits(cmap(normed_)); }
+
+  /// The logits of sequence b at position `position` of the last forward, on every rank
+  /// (collective over the CP group: the rank that holds the row sends it).
+  std::vector<double> logits_at(int position, int b) {
+    int const cp = context_parallel(), local_seq = seq_, B = batch_;
+    int const L = local_seq / (cp > 1 ? 2 : 1), chunk = position / L;
+    int owner = 0, row = position;
+    if (cp > 1) {
+      owner = chunk < cp ? chunk : 2 * cp - 1 - chunk;
+      row = (chunk < cp ? 0 : L) + position % L;
+    }
+    std::vector<double> out(static_cast<std::size_t>(values_.model.vocabulary));
+    if (cp == 1 || groups_->cp().rank() == owner) {
+      auto const& l = logits();
+      for (Eigen::Index v = 0; v < l.cols(); ++v)
+        out[static_cast<std::size_t>(v)] = static_cast<double>(l(std::int64_t(row) * B + b, v));
+    }
+    if (cp > 1) boost::mpi::broadcast(groups_->cp(), out.data(), static_cast<int>(out.size()), owner);
+    return out;
+  }
 
   /// Backward of the last forward: the cross-entropy's gradient times `scale`; the MoE layers add
   /// their router losses' gradients times ctx.step.loss_backward_scale. Adds to every gradient.
@@ -304,6 +352,18 @@ class transformer {
   }
 
  private:
+  /// This rank's two chunks of each sequence of `all` [S*B] into `mine` [S/CP * B].
+  void keep_my_chunks(std::span<std::int32_t const> all, int seq, int batch,
+                      std::vector<std::int32_t>& mine) const {
+    int const cp = context_parallel(), r = groups_->cp().rank(), L = seq / (2 * cp);
+    auto const run = static_cast<std::size_t>(L) * static_cast<std::size_t>(batch);
+    mine.resize(2 * run);
+    int const chunks[2] = {r, 2 * cp - 1 - r};
+    for (int i = 0; i < 2; ++i)
+      std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(chunks[i] * run), run,
+                  mine.begin() + static_cast<std::ptrdiff_t>(i * run));
+  }
+
   using attention_type = causal_attention<scalar, Config::model::value.qk_layernorm>;
   struct block {
     rms_norm<scalar> input_norm;
@@ -337,11 +397,10 @@ class transformer {
 
   static config_values checked_values(startup_values const& given) {
     // The attention's own limit first: a layout it cannot run is R036, whatever the type says.
-    for (auto const degree : {given.tp, given.cp, given.pp})
+    for (auto const degree : {given.tp, given.pp})
       if (degree && *degree != 1)
-        throw config_error(rules::id::attention_needs_tp_cp_pp_one,
-                           "TP " + std::to_string(given.tp.value_or(1)) + ", CP " +
-                               std::to_string(given.cp.value_or(1)) + ", PP " +
+        throw config_error(rules::id::attention_needs_tp_pp_one,
+                           "TP " + std::to_string(given.tp.value_or(1)) + ", PP " +
                                std::to_string(given.pp.value_or(1)));
     config_values v = resolve<Config>(given);
     if (!rules::model_resolved(v.model)) {
@@ -359,10 +418,9 @@ class transformer {
                          "the transformer's model sizes left to start-up: " + missing);
     }
     auto const& d = v.parallel;
-    if (d.tp != 1 || d.cp != 1 || d.pp != 1)
-      throw config_error(rules::id::attention_needs_tp_cp_pp_one,
-                         "TP " + std::to_string(d.tp) + ", CP " + std::to_string(d.cp) + ", PP " +
-                             std::to_string(d.pp));
+    if (d.tp != 1 || d.pp != 1)
+      throw config_error(rules::id::attention_needs_tp_pp_one,
+                         "TP " + std::to_string(d.tp) + ", PP " + std::to_string(d.pp));
     return v;
   }
   static config_values agreed_values(parallel::process_groups const& groups,
@@ -373,6 +431,7 @@ class transformer {
   }
 
   void build(parallel::process_groups const* groups) {
+    groups_ = groups;
     auto const& m = values_.model;
     int const H = hidden_size();
     for (int i = 0; i < m.layers; ++i) {
@@ -393,6 +452,7 @@ class transformer {
                               attention_type(H, m.heads, m.query_groups, m.rope_base,
                                              m.norm_epsilon),
                               rms_norm<scalar>(H, m.norm_epsilon)});
+      if (values_.parallel.cp > 1) blocks_.back().attention.set_context_parallel(groups->cp());
       if (is_moe(i)) {
         blocks_.back().moe = next_moe++;
       } else {
@@ -410,7 +470,9 @@ class transformer {
   std::vector<dense_mlp<scalar>> dense_;
   rms_norm<scalar> final_norm_{1};
   lm_head<scalar> head_{1, 1};
-  int seq_ = 0, batch_ = 0;
+  parallel::process_groups const* groups_ = nullptr;  // kept by reference; null on one rank
+  int seq_ = 0, batch_ = 0;                           // this rank's positions, sequences
+  std::vector<std::int32_t> local_tokens_, local_targets_;  // this rank's chunks under CP
   row_matrix<scalar> residual_, normed_, branch_, grad_, grad_normed_;
 };
 

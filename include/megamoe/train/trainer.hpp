@@ -65,7 +65,8 @@ class trainer {
       : model_(model), corpus_(corpus), settings_(settings), optimizer_(model, settings.optimizer) {
     check();
   }
-  /// On a job (attention TP = CP = 1: DP = world / PP).
+  /// On a job (attention TP = 1: DP = world / (CP PP)). Every rank of a CP group trains on the
+  /// same micro-batches, each on its chunks of the sequences.
   trainer(parallel::process_groups const& groups, model_type& model, byte_corpus const& corpus,
           train_settings const& settings)
       : model_(model),
@@ -78,6 +79,7 @@ class trainer {
 
   [[nodiscard]] int dp_size() const { return groups_ ? groups_->dp().size() : 1; }
   [[nodiscard]] int dp_rank() const { return groups_ ? groups_->dp().rank() : 0; }
+  [[nodiscard]] int cp_size() const { return groups_ ? groups_->cp().size() : 1; }
   [[nodiscard]] std::int64_t global_batch_tokens() const {
     return std::int64_t{settings_.micro_batch} * settings_.micro_batches * dp_size() *
            settings_.seq_length;
@@ -103,7 +105,7 @@ class trainer {
   step_metrics const& step(context& ctx) {
     auto const start = std::chrono::steady_clock::now();
     int const S = settings_.seq_length, B = settings_.micro_batch, M = settings_.micro_batches;
-    int const DP = dp_size();
+    int const DP = dp_size(), CP = cp_size();
     ++step_;
     // Every field back to its default; the expert loads keep their buffers.
     auto loads = std::move(metrics_.expert_load);
@@ -119,7 +121,7 @@ class trainer {
       times.time(step_stage::optimizer, [&] { optimizer_.zero_grad(ctx.pool()); });
     gradients_zeroed_ = false;
     ctx.step.mode = router::pass::training;
-    ctx.step.loss_backward_scale = router::loss_backward_scale(1.0, 1, M);
+    ctx.step.loss_backward_scale = router::loss_backward_scale(1.0, CP, M);
     tokens_.resize(static_cast<std::size_t>(S) * B);
     targets_.resize(tokens_.size());
     auto const& moe = model_.moe_layers();
@@ -146,12 +148,13 @@ class trainer {
       }
       model_.backward(ctx, static_cast<scalar>(1.0 / M));
     }
-    // Logged values over the global batch (every rank the same).
+    // Logged values over the global batch (every rank the same): a CP rank's cross-entropy is
+    // the mean over its chunks, its router losses its share of the micro-batch's.
     std::vector<double>& sums = sums_;
     sums.assign({loss, router_loss, aux_loss, z_loss});
     for (auto const& layer : out.expert_load) sums.insert(sums.end(), layer.begin(), layer.end());
-    if (groups_) parallel::all_reduce_sum(groups_->dp(), std::span<double>(sums));
-    out.loss = sums[0] / (M * DP);
+    if (groups_) parallel::all_reduce_sum(groups_->dp_cp(), std::span<double>(sums));
+    out.loss = sums[0] / (M * DP * CP);
     out.router_loss = sums[1] / (M * DP);
     out.aux_loss = sums[2] / (M * DP);
     out.z_loss = sums[3] / (M * DP);
@@ -196,14 +199,15 @@ class trainer {
       for (int b = 0; b < B; ++b)
         corpus_.heldout_window(first + b < windows ? first + b : 0, S, B, b, tokens_, targets_);
       model_.forward(ctx, tokens_, targets_, S, B);
-      auto const losses = model_.token_losses();
+      auto const losses = model_.token_losses();  // this rank's S / CP positions
+      int const positions = S / cp_size();
       for (int b = 0; b < B && first + b < windows; ++b) {
-        for (int s = 0; s < S; ++s) sums[0] += losses[static_cast<std::size_t>(s) * B + b];
-        sums[1] += S;
+        for (int s = 0; s < positions; ++s) sums[0] += losses[static_cast<std::size_t>(s) * B + b];
+        sums[1] += positions;
       }
     }
     ctx.step.mode = router::pass::training;
-    if (groups_) parallel::all_reduce_sum(groups_->dp(), std::span<double>(sums));
+    if (groups_) parallel::all_reduce_sum(groups_->dp_cp(), std::span<double>(sums));
     return sums[0] / sums[1] / std::numbers::ln2;
   }
 
@@ -219,6 +223,10 @@ class trainer {
       if (settings_.seq_length < 1 || settings_.micro_batch < 1 || settings_.micro_batches < 1 ||
           settings_.steps < 0)
         throw input_error("training: seq_length, micro_batch and micro_batches must be >= 1");
+      if (cp_size() > 1 && settings_.seq_length % (2 * cp_size()) != 0)
+        throw config_error(rules::id::context_chunks_divide_sequence,
+                           "sequence length " + std::to_string(settings_.seq_length) + ", CP " +
+                               std::to_string(cp_size()));
       corpus_.require_windows(settings_.seq_length);
     });
   }

@@ -1,0 +1,32 @@
+#!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# megamoe-train on a folded layout follows the one-rank run: 20 steps of the `tiny` preset on the
+# same global batches (8 sequences of 32 bytes), alone and on RANKS ranks with the given degree
+# flags; every step's loss must agree within RTOL relative, and the folded run ends with its sample
+# and final line (the samples themselves may part: a byte drawn near a boundary of the sampling
+# distribution follows float rounding).
+#   folded_curve.sh MEGAMOE_TRAIN MPIEXEC CORPUS WORKDIR RANKS RTOL FLAG...
+set -euo pipefail
+train=$(realpath "$1") mpiexec=$2 corpus=$(realpath "$3") work=$4 ranks=$5 rtol=$6
+shift 6
+rm -rf "$work"
+mkdir -p "$work"
+cd "$work"
+common=(--data "$corpus" --preset tiny --steps 20 --seq-len 32 --micro-batch 4 --global-batch 8)
+fail() { echo "FAILED: $*"; exit 1; }
+losses() { sed -E 's/^\{"step":([0-9]+),"loss":([^,]+),.*/\1 \2/' "$1"; }
+
+"$train" "${common[@]}" --out one >one.log 2>&1 || { cat one.log; fail "one rank"; }
+"$mpiexec" --oversubscribe -n "$ranks" "$train" "${common[@]}" "$@" --out folded >folded.log 2>&1 ||
+  { cat folded.log; fail "$ranks ranks $*"; }
+losses one/metrics.jsonl >one.txt
+losses folded/metrics.jsonl >folded.txt
+[ "$(wc -l <one.txt)" = 20 ] && [ "$(wc -l <folded.txt)" = 20 ] || fail "not 20 steps each"
+paste one.txt folded.txt | awk -v rtol="$rtol" '
+  { d = ($2 - $4) / $2; if (d < 0) d = -d; if (d > worst) worst = d
+    if ($1 != $3 || d > rtol) { printf "step %s: one rank %s, folded %s\n", $1, $2, $4; bad = 1 } }
+  END { printf "worst relative difference over 20 steps: %.3g\n", worst; exit bad }' ||
+  fail "the loss curves differ by more than $rtol"
+grep -aq '^sample:' folded.log && grep -aq '^{"final":{"steps":20,' folded.log ||
+  fail "no sample or final line"
+echo "folded curve ($ranks ranks $*): passed"
