@@ -83,7 +83,7 @@ namespace {
 
 struct options {
   int steps = 700, micro_batch = 16, global_batch = 0, seq_len = 128;
-  int tp = 1, cp = 1, etp = 0, ep = 0;  // etp, ep 0: their defaults
+  int tp = 1, cp = 1, etp = 0, ep = 0;    // etp, ep 0: their defaults
   int eval_interval = 0, eval_iters = 0;  // 0: steps / 4, and every held-out window
   double lr = 3e-3;
   std::uint64_t seed = 1234;
@@ -174,8 +174,9 @@ std::string generate(mm::context& ctx, Model& model, std::string const& prompt, 
     context.resize(static_cast<std::size_t>(padded), 0);
     model.forward(ctx, context, {}, padded, 1);
     auto const logits = model.logits_at(n - 1, 0);
-    Eigen::RowVectorXd const last =
-        Eigen::Map<Eigen::RowVectorXd const>(logits.data(), static_cast<Eigen::Index>(logits.size())) / 0.8;
+    Eigen::RowVectorXd const last = Eigen::Map<Eigen::RowVectorXd const>(
+                                        logits.data(), static_cast<Eigen::Index>(logits.size())) /
+                                    0.8;
     Eigen::RowVectorXd const p = (last.array() - last.maxCoeff()).exp();
     double u = mm::uniform_open01(mm::splitmix64(seed) ^ static_cast<std::uint64_t>(i)) * p.sum();
     int next = 0;
@@ -350,11 +351,10 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
     std::cerr << "megamoe-train: preset " << o.preset << ", " << corpus.training().size()
               << " training bytes, " << corpus.heldout().size() << " held out (unigram " << unigram
               << " bits/byte); " << world.size() << " rank(s), CP " << degrees.cp << ", EP "
-              << degrees.ep
-              << ", global batch " << settings.micro_batch * settings.micro_batches * dp << " x "
-              << o.seq_len << " bytes"
-              << (resumed_line.empty() ? std::string() : "; " + resumed_line) << upcycled_line
-              << "\n";
+              << degrees.ep << ", global batch "
+              << settings.micro_batch * settings.micro_batches * dp << " x " << o.seq_len
+              << " bytes" << (resumed_line.empty() ? std::string() : "; " + resumed_line)
+              << upcycled_line << "\n";
   int const eval_every = o.eval_interval > 0 ? o.eval_interval : std::max(1, o.steps / 4);
   bool const terminal = isatty(fileno(stderr)) != 0;
   double const flops_per_token = model.flops_per_token(o.seq_len);

@@ -181,9 +181,9 @@ TEST(Describe, TheModelSlotUsesReferenceNames) {
   EXPECT_EQ(m["qk_layernorm"], false);
   EXPECT_EQ(m["layernorm_epsilon"], 1e-5);
   using listed =
-      mm::make_config<small_shape, md::decoder<md::layers<3>, md::heads<mm::dynamic>,
-                                               md::dense_ffn<96>, md::moe_layer_pattern<1, 0, 1>,
-                                               md::qk_layernorm<>>>;
+      mm::make_config<small_shape,
+                      md::decoder<md::layers<3>, md::heads<mm::dynamic>, md::dense_ffn<96>,
+                                  md::moe_layer_pattern<1, 0, 1>, md::qk_layernorm<>>>;
   auto const l = mm::describe<listed>().json["model"];
   EXPECT_EQ(l["moe_layer_freq"], json::array({1, 0, 1}));
   EXPECT_EQ(l["qk_layernorm"], true);

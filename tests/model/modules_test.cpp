@@ -174,8 +174,7 @@ matrix attention_by_loops(matrix const& x, matrix const& wqkv, matrix const& wpr
   int const block = (per + 2) * d;
   matrix const qkv = x * wqkv.transpose();
   auto rope = [&](Eigen::RowVectorXd u, int s, matrix const* norm) {
-    if (norm != nullptr)
-      u = (u / std::sqrt(u.squaredNorm() / d + 1e-5)).cwiseProduct(norm->row(0));
+    if (norm != nullptr) u = (u / std::sqrt(u.squaredNorm() / d + 1e-5)).cwiseProduct(norm->row(0));
     Eigen::RowVectorXd rotated(d);
     for (int i = 0; i < half; ++i) {
       double const angle = s * std::pow(10000.0, -2.0 * i / d);
@@ -272,11 +271,11 @@ TEST_P(CausalAttention, QkLayernormNormalizesEachQueryAndKeyHeadBeforeRope) {
   attention.forward(exec, in(x), S, B, out(y));
   matrix const wq = params.at("p.q_layernorm.weight"), wk = params.at("p.k_layernorm.weight");
   matrix const expected =
-      attention_by_loops(x, params.at("p.linear_qkv.weight"), params.at("p.linear_proj.weight"),
-                         S, B, heads, groups, &wq, &wk);
+      attention_by_loops(x, params.at("p.linear_qkv.weight"), params.at("p.linear_proj.weight"), S,
+                         B, heads, groups, &wq, &wk);
   EXPECT_LT((y - expected).cwiseAbs().maxCoeff(), 1e-12);
-  matrix const without = attention_by_loops(
-      x, params.at("p.linear_qkv.weight"), params.at("p.linear_proj.weight"), S, B, heads, groups);
+  matrix const without = attention_by_loops(x, params.at("p.linear_qkv.weight"),
+                                            params.at("p.linear_proj.weight"), S, B, heads, groups);
   EXPECT_GT((y - without).cwiseAbs().maxCoeff(), 1e-3);  // the norms change the result
 
   auto loss = [&] {

@@ -35,11 +35,18 @@ namespace {
 namespace md = mm::model;
 using decoder = md::decoder<md::layers<2>, md::heads<2>, md::vocabulary<256>, md::dense_ffn<20>,
                             md::moe_layer_freq<2>>;
-template <class Dispatch, class Precision, class Parallel, class Memory = mm::memory::keep_all>
+using softmax_aux = rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>;
+template <class Dispatch, class Precision, class Parallel, class Memory = mm::memory::keep_all,
+          class Router = softmax_aux>
 using config =
-    mm::make_config<mm::shape<mm::hidden<16>, mm::ffn<12>, mm::experts<4>>,
-                    rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>, Dispatch,
+    mm::make_config<mm::shape<mm::hidden<16>, mm::ffn<12>, mm::experts<4>>, Router, Dispatch,
                     mm::expert::mlp<mm::expert::swiglu>, Precision, Parallel, Memory, decoder>;
+// The dropless routers every layout must train alike (a capacity limit sees tokens in another
+// order per layout): softmax with aux and z loss, sequence aux loss, global aux loss, and sigmoid
+// scores with the aux-loss-free expert bias.
+using seq_aux = rt::top_k<2, rt::seq_aux_loss<1e-2>>;
+using global_aux = rt::top_k<2, rt::global_aux_loss<1e-2>>;
+using sigmoid_bias = rt::top_k<2, rt::sigmoid, rt::expert_bias<1e-2>>;
 using mapped = mm::parallel::mapping<mm::parallel::cp<mm::dynamic>, mm::parallel::etp<mm::dynamic>,
                                      mm::parallel::ep<mm::dynamic>>;
 using one_rank = mm::parallel::mapping<>;
@@ -84,6 +91,75 @@ void compare(mm::testing::tally& result, std::string const& what,
   }
 }
 
+/// fp64 steps through the trainer (clipping every step: losses, then parameters, 1e-9) and the
+/// fp32 first global batch (loss and reduced gradients, 1e-5) of the job against one rank, with
+/// `Router`.
+template <class Router>
+void against_one_rank(mm::parallel::process_groups const& groups, mt::byte_corpus const& corpus,
+                      mm::context& ctx, mm::testing::tally& result, int steps,
+                      std::string const& what) {
+  int const DP = groups.dp().size(), CP = groups.cp().size();
+  // fp64, whole steps through the trainer, clipping every step.
+  {
+    using job_config =
+        config<mm::dispatch::all_to_all, mm::precision::fp64, mapped, mm::memory::keep_all, Router>;
+    using one_config =
+        config<mm::dispatch::local, mm::precision::fp64, one_rank, mm::memory::keep_all, Router>;
+    mt::train_settings s = settings(steps, 1);
+    s.optimizer.clip_grad = 1e-3;
+    mm::transformer<job_config> model(groups);
+    model.initialize(9, 0.3);
+    mt::trainer<job_config> job(groups, model, corpus, s);
+    mt::train_settings s1 = s;
+    s1.micro_batches = s.micro_batches * DP;
+    mm::transformer<one_config> one;
+    one.initialize(9, 0.3);
+    mt::trainer<one_config> reference(one, corpus, s1);
+    for (int k = 1; k <= steps; ++k) {
+      auto const a = job.step(ctx);
+      auto const b = reference.step(ctx);
+      result.close(what + "loss of step " + std::to_string(k), a.loss, b.loss, 1.0, 1e-9);
+      result.close(what + "clipped at step " + std::to_string(k), a.clip_factor < 1 ? 1 : 0, 1, 1,
+                   0);
+    }
+    compare(result, what + "fp64 parameter after the steps", tensors(model, false),
+            tensors(one, false), 1e-9, false);
+  }
+  // fp32, the first global batch's gradients.
+  {
+    using job_config =
+        config<mm::dispatch::all_to_all, mm::precision::fp32, mapped, mm::memory::keep_all, Router>;
+    using one_config =
+        config<mm::dispatch::local, mm::precision::fp32, one_rank, mm::memory::keep_all, Router>;
+    mm::transformer<job_config> model(groups);
+    mm::transformer<one_config> one;
+    model.initialize(4, 0.3);
+    one.initialize(4, 0.3);
+    std::vector<std::int32_t> tokens(seq * micro), targets(tokens.size());
+    ctx.step.loss_backward_scale = CP;  // the reference's cp / micro-batches
+    model.zero_grad();
+    one.zero_grad();
+    corpus.training_batch(5, 1, static_cast<std::uint64_t>(groups.dp().rank() * micro), seq, micro,
+                          tokens, targets);
+    double const mine = model.forward(ctx, tokens, targets, seq, micro).cross_entropy;
+    model.backward(ctx, 1.0f);
+    mm::parallel::reduce_gradients(groups, model);
+    std::vector<double> loss{mine / CP};  // a CP rank's mean is over its chunks
+    mm::parallel::all_reduce_sum(groups.dp_cp(), std::span<double>(loss));
+    // One rank: the DP ranks' micro-batches in turn, each weighted 1/DP.
+    ctx.step.loss_backward_scale = 1.0 / DP;
+    double total = 0.0;
+    for (int r = 0; r < DP; ++r) {
+      corpus.training_batch(5, 1, static_cast<std::uint64_t>(r * micro), seq, micro, tokens,
+                            targets);
+      total += one.forward(ctx, tokens, targets, seq, micro).cross_entropy;
+      one.backward(ctx, static_cast<float>(1.0 / DP));
+    }
+    result.close(what + "fp32 loss of the first global batch", loss[0] / DP, total / DP, 1.0, 1e-5);
+    compare(result, what + "fp32 gradient", tensors(model, true), tensors(one, true), 1e-5, true);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -117,59 +193,15 @@ int main(int argc, char** argv) {
 
     // The one-rank comparisons name whole tensors: with ETP > 1 only the job-to-job one runs.
     bool const one_rank_twin = d.etp == 1;
-    // fp64, whole steps through the trainer, clipping every step.
     if (one_rank_twin) {
-      using job_config = config<mm::dispatch::all_to_all, mm::precision::fp64, mapped>;
-      using one_config = config<mm::dispatch::local, mm::precision::fp64, one_rank>;
-      mt::train_settings s = settings(steps, 1);
-      s.optimizer.clip_grad = 1e-3;
-      mm::transformer<job_config> model(groups);
-      model.initialize(9, 0.3);
-      mt::trainer<job_config> job(groups, model, corpus, s);
-      mt::train_settings s1 = s;
-      s1.micro_batches = s.micro_batches * DP;
-      mm::transformer<one_config> one;
-      one.initialize(9, 0.3);
-      mt::trainer<one_config> reference(one, corpus, s1);
-      for (int k = 1; k <= steps; ++k) {
-        auto const a = job.step(ctx);
-        auto const b = reference.step(ctx);
-        result.close("loss of step " + std::to_string(k), a.loss, b.loss, 1.0, 1e-9);
-        result.close("clipped at step " + std::to_string(k), a.clip_factor < 1 ? 1 : 0, 1, 1, 0);
-      }
-      compare(result, "fp64 parameter after the steps", tensors(model, false), tensors(one, false),
-              1e-9, false);
-    }
-    // fp32, the first global batch's gradients.
-    if (one_rank_twin) {
-      using job_config = config<mm::dispatch::all_to_all, mm::precision::fp32, mapped>;
-      using one_config = config<mm::dispatch::local, mm::precision::fp32, one_rank>;
-      mm::transformer<job_config> model(groups);
-      mm::transformer<one_config> one;
-      model.initialize(4, 0.3);
-      one.initialize(4, 0.3);
-      std::vector<std::int32_t> tokens(seq * micro), targets(tokens.size());
-      ctx.step.loss_backward_scale = CP;  // the reference's cp / micro-batches
-      model.zero_grad();
-      one.zero_grad();
-      corpus.training_batch(5, 1, static_cast<std::uint64_t>(groups.dp().rank() * micro), seq,
-                            micro, tokens, targets);
-      double const mine = model.forward(ctx, tokens, targets, seq, micro).cross_entropy;
-      model.backward(ctx, 1.0f);
-      mm::parallel::reduce_gradients(groups, model);
-      std::vector<double> loss{mine / CP};  // a CP rank's mean is over its chunks
-      mm::parallel::all_reduce_sum(groups.dp_cp(), std::span<double>(loss));
-      // One rank: the DP ranks' micro-batches in turn, each weighted 1/DP.
-      ctx.step.loss_backward_scale = 1.0 / DP;
-      double total = 0.0;
-      for (int r = 0; r < DP; ++r) {
-        corpus.training_batch(5, 1, static_cast<std::uint64_t>(r * micro), seq, micro, tokens,
-                              targets);
-        total += one.forward(ctx, tokens, targets, seq, micro).cross_entropy;
-        one.backward(ctx, static_cast<float>(1.0 / DP));
-      }
-      result.close("fp32 loss of the first global batch", loss[0] / DP, total / DP, 1.0, 1e-5);
-      compare(result, "fp32 gradient", tensors(model, true), tensors(one, true), 1e-5, true);
+      against_one_rank<softmax_aux>(groups, corpus, ctx, result, steps, "");
+      against_one_rank<seq_aux>(groups, corpus, ctx, result, steps, "seq aux: ");
+      // The global aux loss takes a running mean of its counts over the micro-batches a rank has
+      // seen (the reference's), so DP ranks and one rank accumulating DP micro-batches differ by
+      // design: compared where DP is 1.
+      if (groups.dp().size() == 1)
+        against_one_rank<global_aux>(groups, corpus, ctx, result, steps, "global aux: ");
+      against_one_rank<sigmoid_bias>(groups, corpus, ctx, result, steps, "sigmoid, expert bias: ");
     }
     // FP8 with the expert weights held as codes, against the same job keeping them in fp32.
     {
@@ -225,9 +257,10 @@ int main(int argc, char** argv) {
                    codes.moe_layers().front()->holds_weight_values() ? 1 : 0, 0, 1, 0);
     }
     return result.finish(world,
-"training on " + std::to_string(world.size()) + " ranks (DP " +
-                             std::to_string(DP) + ", CP " + std::to_string(CP) + ", EP " + std::to_string(groups.ep().size()) +
-                             ", EDP " + std::to_string(groups.expert_dp().size()) + ")",
+                         "training on " + std::to_string(world.size()) + " ranks (DP " +
+                             std::to_string(DP) + ", CP " + std::to_string(CP) + ", EP " +
+                             std::to_string(groups.ep().size()) + ", EDP " +
+                             std::to_string(groups.expert_dp().size()) + ")",
                          "all equal one rank's");
   });
 }

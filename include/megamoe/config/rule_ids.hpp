@@ -94,7 +94,7 @@
 #define MEGAMOE_RULE_R034                                                                      \
   "megamoe[R034]: MEGAMOE_RANKS_PER_NODE must be a positive integer dividing the world size, " \
   "and every node must hold the same number of ranks of each EP group"
-#define MEGAMOE_RULE_R036                                                                  \
+#define MEGAMOE_RULE_R036                                                                      \
   "megamoe[R036]: the transformer's attention runs with TP = PP = 1 for now (CP, and the MoE " \
   "layers' EP and EDP, may be above 1)"
 #define MEGAMOE_RULE_R037                                                                 \

@@ -102,8 +102,7 @@ class causal_attention {
     if (cp_size_ > 1)
       context_parallel_forward(exec.pool());
     else
-      kernel_.forward(exec.pool(), shape(), qkv.q, qkv.k, qkv.v, {context_.data(), H},
-                      lse_.data());
+      kernel_.forward(exec.pool(), shape(), qkv.q, qkv.k, qkv.v, {context_.data(), H}, lse_.data());
     threaded_product<expert::gemm_op::nt>(exec, N, H, H, context_.data(), H, proj_weight_.data(), H,
                                           y.data(), static_cast<int>(y.outerStride()));
   }

@@ -12,9 +12,10 @@
 namespace megamoe {
 
 /// Parameters of the whole model (one copy of each, whatever the layout): the token embedding,
-/// per layer two RMSNorms and attention's qkv and projection weights (and QK layernorm's two), then the MoE layer (router,
-/// every routed expert, the shared expert and its gate) or the dense SwiGLU FFN, the final RMSNorm
-/// and the output layer (not tied to the embedding). Every size must be resolved.
+/// per layer two RMSNorms and attention's qkv and projection weights (and QK layernorm's two), then
+/// the MoE layer (router, every routed expert, the shared expert and its gate) or the dense SwiGLU
+/// FFN, the final RMSNorm and the output layer (not tied to the embedding). Every size must be
+/// resolved.
 constexpr std::int64_t parameter_count(config_values const& v) {
   std::int64_t const H = v.shape.hidden, V = v.model.vocabulary, E = v.shape.experts;
   std::int64_t const F = v.shape.ffn, Fs = v.shape.shared_ffn, Fd = v.model.dense_ffn;

@@ -98,8 +98,8 @@ class transformer {
     if (seq < 1 || batch < 1 || std::ssize(tokens) != std::int64_t{seq} * batch ||
         (!targets.empty() && targets.size() != tokens.size()))
       throw input_error("transformer: " + std::to_string(tokens.size()) + " tokens and " +
-                        std::to_string(targets.size()) + " targets for S = " +
-                        std::to_string(seq) + ", B = " + std::to_string(batch));
+                        std::to_string(targets.size()) + " targets for S = " + std::to_string(seq) +
+                        ", B = " + std::to_string(batch));
     int const cp = context_parallel();
     if (seq % (2 * cp) != 0 && cp > 1)
       throw config_error(rules::id::context_chunks_divide_sequence,
@@ -201,7 +201,8 @@ class transformer {
       for (Eigen::Index v = 0; v < l.cols(); ++v)
         out[static_cast<std::size_t>(v)] = static_cast<double>(l(std::int64_t(row) * B + b, v));
     }
-    if (cp > 1) boost::mpi::broadcast(groups_->cp(), out.data(), static_cast<int>(out.size()), owner);
+    if (cp > 1)
+      boost::mpi::broadcast(groups_->cp(), out.data(), static_cast<int>(out.size()), owner);
     return out;
   }
 
@@ -448,10 +449,10 @@ class transformer {
     int next_moe = 0, next_dense = 0;
     blocks_.reserve(static_cast<std::size_t>(m.layers));
     for (int i = 0; i < m.layers; ++i) {
-      blocks_.push_back(block{rms_norm<scalar>(H, m.norm_epsilon),
-                              attention_type(H, m.heads, m.query_groups, m.rope_base,
-                                             m.norm_epsilon),
-                              rms_norm<scalar>(H, m.norm_epsilon)});
+      blocks_.push_back(
+          block{rms_norm<scalar>(H, m.norm_epsilon),
+                attention_type(H, m.heads, m.query_groups, m.rope_base, m.norm_epsilon),
+                rms_norm<scalar>(H, m.norm_epsilon)});
       if (values_.parallel.cp > 1) blocks_.back().attention.set_context_parallel(groups->cp());
       if (is_moe(i)) {
         blocks_.back().moe = next_moe++;
@@ -470,8 +471,8 @@ class transformer {
   std::vector<dense_mlp<scalar>> dense_;
   rms_norm<scalar> final_norm_{1};
   lm_head<scalar> head_{1, 1};
-  parallel::process_groups const* groups_ = nullptr;  // kept by reference; null on one rank
-  int seq_ = 0, batch_ = 0;                           // this rank's positions, sequences
+  parallel::process_groups const* groups_ = nullptr;        // kept by reference; null on one rank
+  int seq_ = 0, batch_ = 0;                                 // this rank's positions, sequences
   std::vector<std::int32_t> local_tokens_, local_targets_;  // this rank's chunks under CP
   row_matrix<scalar> residual_, normed_, branch_, grad_, grad_normed_;
 };
