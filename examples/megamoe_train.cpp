@@ -44,6 +44,7 @@
 #include <megamoe/model/counts.hpp>
 #include <megamoe/model/transformer.hpp>
 #include <megamoe/parallel/process_groups.hpp>
+#include <megamoe/parallel/traffic.hpp>
 #include <megamoe/train/checkpoint.hpp>
 #include <megamoe/train/corpus.hpp>
 #include <megamoe/train/report.hpp>
@@ -185,6 +186,59 @@ std::string generate(mm::context& ctx, Model& model, std::string const& prompt, 
     out.push_back(static_cast<char>(next));
   }
   ctx.step.mode = rt::pass::training;
+  return out;
+}
+
+/// --profile's traffic: per group of more than one rank, the bytes rank 0 sent per training step
+/// and, where the layout fixes it, the volume it implies (parallel/traffic.hpp counts the same
+/// way): CP's key/value exchange, 2 (CP - 1) X per layer and micro-batch with all_gather and
+/// (3 CP - 2) X with p2p (X: a rank's keys and values); the dense gradients' all-reduce and the
+/// distributed optimizer's all-gather of the parameters over TP x DP x CP, and the experts' over
+/// EDP, 3 (P - 1) / P of the parameters' bytes (the all-gather exactly so when P divides them).
+/// The expert-parallel exchange depends on the routing and has no implied volume.
+template <class Model, std::size_t D, std::size_t E>
+nlohmann::ordered_json group_traffic(mm::parallel::process_groups const& groups, Model& model,
+                                     mt::train_settings const& s,
+                                     std::array<double, D> const& decoder_bytes,
+                                     std::array<double, E> const& expert_bytes, int steps) {
+  using scalar = typename Model::scalar;
+  double const bytes = sizeof(scalar);
+  double dense = 0.0, expert = 0.0;
+  model.for_each_parameter([&](std::string_view, auto value, auto, mm::parameter_kind kind) {
+    (kind == mm::parameter_kind::dense ? dense : expert) += static_cast<double>(value.size());
+  });
+  auto const& m = model.model_settings();
+  int const cp = groups.cp().size();
+  double const kv = 2.0 * m.query_groups * (model.hidden_size() / m.heads);
+  double const x = static_cast<double>(s.seq_length) / cp * s.micro_batch * kv * bytes;
+  bool const p2p = Model::cp_comm == mm::parallel::cp_comm_type::p2p;
+  double const per_layer = p2p ? (3.0 * cp - 2.0) * x : 2.0 * (cp - 1.0) * x;
+  auto replicated = [&](double elements, int ranks) {
+    return 3.0 * elements * bytes * (ranks - 1) / ranks;
+  };
+  nlohmann::ordered_json out;
+  auto report = [&](char const* name, int ranks, double total, std::optional<double> implied) {
+    if (ranks < 2) return;
+    out[name]["bytes_per_step"] = total / steps;
+    if (implied) out[name]["implied"] = *implied;
+  };
+  using dg = mm::parallel::decoder_group;
+  using eg = mm::parallel::expert_group;
+  for (std::size_t g = 0; g < D; ++g) {
+    auto const group = static_cast<dg>(g);
+    std::optional<double> implied;
+    if (group == dg::cp) implied = per_layer * m.layers * s.micro_batches;
+    if (group == dg::tp_dp_cp) implied = replicated(dense, groups.tp_dp_cp().size());
+    report(mm::parallel::process_groups::decoder_names[g], groups.get(group).size(),
+           decoder_bytes[g], implied);
+  }
+  for (std::size_t g = 0; g < E; ++g) {
+    auto const group = static_cast<eg>(g);
+    std::optional<double> implied;
+    if (group == eg::dp) implied = replicated(expert, groups.expert_dp().size());
+    report(mm::parallel::process_groups::expert_names[g], groups.get(group).size(), expert_bytes[g],
+           implied);
+  }
   return out;
 }
 
@@ -371,10 +425,22 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
   // The step profile: seconds per stage over the steps run (this rank's).
   std::array<double, static_cast<std::size_t>(mm::layer_stage::count)> moe_seconds{};
   std::array<double, static_cast<std::size_t>(mm::step_stage::count)> step_seconds{};
+  // And the bytes this rank sent on each group in the training steps (parallel/traffic.hpp).
+  using groups_type = mm::parallel::process_groups;
+  std::array<double, groups_type::decoder_names.size()> decoder_bytes{};
+  std::array<double, groups_type::expert_names.size()> expert_bytes{};
+  auto& traffic = mm::parallel::traffic::instance();
   for (int step = first_step; step <= o.steps; ++step) {
     ctx.stages.clear();
     ctx.step_stages.clear();
+    traffic.reset();
     auto const& m = trainer.step(ctx);
+    for (std::size_t g = 0; g < decoder_bytes.size(); ++g)
+      decoder_bytes[g] += static_cast<double>(
+          traffic.bytes(MPI_Comm(groups.get(static_cast<mm::parallel::decoder_group>(g)))));
+    for (std::size_t g = 0; g < expert_bytes.size(); ++g)
+      expert_bytes[g] += static_cast<double>(
+          traffic.bytes(MPI_Comm(groups.get(static_cast<mm::parallel::expert_group>(g)))));
     for (std::size_t i = 0; i < moe_seconds.size(); ++i) moe_seconds[i] += ctx.stages.seconds[i];
     for (std::size_t i = 0; i < step_seconds.size(); ++i)
       step_seconds[i] += ctx.step_stages.seconds[i];
@@ -445,7 +511,7 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
   save();
   if (first_step > o.steps) heldout = trainer.heldout_bits_per_byte(ctx, eval_windows);
   // Shares of the step: the stages outside the MoE layers, the MoE layers' stages, the rest.
-  nlohmann::ordered_json profile;
+  nlohmann::ordered_json profile, traffic_report;
   if (o.profile && elapsed > 0) {
     double accounted = 0.0;
     auto share = [&](char const* name, double seconds) {
@@ -469,6 +535,22 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
         }
       std::fprintf(stderr, "%s; %.4f s per step\n", line.c_str(),
                    profile["seconds_per_step"].get<double>());
+    }
+    traffic_report = group_traffic(groups, model, settings, decoder_bytes, expert_bytes,
+                                   o.steps - first_step + 1);
+    if (root) {
+      std::string line = "megamoe-train: bytes per step sent by rank 0 (implied by the layout):";
+      for (auto const& [name, value] : traffic_report.items()) {
+        char part[120];
+        std::snprintf(part, sizeof part, " %s %.4g", name.c_str(),
+                      value["bytes_per_step"].template get<double>());
+        line += part;
+        if (value.contains("implied")) {
+          std::snprintf(part, sizeof part, " (%.4g)", value["implied"].template get<double>());
+          line += part;
+        }
+      }
+      std::fprintf(stderr, "%s\n", line.c_str());
     }
   }
   std::string const sample = generate(ctx, model, "The ", 200, o.seq_len, o.seed);
@@ -532,6 +614,7 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
                       {"plot_path", plot_path.string()},
                       {"weights_path", weights_path.string()}};
     if (!profile.empty()) final["final"]["profile"] = profile;
+    if (!traffic_report.empty()) final["final"]["traffic"] = traffic_report;
     std::cout << final.dump() << std::endl;
   }
   return 0;

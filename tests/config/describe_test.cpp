@@ -143,6 +143,12 @@ TEST(Describe, StartUpValuesSayWhatIsLeftOpen) {
   EXPECT_EQ(d["memory"]["recompute_granularity"], "selective");
   EXPECT_EQ(d["memory"]["recompute_modules"], json({"moe_act"}));
   EXPECT_EQ(d["parallel"]["data_parallel_size"], "from the world size");
+  EXPECT_EQ(d["parallel"]["cp_comm_type"], "p2p");  // the reference's default
+  using gathered = mm::make_config<
+      mm::shape<mm::hidden<64>, mm::ffn<128>, mm::experts<8>>,
+      mm::parallel::mapping<mm::parallel::cp<2>,
+                            mm::parallel::cp_comm<mm::parallel::cp_comm_type::all_gather>>>;
+  EXPECT_EQ(mm::describe<gathered>().json["parallel"]["cp_comm_type"], "all_gather");
 }
 
 // A run-time router given the settings of a static router describes exactly as that router does.
@@ -216,7 +222,7 @@ TEST(Describe, TheFlatFormHoldsEveryFieldOnce) {
        {"num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
         "moe_ffn_hidden_size", "num_moe_experts", "moe_router_topk", "moe_layer_freq", "vocab_size",
         "tensor_model_parallel_size", "context_parallel_size", "pipeline_model_parallel_size",
-        "expert_model_parallel_size", "expert_tensor_parallel_size"})
+        "expert_model_parallel_size", "expert_tensor_parallel_size", "cp_comm_type"})
     EXPECT_TRUE(d.flat.contains(key)) << key;
   EXPECT_EQ(d.flat["quantization_padding_multiple"], 32);
   EXPECT_EQ(d.flat["moe_router_padding_multiple"], "recipe");

@@ -4,7 +4,9 @@
 # same global batches (8 sequences of 32 bytes), alone and on RANKS ranks with the given degree
 # flags; every step's loss must agree within RTOL relative, and the folded run ends with its sample
 # and final line (the samples themselves may part: a byte drawn near a boundary of the sampling
-# distribution follows float rounding).
+# distribution follows float rounding). The folded run's --profile reports the bytes each group
+# carried per step: where the layout implies a volume, the measured bytes must be it (within
+# 1e-3: the optimizer's shards of a size P does not divide differ by a few elements).
 #   folded_curve.sh MEGAMOE_TRAIN MPIEXEC CORPUS WORKDIR RANKS RTOL FLAG...
 set -euo pipefail
 train=$(realpath "$1") mpiexec=$2 corpus=$(realpath "$3") work=$4 ranks=$5 rtol=$6
@@ -17,7 +19,7 @@ fail() { echo "FAILED: $*"; exit 1; }
 losses() { sed -E 's/^\{"step":([0-9]+),"loss":([^,]+),.*/\1 \2/' "$1"; }
 
 "$train" "${common[@]}" --out one >one.log 2>&1 || { cat one.log; fail "one rank"; }
-"$mpiexec" --oversubscribe -n "$ranks" "$train" "${common[@]}" "$@" --out folded >folded.log 2>&1 ||
+"$mpiexec" --oversubscribe -n "$ranks" "$train" "${common[@]}" "$@" --profile --out folded >folded.log 2>&1 ||
   { cat folded.log; fail "$ranks ranks $*"; }
 losses one/metrics.jsonl >one.txt
 losses folded/metrics.jsonl >folded.txt
@@ -29,4 +31,13 @@ paste one.txt folded.txt | awk -v rtol="$rtol" '
   fail "the loss curves differ by more than $rtol"
 grep -aq '^sample:' folded.log && grep -aq '^{"final":{"steps":20,' folded.log ||
   fail "no sample or final line"
+traffic=$(grep -a '^{"final"' folded.log | grep -o '"traffic":{.*}}}' || true)
+[ -n "$traffic" ] || fail "no traffic in the final line"
+echo "$traffic"
+echo "$traffic" | grep -o '"[a-z_]*":{"bytes_per_step":[0-9.e+]*,"implied":[0-9.e+]*}' |
+  sed -E 's/"([a-z_]*)":\{"bytes_per_step":([^,]*),"implied":([^}]*)\}/\1 \2 \3/' >implied.txt
+[ -s implied.txt ] || fail "no group with an implied volume"
+awk '{ d = ($2 - $3) / $3; if (d < 0) d = -d
+       if (d > 1e-3) { printf "group %s: %s bytes per step, the layout implies %s\n", $1, $2, $3; bad = 1 } }
+     END { exit bad }' implied.txt || fail "measured bytes differ from the implied volume"
 echo "folded curve ($ranks ranks $*): passed"

@@ -186,6 +186,7 @@ inline nlohmann::ordered_json precision_json(std::string_view policy,
 }
 
 inline nlohmann::ordered_json parallel_json(std::string_view policy, parallel::degrees const& d,
+                                            parallel::cp_comm_type cp_comm,
                                             std::optional<int> world_size) {
   nlohmann::ordered_json j;
   j["policy"] = policy;
@@ -195,6 +196,7 @@ inline nlohmann::ordered_json parallel_json(std::string_view policy, parallel::d
   j["pipeline_model_parallel_size"] = size_or_dynamic(d.pp);
   j["expert_tensor_parallel_size"] = size_or_dynamic(d.etp);
   j["expert_model_parallel_size"] = size_or_dynamic(d.ep);
+  j["cp_comm_type"] = parallel::name_of(cp_comm);
   auto derived = [&](int a, int b, int c) -> nlohmann::ordered_json {
     if (!world_size || a == dynamic || b == dynamic || c == dynamic || a * b * c <= 0 ||
         *world_size % (a * b * c) != 0)
@@ -268,7 +270,7 @@ inline config_description describe(config_values const& v) {
         detail::dispatch_json(c.names.dispatch, c.dispatch, c.overlap_chunks, c.parallel);
     j["expert"] = detail::expert_json(c.names.expert, c.expert);
     j["precision"] = detail::precision_json(c.names.precision, c.precision);
-    j["parallel"] = detail::parallel_json(c.names.parallel, c.parallel, c.world_size);
+    j["parallel"] = detail::parallel_json(c.names.parallel, c.parallel, c.cp_comm, c.world_size);
     j["memory"] = detail::memory_json(c.names.memory, c.memory);
     j["model"] = detail::model_json(c.names.model, c.model, c.shape.hidden);
     return j;

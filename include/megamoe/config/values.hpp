@@ -36,6 +36,7 @@ struct config_values {
   expert::settings expert;
   precision::settings precision;
   parallel::degrees parallel;
+  parallel::cp_comm_type cp_comm = parallel::cp_comm_type::p2p;  // cp_comm_type
   memory::settings memory;
   model::settings model;
   std::optional<int> world_size;
@@ -59,6 +60,7 @@ constexpr config_values values_of() {
   v.expert = C::expert::value;
   v.precision = C::precision::value;
   v.parallel = C::parallel::value;
+  v.cp_comm = C::parallel::cp_comm;
   v.memory = C::memory::value;
   v.model = C::model::value;
   return v;

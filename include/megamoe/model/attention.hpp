@@ -26,6 +26,7 @@
 #include <megamoe/model/norm.hpp>
 #include <megamoe/model/products.hpp>
 #include <megamoe/parallel/collectives.hpp>
+#include <megamoe/parallel/tags.hpp>
 
 #include <boost/mpi/communicator.hpp>
 
@@ -38,7 +39,8 @@
 
 namespace megamoe {
 
-template <class T, bool QkLayernorm = false>
+template <class T, bool QkLayernorm = false,
+          parallel::cp_comm_type CpComm = parallel::cp_comm_type::p2p>
 class causal_attention {
  public:
   /// `query_groups` 0: one key/value head per query head; `norm_epsilon` is QK layernorm's.
@@ -72,8 +74,8 @@ class causal_attention {
   /// Context parallelism over `cp` (kept by reference; size 1: none): each sequence is cut into
   /// 2 CP chunks and this rank's rows are chunks r and 2 CP - 1 - r (r its rank in `cp`), in that
   /// order, each S / 2 positions of the B sequences (t = s B + b within the rank's S positions).
-  /// Keys and values are all-gathered over `cp` in forward and their gradients reduce-scattered
-  /// in backward; RoPE and the causal mask see global positions.
+  /// Keys and values go around the CP ring (`CpComm` p2p) or are all-gathered (all_gather), and
+  /// their gradients come back the same way; RoPE and the causal mask see global positions.
   void set_context_parallel(boost::mpi::communicator const& cp) {
     cp_ = &cp;
     cp_size_ = cp.size();
@@ -242,33 +244,17 @@ class causal_attention {
     }
   }
 
-  // ---- context parallelism (all-gather of keys and values) ----
+  // ---- context parallelism ----
   // Keys and values travel as rows of G blocks of 2d (a group's key head, then its value head:
-  // the last 2d of its linear_qkv block).
+  // the last 2d of its linear_qkv block, packed by move_heads with first P, count 2).
   [[nodiscard]] int kv_width() const noexcept { return 2 * groups_ * head_size(); }
-  /// Where sequence chunk j (of 2 CP) lies among the gathered rows: rank-major, each rank's two.
+  /// The sequence chunk of local chunk i (0 or 1) of CP rank r.
+  [[nodiscard]] int chunk_of(int r, int i) const noexcept {
+    return i == 0 ? r : 2 * cp_size_ - 1 - r;
+  }
+  /// Where sequence chunk j (of 2 CP) lies among gathered rows: rank-major, each rank's two.
   [[nodiscard]] int gathered_block(int chunk) const noexcept {
     return chunk < cp_size_ ? 2 * chunk : 2 * (2 * cp_size_ - 1 - chunk) + 1;
-  }
-  /// The sequence chunk of this rank's local chunk i (0 or 1).
-  [[nodiscard]] int my_chunk(int i) const noexcept {
-    return i == 0 ? cp_rank_ : 2 * cp_size_ - 1 - cp_rank_;
-  }
-  /// Copies each local row's key and value heads between qkv rows and packed kv rows.
-  template <bool ToQkv>
-  void move_kv(thread_pool& pool, T* qkv, T* kv, int tokens) const {
-    int const d = head_size(), per = heads_ / groups_, W = qkv_width(), KV = kv_width();
-    parallel_rows(pool, tokens, [&](int begin, int end) {
-      for (int t = begin; t < end; ++t)
-        for (int g = 0; g < groups_; ++g) {
-          T* const row = qkv + std::int64_t(t) * W + std::int64_t(g) * (per + 2) * d + per * d;
-          T* const packed = kv + std::int64_t(t) * KV + std::int64_t(g) * 2 * d;
-          if constexpr (ToQkv)
-            std::copy(packed, packed + 2 * d, row);
-          else
-            std::copy(row, row + 2 * d, packed);
-        }
-    });
   }
   /// Copies whole chunks between the rank-major gathered order and sequence order.
   template <bool ToSequence>
@@ -285,14 +271,15 @@ class causal_attention {
       }
     });
   }
-  /// The shape of local chunk i's queries against the keys of every position up to its end.
-  [[nodiscard]] attention::attention_shape chunk_shape(int i) const noexcept {
-    int const L = seq_ / 2, c = my_chunk(i);
+  /// Local query chunk i against `keys` key rows starting at sequence chunk `key_chunk`.
+  [[nodiscard]] attention::attention_shape chunk_shape(int i, int key_chunk,
+                                                       int keys) const noexcept {
+    int const L = seq_ / 2;
     attention::attention_shape s = shape();
     s.seq = L;
-    s.key_seq = (c + 1) * L;
-    s.query_offset = c * L;
-    s.key_offset = 0;
+    s.key_seq = keys;
+    s.query_offset = chunk_of(cp_rank_, i) * L;
+    s.key_offset = key_chunk * L;
     return s;
   }
   template <class U>
@@ -300,60 +287,158 @@ class causal_attention {
     int const d = head_size();
     return {data + (value ? d : 0), kv_width(), 1, 2 * d};
   }
+  /// Local query chunk i's queries (in qkv_) and their gradients (in grad_qkv_), context and
+  /// context gradient rows, and log-sum-exp.
+  template <class U>
+  [[nodiscard]] attention::token_view<U> chunk_queries(U* qkv, int i) const noexcept {
+    auto q = views<U>(qkv).q;
+    q.data += std::int64_t(i) * (qkv_.rows() / 2) * qkv_width();
+    return q;
+  }
+  template <class U>
+  [[nodiscard]] attention::token_view<U> chunk_rows_of(U* rows, int i) const noexcept {
+    return {rows + std::int64_t(i) * (qkv_.rows() / 2) * hidden_, hidden_};
+  }
+  [[nodiscard]] T* chunk_lse(int i) noexcept { return lse_.data() + i * (lse_.size() / 2); }
+
   void context_parallel_forward(thread_pool& pool) {
-    int const N = static_cast<int>(qkv_.rows()), H = hidden_, W = qkv_width(), KV = kv_width();
-    int const chunk_rows = N / 2;
-    kv_local_.resize(N, KV);
-    move_kv<false>(pool, qkv_.data(), kv_local_.data(), N);
+    int const N = static_cast<int>(qkv_.rows()), per = heads_ / groups_;
+    kv_local_.resize(N, kv_width());
+    move_heads<false>(pool, qkv_.data(), kv_local_.data(), N, per, 2);
+    if constexpr (CpComm == parallel::cp_comm_type::all_gather)
+      gathered_forward(pool);
+    else
+      ring_forward(pool);
+  }
+  void context_parallel_backward(thread_pool& pool) {
+    int const N = static_cast<int>(qkv_.rows()), per = heads_ / groups_;
+    if constexpr (CpComm == parallel::cp_comm_type::all_gather)
+      gathered_backward(pool);
+    else
+      ring_backward(pool);
+    // kv_local_ now holds this rank's key and value gradients.
+    move_heads<true>(pool, grad_qkv_.data(), kv_local_.data(), N, per, 2);
+  }
+
+  // all_gather: every rank's keys and values in sequence order; each local query chunk against
+  // the keys up to its end; backward sums the two chunks' key gradients and reduce-scatters.
+  void gathered_forward(thread_pool& pool) {
+    int const N = static_cast<int>(qkv_.rows()), KV = kv_width(), chunk_rows = N / 2;
     kv_gathered_.resize(std::int64_t(N) * cp_size_, KV);
     rows_per_rank_.assign(static_cast<std::size_t>(cp_size_), N);
     parallel::all_gather_v(*cp_, kv_local_.data(), kv_gathered_.data(),
                            std::span<std::int64_t const>(rows_per_rank_), KV);
     kv_sequence_.resize(kv_gathered_.rows(), KV);
     reorder_chunks<true>(pool, kv_gathered_.data(), kv_sequence_.data(), chunk_rows);
-    auto const qkv = views<T const>(qkv_.data());
-    std::size_t const lse_chunk = lse_.size() / 2;
     for (int i = 0; i < 2; ++i) {
-      auto q = qkv.q;
-      q.data += std::int64_t(i) * chunk_rows * W;
-      kernel_.forward(pool, chunk_shape(i), q, kv_view<T const>(kv_sequence_.data(), false),
+      int const keys = (chunk_of(cp_rank_, i) + 1) * (seq_ / 2);
+      kernel_.forward(pool, chunk_shape(i, 0, keys), chunk_queries<T const>(qkv_.data(), i),
+                      kv_view<T const>(kv_sequence_.data(), false),
                       kv_view<T const>(kv_sequence_.data(), true),
-                      {context_.data() + std::int64_t(i) * chunk_rows * H, H},
-                      lse_.data() + i * lse_chunk);
+                      chunk_rows_of<T>(context_.data(), i), chunk_lse(i));
     }
   }
-  void context_parallel_backward(thread_pool& pool) {
-    int const N = static_cast<int>(qkv_.rows()), H = hidden_, W = qkv_width(), KV = kv_width();
-    int const chunk_rows = N / 2;
-    auto const qkv = views<T const>(qkv_.data());
-    auto const grad = views<T>(grad_qkv_.data());
-    std::size_t const lse_chunk = lse_.size() / 2;
+  void gathered_backward(thread_pool& pool) {
+    int const N = static_cast<int>(qkv_.rows()), KV = kv_width(), chunk_rows = N / 2;
     // Chunk 1 (the later one) sees keys up to its end, which covers chunk 0's; chunk 0's key
     // gradients go to their own rows and are added.
     grad_kv_sequence_.resize(kv_sequence_.rows(), KV);
-    grad_kv_chunk_.resize(std::int64_t(my_chunk(0) + 1) * chunk_rows, KV);
+    grad_kv_chunk_.resize(std::int64_t(chunk_of(cp_rank_, 0) + 1) * chunk_rows, KV);
     for (int i = 1; i >= 0; --i) {
-      auto const s = chunk_shape(i);
+      int const keys = (chunk_of(cp_rank_, i) + 1) * (seq_ / 2);
       T* const dkv = i == 1 ? grad_kv_sequence_.data() : grad_kv_chunk_.data();
-      auto q = qkv.q;
-      q.data += std::int64_t(i) * chunk_rows * W;
-      auto dq = grad.q;
-      dq.data += std::int64_t(i) * chunk_rows * W;
-      T const* const out = context_.data() + std::int64_t(i) * chunk_rows * H;
-      T const* const dout = grad_context_.data() + std::int64_t(i) * chunk_rows * H;
-      kernel_.backward(pool, s, q, kv_view<T const>(kv_sequence_.data(), false),
-                       kv_view<T const>(kv_sequence_.data(), true), {out, H}, {dout, H},
-                       lse_.data() + i * lse_chunk, dq, kv_view(dkv, false), kv_view(dkv, true));
+      kernel_.backward(
+          pool, chunk_shape(i, 0, keys), chunk_queries<T const>(qkv_.data(), i),
+          kv_view<T const>(kv_sequence_.data(), false), kv_view<T const>(kv_sequence_.data(), true),
+          chunk_rows_of<T const>(context_.data(), i),
+          chunk_rows_of<T const>(grad_context_.data(), i), chunk_lse(i),
+          chunk_queries<T>(grad_qkv_.data(), i), kv_view(dkv, false), kv_view(dkv, true));
     }
-    auto const covered = std::int64_t(my_chunk(1) + 1) * chunk_rows;
+    auto const covered = std::int64_t(chunk_of(cp_rank_, 1) + 1) * chunk_rows;
     grad_kv_sequence_.bottomRows(grad_kv_sequence_.rows() - covered).setZero();
     grad_kv_sequence_.topRows(grad_kv_chunk_.rows()) += grad_kv_chunk_;
     kv_gathered_.resize(kv_sequence_.rows(), KV);
     reorder_chunks<false>(pool, kv_gathered_.data(), grad_kv_sequence_.data(), chunk_rows);
-    kv_local_.resize(N, KV);
     parallel::reduce_scatter_v(*cp_, kv_gathered_.data(), kv_local_.data(),
                                std::span<std::int64_t const>(rows_per_rank_), KV);
-    move_kv<true>(pool, grad_qkv_.data(), kv_local_.data(), N);
+  }
+
+  // p2p: CP steps around the ring; at step i this rank holds the keys and values of rank
+  // s = r - i (its chunks s and 2 CP - 1 - s) and runs each local query chunk against each key
+  // chunk it may see, merging by log-sum-exp; then passes them to rank r + 1. Backward goes
+  // around again, each block's key and value gradients travelling with it and arriving home
+  // after one more pass.
+  template <class Pair>
+  void for_each_visible_pair(int step, Pair&& pair) const {
+    int const source = (cp_rank_ - step + cp_size_) % cp_size_;
+    for (int i = 0; i < 2; ++i)
+      for (int half = 0; half < 2; ++half) {
+        int const key_chunk = chunk_of(source, half);
+        if (key_chunk <= chunk_of(cp_rank_, i)) pair(i, half, key_chunk);
+      }
+  }
+  void pass_on(T const* send, T* recv, std::int64_t elements) const {
+    parallel::ring_exchange(*cp_, send, recv, elements, (cp_rank_ + 1) % cp_size_,
+                            (cp_rank_ - 1 + cp_size_) % cp_size_);
+  }
+  void ring_forward(thread_pool& pool) {
+    int const N = static_cast<int>(qkv_.rows()), KV = kv_width(), chunk_rows = N / 2;
+    int const L = seq_ / 2;
+    ring_[0] = kv_local_;
+    ring_[1].resize(N, KV);
+    part_out_.resize(chunk_rows, hidden_);
+    part_lse_.resize(lse_.size() / 2);
+    bool started[2] = {false, false};
+    for (int step = 0; step < cp_size_; ++step) {
+      T const* const kv = ring_[step % 2].data();
+      for_each_visible_pair(step, [&](int i, int half, int key_chunk) {
+        auto const s = chunk_shape(i, key_chunk, L);
+        T const* const keys = kv + std::int64_t(half) * chunk_rows * KV;
+        auto const q = chunk_queries<T const>(qkv_.data(), i);
+        auto const k = kv_view<T const>(keys, false), v = kv_view<T const>(keys, true);
+        auto const out = chunk_rows_of<T>(context_.data(), i);
+        if (!started[i]) {
+          kernel_.forward(pool, s, q, k, v, out, chunk_lse(i));
+          started[i] = true;
+          return;
+        }
+        kernel_.forward(pool, s, q, k, v, {part_out_.data(), hidden_}, part_lse_.data());
+        attention::merge_partial(pool, s, out, chunk_lse(i), {part_out_.data(), hidden_},
+                                 part_lse_.data());
+      });
+      if (step + 1 < cp_size_) pass_on(kv, ring_[(step + 1) % 2].data(), std::int64_t(N) * KV);
+    }
+  }
+  void ring_backward(thread_pool& pool) {
+    int const N = static_cast<int>(qkv_.rows()), KV = kv_width(), chunk_rows = N / 2;
+    int const L = seq_ / 2, per = heads_ / groups_, QW = heads_ * head_size();
+    ring_[0] = kv_local_;
+    ring_[1].resize(N, KV);
+    grad_ring_[0].setZero(N, KV);
+    grad_ring_[1].resize(N, KV);
+    grad_queries_.setZero(N, QW);
+    part_dq_.resize(chunk_rows, QW);
+    part_dkv_.resize(chunk_rows, KV);
+    for (int step = 0; step < cp_size_; ++step) {
+      T const* const kv = ring_[step % 2].data();
+      auto& dkv = grad_ring_[step % 2];
+      for_each_visible_pair(step, [&](int i, int half, int key_chunk) {
+        T const* const keys = kv + std::int64_t(half) * chunk_rows * KV;
+        kernel_.backward(pool, chunk_shape(i, key_chunk, L), chunk_queries<T const>(qkv_.data(), i),
+                         kv_view<T const>(keys, false), kv_view<T const>(keys, true),
+                         chunk_rows_of<T const>(context_.data(), i),
+                         chunk_rows_of<T const>(grad_context_.data(), i), chunk_lse(i),
+                         {part_dq_.data(), QW}, kv_view(part_dkv_.data(), false),
+                         kv_view(part_dkv_.data(), true));
+        grad_queries_.middleRows(std::int64_t(i) * chunk_rows, chunk_rows) += part_dq_;
+        dkv.middleRows(std::int64_t(half) * chunk_rows, chunk_rows) += part_dkv_;
+      });
+      if (step + 1 < cp_size_) pass_on(kv, ring_[(step + 1) % 2].data(), std::int64_t(N) * KV);
+      // The gradients follow their block; after the last step each block's arrive home.
+      pass_on(dkv.data(), grad_ring_[(step + 1) % 2].data(), std::int64_t(N) * KV);
+    }
+    kv_local_ = grad_ring_[cp_size_ % 2];
+    move_heads<true>(pool, grad_qkv_.data(), grad_queries_.data(), N, 0, per);
   }
 
   int hidden_, heads_, groups_;
@@ -367,10 +452,13 @@ class causal_attention {
   row_matrix<T> heads_in_, heads_out_;  // QK layernorm's packed heads
   boost::mpi::communicator const* cp_ = nullptr;
   int cp_size_ = 1, cp_rank_ = 0;
-  // Context parallelism: this rank's keys and values, all ranks' (rank-major), in sequence order,
-  // and their gradients.
+  // Context parallelism: this rank's keys and values (their gradients after backward); with
+  // all_gather every rank's (rank-major), in sequence order, and their gradients; with p2p the
+  // blocks in flight, their gradients, a partial result, and the queries' gradients.
   row_matrix<T> kv_local_, kv_gathered_, kv_sequence_, grad_kv_sequence_, grad_kv_chunk_;
   std::vector<std::int64_t> rows_per_rank_;
+  row_matrix<T> ring_[2], grad_ring_[2], part_out_, part_dq_, part_dkv_, grad_queries_;
+  std::vector<T> part_lse_;
 };
 
 }  // namespace megamoe

@@ -60,6 +60,8 @@ class transformer {
  public:
   using moe_type = moe_layer<Config>;
   using scalar = typename moe_type::scalar;
+  /// How context parallelism moves keys and values (the mapping's cp_comm_type).
+  static constexpr parallel::cp_comm_type cp_comm = Config::parallel::cp_comm;
 
   /// One rank (the MoE layers' dispatcher must be local): `given` supplies what the type leaves
   /// to start-up; degrees it leaves dynamic are 1.
@@ -365,7 +367,7 @@ class transformer {
                   mine.begin() + static_cast<std::ptrdiff_t>(i * run));
   }
 
-  using attention_type = causal_attention<scalar, Config::model::value.qk_layernorm>;
+  using attention_type = causal_attention<scalar, Config::model::value.qk_layernorm, cp_comm>;
   struct block {
     rms_norm<scalar> input_norm;
     attention_type attention;

@@ -17,6 +17,7 @@
 
 #include <megamoe/core/error.hpp>
 #include <megamoe/parallel/environment.hpp>
+#include <megamoe/parallel/traffic.hpp>
 #include <megamoe/parallel/watchdog.hpp>
 
 #include <mpi.h>
@@ -160,6 +161,19 @@ class request {
 };
 
 namespace detail {
+/// Counts for the step profile (parallel/traffic.hpp) what this rank sends on `comm`.
+inline void count_traffic(boost::mpi::communicator const& comm, std::int64_t bytes) {
+  if (bytes > 0) traffic::instance().add(MPI_Comm(comm), bytes);
+}
+/// An all-reduce of `bytes` over `ranks`: a reduce-scatter, then an all-gather.
+inline std::int64_t all_reduce_bytes(std::int64_t bytes, int ranks) {
+  return 2 * bytes * (ranks - 1) / ranks;
+}
+/// The elements of `layout` that go to ranks other than `me`.
+inline std::int64_t to_others(element_layout const& layout, int me) {
+  return layout.total() - layout.counts[static_cast<std::size_t>(me)];
+}
+
 inline MPI_Comm raw(boost::mpi::communicator const& comm) {
   return MPI_Comm(comm);
 }
@@ -185,6 +199,7 @@ request all_to_all_v_start(boost::mpi::communicator const& comm, T const* send,
   r.send_.assign(send_rows, width);
   r.recv_.assign(recv_rows, width);
   watched_collective record(detail::raw(comm), "all_to_all_v", r.send_.total());
+  detail::count_traffic(comm, detail::to_others(r.send_, comm.rank()) * std::int64_t(sizeof(T)));
   MPI_Ialltoallv(send, r.send_.counts.data(), r.send_.displs.data(), mpi_type<T>(), recv,
                  r.recv_.counts.data(), r.recv_.displs.data(), mpi_type<T>(), detail::raw(comm),
                  &r.handle_);
@@ -200,6 +215,7 @@ void all_to_all_v(boost::mpi::communicator const& comm, T const* send,
   s.assign(send_rows, width);
   q.assign(recv_rows, width);
   watched_collective const watch(detail::raw(comm), "all_to_all_v", s.total());
+  detail::count_traffic(comm, detail::to_others(s, comm.rank()) * std::int64_t(sizeof(T)));
   MPI_Alltoallv(send, s.counts.data(), s.displs.data(), mpi_type<T>(), recv, q.counts.data(),
                 q.displs.data(), mpi_type<T>(), detail::raw(comm));
 }
@@ -253,6 +269,8 @@ request all_gather_v_start(boost::mpi::communicator const& comm, T const* send, 
   r.recv_.assign(rows, width);
   watched_collective record(detail::raw(comm), "all_gather_v",
                             r.recv_.counts[static_cast<std::size_t>(comm.rank())]);
+  detail::count_traffic(comm, std::int64_t(r.recv_.counts[static_cast<std::size_t>(comm.rank())]) *
+                                  (comm.size() - 1) * std::int64_t(sizeof(T)));
   MPI_Iallgatherv(send, r.recv_.counts[static_cast<std::size_t>(comm.rank())], mpi_type<T>(), recv,
                   r.recv_.counts.data(), r.recv_.displs.data(), mpi_type<T>(), detail::raw(comm),
                   &r.handle_);
@@ -267,6 +285,8 @@ void all_gather_v(boost::mpi::communicator const& comm, T const* send, T* recv,
   q.assign(rows, width);
   watched_collective const watch(detail::raw(comm), "all_gather_v",
                                  q.counts[static_cast<std::size_t>(comm.rank())]);
+  detail::count_traffic(comm, std::int64_t(q.counts[static_cast<std::size_t>(comm.rank())]) *
+                                  (comm.size() - 1) * std::int64_t(sizeof(T)));
   MPI_Allgatherv(send, q.counts[static_cast<std::size_t>(comm.rank())], mpi_type<T>(), recv,
                  q.counts.data(), q.displs.data(), mpi_type<T>(), detail::raw(comm));
 }
@@ -312,6 +332,7 @@ request reduce_scatter_v_start(boost::mpi::communicator const& comm, T const* se
   request r;
   r.recv_.assign(rows, width);
   watched_collective record(detail::raw(comm), "reduce_scatter_v", r.recv_.total());
+  detail::count_traffic(comm, detail::to_others(r.recv_, comm.rank()) * std::int64_t(sizeof(T)));
   MPI_Ireduce_scatter(send, recv, r.recv_.counts.data(), mpi_type<T>(), MPI_SUM, detail::raw(comm),
                       &r.handle_);
   r.watch(std::move(record));
@@ -324,6 +345,7 @@ void reduce_scatter_v(boost::mpi::communicator const& comm, T const* send, T* re
   element_layout q;
   q.assign(rows, width);
   watched_collective const watch(detail::raw(comm), "reduce_scatter_v", q.total());
+  detail::count_traffic(comm, detail::to_others(q, comm.rank()) * std::int64_t(sizeof(T)));
   MPI_Reduce_scatter(send, recv, q.counts.data(), mpi_type<T>(), MPI_SUM, detail::raw(comm));
 }
 
@@ -439,6 +461,15 @@ inline request all_to_all_w_start(boost::mpi::communicator const& comm, void con
   std::int64_t elements = 0;
   for (int c : send_side.counts) elements += c;
   watched_collective record(detail::raw(comm), "all_to_all_w", elements);
+  std::int64_t bytes = 0;
+  for (int j = 0; j < comm.size(); ++j) {
+    auto const jj = static_cast<std::size_t>(j);
+    if (j == comm.rank() || send_side.counts[jj] == 0) continue;
+    int type_bytes = 0;
+    MPI_Type_size(send_side.types[jj], &type_bytes);
+    bytes += std::int64_t(send_side.counts[jj]) * type_bytes;
+  }
+  detail::count_traffic(comm, bytes);
   MPI_Ialltoallw(send, send_side.counts.data(), send_side.byte_offsets.data(),
                  send_side.types.data(), recv, recv_side.counts.data(),
                  recv_side.byte_offsets.data(), recv_side.types.data(), detail::raw(comm),
@@ -454,6 +485,8 @@ template <class T>
 void all_reduce_sum(boost::mpi::communicator const& comm, std::span<T> values) {
   if (values.empty() || comm.size() == 1) return;
   watched_collective const watch(detail::raw(comm), "all_reduce_sum", std::ssize(values));
+  detail::count_traffic(
+      comm, detail::all_reduce_bytes(std::ssize(values) * std::int64_t(sizeof(T)), comm.size()));
   MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), mpi_type<T>(),
                 MPI_SUM, detail::raw(comm));
 }
@@ -462,10 +495,30 @@ template <class T>
 request all_reduce_sum_start(boost::mpi::communicator const& comm, std::span<T> values) {
   request r;
   watched_collective record(detail::raw(comm), "all_reduce_sum", std::ssize(values));
+  detail::count_traffic(
+      comm, detail::all_reduce_bytes(std::ssize(values) * std::int64_t(sizeof(T)), comm.size()));
   MPI_Iallreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), mpi_type<T>(),
                  MPI_SUM, detail::raw(comm), &r.handle_);
   r.watch(std::move(record));
   return r;
+}
+
+// ---- ring step ----------------------------------------------------------------------------------
+
+/// Sends `count` elements to rank `to` and receives as many from rank `from` in one step (a ring
+/// pass: every rank of the group calls it with its own neighbours, so no rank waits on a message
+/// nobody sends).
+template <class T>
+void ring_exchange(boost::mpi::communicator const& comm, T const* send, T* recv, std::int64_t count,
+                   int to, int from) {
+  if (count < 0 || count > INT_MAX)
+    throw input_error("ring_exchange: " + std::to_string(count) +
+                      " elements do not fit one MPI call");
+  constexpr int tag = 25;  // a ring step's messages only (the group's other traffic is collective)
+  watched_collective const watch(detail::raw(comm), "ring_exchange", count);
+  if (to != comm.rank()) detail::count_traffic(comm, count * std::int64_t(sizeof(T)));
+  MPI_Sendrecv(send, static_cast<int>(count), mpi_type<T>(), to, tag, recv, static_cast<int>(count),
+               mpi_type<T>(), from, tag, detail::raw(comm), MPI_STATUS_IGNORE);
 }
 
 }  // namespace megamoe::parallel
