@@ -5,9 +5,10 @@
 //   mpiexec -n 2 ./build/examples/megamoe-train --ep 2     # experts over 2 ranks
 //   mpiexec -n 4 ./build/examples/megamoe-train --cp 2 --etp 1 --ep 4   # folded: attention CP 2
 //
-// Degrees (the reference's long names too): --tp (attention tensor parallelism: 1 for now,
-// R036), --cp (context parallelism: 2 CP divides --seq-len), --etp (default: --tp), --ep
-// (default: every rank of the expert grid, world / ETP); DP takes the rest of the world.
+// Degrees (the reference's long names too): --tp (tensor parallelism of attention, the dense FFN,
+// embedding and output layer, with sequence parallelism), --cp (context parallelism: 2 CP
+// divides --seq-len), --etp (default: --tp), --ep (default: every rank of the expert grid,
+// world / ETP); DP takes the rest of the world.
 //
 // The corpus (default: the Debian `fortunes` files) is split: the last 5 % of its bytes are held
 // out and never trained on. Held-out bits per byte cover every held-out window of --seq-len (or
@@ -164,9 +165,10 @@ std::string generate(mm::context& ctx, Model& model, std::string const& prompt, 
   std::vector<std::int32_t> tokens(prompt.begin(), prompt.end());
   ctx.step.mode = rt::pass::eval;
   std::string out = prompt;
-  // Under CP the window is padded at its end to whole chunks: causal attention and dropless
-  // routing keep the padding from the logits of position n - 1.
-  int const multiple = model.context_parallel() > 1 ? 2 * model.context_parallel() : 1;
+  // Under CP and TP the window is padded at its end to whole chunks and sequence-parallel parts:
+  // causal attention and dropless routing keep the padding from the logits of position n - 1.
+  int const cp = model.context_parallel();
+  int const multiple = (cp > 1 ? 2 * cp : 1) * model.tensor_parallel();
   std::vector<std::int32_t> context;
   for (int i = 0; i < length; ++i) {
     int const n = std::min<int>(static_cast<int>(tokens.size()), window);
@@ -191,11 +193,15 @@ std::string generate(mm::context& ctx, Model& model, std::string const& prompt, 
 
 /// --profile's traffic: per group of more than one rank, the bytes rank 0 sent per training step
 /// and, where the layout fixes it, the volume it implies (parallel/traffic.hpp counts the same
-/// way): CP's key/value exchange, 2 (CP - 1) X per layer and micro-batch with all_gather and
-/// (3 CP - 2) X with p2p (X: a rank's keys and values); the dense gradients' all-reduce and the
-/// distributed optimizer's all-gather of the parameters over TP x DP x CP, and the experts' over
-/// EDP, 3 (P - 1) / P of the parameters' bytes (the all-gather exactly so when P divides them).
-/// The expert-parallel exchange depends on the routing and has no implied volume.
+/// way), per micro-batch: TP's sequence-parallel gathers and reduce-scatters of N / TP rows
+/// (four per attention and per dense FFN, two for the embedding and two for the output layer, each
+/// sending (TP - 1) N / TP rows) and the output layer's per-row statistics (2 doubles per row
+/// from each rank); CP's key/value exchange, 2 (CP - 1) X per layer with all_gather and
+/// (3 CP - 2) X with p2p (X: a rank's keys and values); per step the gradients' all-reduce and
+/// the distributed optimizer's all-gather of the parameters, 3 (P - 1) / P of their bytes, over
+/// TP x DP x CP for the replicated ones (with the step's logged sums: 4 + experts x MoE layers
+/// doubles), DP x CP for the TP shards and EDP for the experts'. The expert-parallel exchange
+/// follows the routing and has no implied volume.
 template <class Model, std::size_t D, std::size_t E>
 nlohmann::ordered_json group_traffic(mm::parallel::process_groups const& groups, Model& model,
                                      mt::train_settings const& s,
@@ -203,19 +209,28 @@ nlohmann::ordered_json group_traffic(mm::parallel::process_groups const& groups,
                                      std::array<double, E> const& expert_bytes, int steps) {
   using scalar = typename Model::scalar;
   double const bytes = sizeof(scalar);
-  double dense = 0.0, expert = 0.0;
+  std::array<double, 4> elements{};  // per parameter kind
   model.for_each_parameter([&](std::string_view, auto value, auto, mm::parameter_kind kind) {
-    (kind == mm::parameter_kind::dense ? dense : expert) += static_cast<double>(value.size());
+    elements[static_cast<std::size_t>(kind)] += static_cast<double>(value.size());
   });
+  using kind = mm::parameter_kind;
+  auto of = [&](kind k) { return elements[static_cast<std::size_t>(k)]; };
   auto const& m = model.model_settings();
-  int const cp = groups.cp().size();
-  double const kv = 2.0 * m.query_groups * (model.hidden_size() / m.heads);
-  double const x = static_cast<double>(s.seq_length) / cp * s.micro_batch * kv * bytes;
+  int const cp = groups.cp().size(), tp = groups.tp().size(), H = model.hidden_size();
+  double const rows = static_cast<double>(s.seq_length) / cp * s.micro_batch;  // N
+  double const kv = 2.0 * m.query_groups / tp * (H / m.heads);
+  double const x = rows * kv * bytes;
   bool const p2p = Model::cp_comm == mm::parallel::cp_comm_type::p2p;
   double const per_layer = p2p ? (3.0 * cp - 2.0) * x : 2.0 * (cp - 1.0) * x;
-  auto replicated = [&](double elements, int ranks) {
-    return 3.0 * elements * bytes * (ranks - 1) / ranks;
-  };
+  int dense_layers = 0;
+  for (int i = 0; i < m.layers; ++i) dense_layers += model.is_moe(i) ? 0 : 1;
+  double const sequence_ops = 4.0 * (m.layers + dense_layers) + 4.0;
+  double const tp_bytes =
+      sequence_ops * (tp - 1.0) * rows / tp * H * bytes + (tp - 1.0) * rows * 2.0 * sizeof(double);
+  auto replicated = [&](double n, int ranks) { return 3.0 * n * bytes * (ranks - 1) / ranks; };
+  int const moe_layers = m.layers - dense_layers, P = groups.tp_dp_cp().size();
+  double const logged = 4.0 + static_cast<double>(model.values().shape.experts) * moe_layers;
+  double const logged_bytes = 2.0 * logged * sizeof(double) * (P - 1) / P;
   nlohmann::ordered_json out;
   auto report = [&](char const* name, int ranks, double total, std::optional<double> implied) {
     if (ranks < 2) return;
@@ -227,15 +242,19 @@ nlohmann::ordered_json group_traffic(mm::parallel::process_groups const& groups,
   for (std::size_t g = 0; g < D; ++g) {
     auto const group = static_cast<dg>(g);
     std::optional<double> implied;
+    if (group == dg::tp) implied = tp_bytes * s.micro_batches;
     if (group == dg::cp) implied = per_layer * m.layers * s.micro_batches;
-    if (group == dg::tp_dp_cp) implied = replicated(dense, groups.tp_dp_cp().size());
+    if (group == dg::tp_dp_cp) implied = replicated(of(kind::dense), P) + logged_bytes;
+    if (group == dg::dp_cp) implied = replicated(of(kind::tensor_parallel), groups.dp_cp().size());
     report(mm::parallel::process_groups::decoder_names[g], groups.get(group).size(),
            decoder_bytes[g], implied);
   }
   for (std::size_t g = 0; g < E; ++g) {
     auto const group = static_cast<eg>(g);
     std::optional<double> implied;
-    if (group == eg::dp) implied = replicated(expert, groups.expert_dp().size());
+    if (group == eg::dp)
+      implied =
+          replicated(of(kind::expert) + of(kind::quantized_expert), groups.expert_dp().size());
     report(mm::parallel::process_groups::expert_names[g], groups.get(group).size(), expert_bytes[g],
            implied);
   }
@@ -645,7 +664,7 @@ int main(int argc, char** argv) {
                    "global batches of held-out windows per evaluation (default: every window)");
     app.add_option("--out", o.out, "folder for metrics, plot and weights")->capture_default_str();
     app.add_option("--tp,--tensor-model-parallel-size", o.tp,
-                   "attention tensor-parallel ranks (1 for now)")
+                   "tensor-parallel ranks (attention, dense FFN, embedding, output layer)")
         ->capture_default_str();
     app.add_option("--cp,--context-parallel-size", o.cp,
                    "context-parallel ranks: each sequence cut into 2 CP chunks")

@@ -161,6 +161,7 @@ std::vector<breaking_case> const& breaking_cases() {
       {39, "no layers", [](auto& v) { v.model.layers = 0; }},
       {39, "negative dense ffn", [](auto& v) { v.model.dense_ffn = -4; }},
       {39, "epsilon zero", [](auto& v) { v.model.norm_epsilon = 0.0; }},
+      {39, "vocabulary padded to multiples of 0", [](auto& v) { v.model.vocab_multiple = 0; }},
       {40, "6 heads of hidden 64",
        [](auto& v) {
          v.model.heads = 6;
@@ -198,6 +199,19 @@ std::vector<breaking_case> const& breaking_cases() {
        [](auto& v) {
          v.model.layers = 2;
          v.model.moe_layers = {0, 2, {1, 2}};
+       }},
+      {47, "TP 2 of one query group",
+       [](auto& v) {
+         v.parallel.tp = 2;
+         v.model.heads = 4;
+         v.model.query_groups = 1;
+       }},
+      {48, "TP 2 of a dense FFN of 5",
+       [](auto& v) {
+         v.parallel.tp = 2;
+         v.model.layers = 4;
+         v.model.moe_layers.every = 2;
+         v.model.dense_ffn = 5;
        }},
       {27, "runtime router not given", [](auto& v) { v.router.reset(); }},
       {27, "dynamic hidden", [](auto& v) { v.shape.hidden = mm::dynamic; }},
@@ -303,10 +317,10 @@ TEST(RuleCatalog, NamedIdsAreTheCatalogueEntries) {
   EXPECT_EQ(mm::rule(mm::rules::id::shape_sizes_valid).name, "shape_sizes_valid");
   EXPECT_EQ(mm::rule(mm::rules::id::etp_divides_ffn).id, 38);
   EXPECT_EQ(mm::rule(mm::rules::id::moe_layer_pattern_valid).name, "moe_layer_pattern_valid");
-  EXPECT_EQ(static_cast<std::size_t>(mm::rules::id::context_chunks_divide_sequence),
+  EXPECT_EQ(static_cast<std::size_t>(mm::rules::id::tp_divides_sequence_shard),
             mm::rule_catalog.size());
-  mm::config_error const e(mm::rules::id::attention_needs_tp_pp_one, "TP 2");
+  mm::config_error const e(mm::rules::id::model_needs_pp_one, "TP 2");
   EXPECT_EQ(e.rule_id(), 36);
-  EXPECT_EQ(e.which(), mm::rules::id::attention_needs_tp_pp_one);
+  EXPECT_EQ(e.which(), mm::rules::id::model_needs_pp_one);
   EXPECT_EQ(std::string(e.what()).rfind("megamoe[R036]: ", 0), 0u);
 }

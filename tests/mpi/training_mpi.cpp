@@ -1,19 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
-// Run under mpiexec. Training on a job (DP x CP x EP) against one rank on the same global batches:
+// Run under mpiexec. Training on a job (TP x CP x DP, EP) against one rank on the same global
+// batches:
 //   - fp64, clipping every step (threshold 1e-3): the loss of every step and, after the last,
 //     every parameter this rank holds equal the one-rank run's (1e-9 relative);
 //   - fp32: the first micro-batch's loss and every gradient after reduce_gradients equal one
 //     rank's on the same global batch (1e-5 of the tensor's largest entry);
 //   - FP8 (current scaling) with memory::quantized_weights against the same job keeping fp32
 //     expert weights: every step's loss and the expert weights' codes after the last are the
-//     same bits, and the optimizer keeps this rank's 1/EDP of the expert weights in fp32 (with
-//     --etp 2 only this one: the amaxes of an expert's shards are reduced over ETP).
+//     same bits, and the optimizer keeps this rank's 1/EDP of the expert weights in fp32 (the
+//     amaxes of an expert's ETP shards are reduced over ETP).
 // The one-rank run uses micro_batches x DP micro-batches of the same size, which hold exactly the
 // same sequences (train/trainer.hpp).
 //
 // Under CP every rank of a CP group takes the same micro-batches, each its two chunks of them.
 //
-//   mpiexec -n 4 megamoe_training_mpi --ep 2 [--cp 2] [--etp 2] [--steps 3]
+// Under TP each rank holds its shards (compared element by element through their numbering).
+//
+//   mpiexec -n 4 megamoe_training_mpi --ep 2 [--tp 2] [--cp 2] [--etp 2] [--steps 3]
 #include "support/tally.hpp"
 
 #include <megamoe/config/config.hpp>
@@ -33,13 +36,14 @@ namespace rt = megamoe::router;
 namespace {
 
 namespace md = mm::model;
-using decoder = md::decoder<md::layers<2>, md::heads<2>, md::vocabulary<256>, md::dense_ffn<20>,
-                            md::moe_layer_freq<2>>;
+// Grouped-query attention (4 heads in 2 groups), so TP 2 splits whole groups.
+using decoder = md::decoder<md::layers<2>, md::heads<4>, md::query_groups<2>, md::vocabulary<256>,
+                            md::dense_ffn<20>, md::moe_layer_freq<2>>;
 using softmax_aux = rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>;
 template <class Dispatch, class Precision, class Parallel, class Memory = mm::memory::keep_all,
           class Router = softmax_aux>
 using config =
-    mm::make_config<mm::shape<mm::hidden<16>, mm::ffn<12>, mm::experts<4>>, Router, Dispatch,
+    mm::make_config<mm::shape<mm::hidden<16>, mm::ffn<12>, mm::experts<8>>, Router, Dispatch,
                     mm::expert::mlp<mm::expert::swiglu>, Precision, Parallel, Memory, decoder>;
 // The dropless routers every layout must train alike (a capacity limit sees tokens in another
 // order per layout): softmax with aux and z loss, sequence aux loss, global aux loss, and sigmoid
@@ -47,7 +51,8 @@ using config =
 using seq_aux = rt::top_k<2, rt::seq_aux_loss<1e-2>>;
 using global_aux = rt::top_k<2, rt::global_aux_loss<1e-2>>;
 using sigmoid_bias = rt::top_k<2, rt::sigmoid, rt::expert_bias<1e-2>>;
-using mapped = mm::parallel::mapping<mm::parallel::cp<mm::dynamic>, mm::parallel::etp<mm::dynamic>,
+using mapped = mm::parallel::mapping<mm::parallel::tp<mm::dynamic>, mm::parallel::cp<mm::dynamic>,
+                                     mm::parallel::pp<mm::dynamic>, mm::parallel::etp<mm::dynamic>,
                                      mm::parallel::ep<mm::dynamic>>;
 using one_rank = mm::parallel::mapping<>;
 
@@ -72,20 +77,39 @@ std::map<std::string, mm::row_matrix<double>> tensors(Model& model, bool gradien
   return out;
 }
 
-void compare(mm::testing::tally& result, std::string const& what,
-             std::map<std::string, mm::row_matrix<double>> const& mine,
+/// Each element this rank holds, by its place in the whole parameter (TP and ETP shards too).
+using numbered_values = std::map<std::string, std::vector<std::pair<std::uint64_t, double>>>;
+template <class Model>
+numbered_values numbered(Model& model, bool gradients) {
+  numbered_values out;
+  model.for_each_numbered_parameter([&](std::string_view name, auto value, auto grad,
+                                        mm::parameter_kind, mm::element_numbering const& n) {
+    auto const& m = gradients ? grad : value;
+    auto& list = out[std::string(name)];
+    for (Eigen::Index r = 0; r < m.rows(); ++r)
+      for (Eigen::Index c = 0; c < m.cols(); ++c)
+        list.emplace_back(n.global(r, c), static_cast<double>(m(r, c)));
+  });
+  return out;
+}
+
+void compare(mm::testing::tally& result, std::string const& what, numbered_values const& mine,
              std::map<std::string, mm::row_matrix<double>> const& reference, double rtol,
              bool scale_by_largest) {
-  for (auto const& [name, m] : mine) {
+  for (auto const& [name, elements] : mine) {
     auto const it = reference.find(name);
     if (it == reference.end()) {
       result.close(what + " " + name + " has no one-rank twin", 1.0, 0.0, 1.0, 0.0);
       continue;
     }
     double const largest = std::max(1e-30, it->second.cwiseAbs().maxCoeff());
-    for (Eigen::Index i = 0; i < m.size(); ++i) {
-      double const r = it->second.data()[i];
-      result.close(what + " " + name, m.data()[i], r,
+    for (auto const& [at, value] : elements) {
+      if (at >= static_cast<std::uint64_t>(it->second.size())) {
+        result.close(what + " " + name + " element beyond the whole tensor", 1.0, 0.0, 1.0, 0.0);
+        continue;
+      }
+      double const r = it->second.data()[at];
+      result.close(what + " " + name, value, r,
                    scale_by_largest ? largest : std::max(1.0, std::abs(r)), rtol);
     }
   }
@@ -122,8 +146,22 @@ void against_one_rank(mm::parallel::process_groups const& groups, mt::byte_corpu
       result.close(what + "clipped at step " + std::to_string(k), a.clip_factor < 1 ? 1 : 0, 1, 1,
                    0);
     }
-    compare(result, what + "fp64 parameter after the steps", tensors(model, false),
+    compare(result, what + "fp64 parameter after the steps", numbered(model, false),
             tensors(one, false), 1e-9, false);
+    // Each rank holds only its shard: under TP every tensor-parallel parameter is 1/TP of the
+    // whole (the vocabulary of 256 pads to parts of 128), and there are some.
+    int const TP = groups.tp().size();
+    auto const whole = tensors(one, false);
+    int shards = 0;
+    model.for_each_parameter([&](std::string_view name, auto value, auto, mm::parameter_kind kind) {
+      if (kind != mm::parameter_kind::tensor_parallel) return;
+      ++shards;
+      result.close(what + "elements of the shard of " + std::string(name),
+                   static_cast<double>(value.size()) * TP,
+                   static_cast<double>(whole.at(std::string(name)).size()), 1.0, 0.0);
+    });
+    result.close(what + "tensor-parallel parameters held", shards > 0 ? 1 : 0, TP > 1 ? 1 : 0, 1,
+                 0);
   }
   // fp32, the first global batch's gradients.
   {
@@ -156,7 +194,7 @@ void against_one_rank(mm::parallel::process_groups const& groups, mt::byte_corpu
       one.backward(ctx, static_cast<float>(1.0 / DP));
     }
     result.close(what + "fp32 loss of the first global batch", loss[0] / DP, total / DP, 1.0, 1e-5);
-    compare(result, what + "fp32 gradient", tensors(model, true), tensors(one, true), 1e-5, true);
+    compare(result, what + "fp32 gradient", numbered(model, true), tensors(one, true), 1e-5, true);
   }
 }
 
@@ -175,6 +213,8 @@ int main(int argc, char** argv) {
           d.tp = std::stoi(argv[i + 1]);
         else if (key == "--cp")
           d.cp = std::stoi(argv[i + 1]);
+        else if (key == "--pp")
+          d.pp = std::stoi(argv[i + 1]);
         else if (key == "--etp")
           d.etp = std::stoi(argv[i + 1]);
         else if (key == "--steps")
@@ -191,18 +231,14 @@ int main(int argc, char** argv) {
     mm::context ctx(1);
     mm::testing::tally result;
 
-    // The one-rank comparisons name whole tensors: with ETP > 1 only the job-to-job one runs.
-    bool const one_rank_twin = d.etp == 1;
-    if (one_rank_twin) {
-      against_one_rank<softmax_aux>(groups, corpus, ctx, result, steps, "");
-      against_one_rank<seq_aux>(groups, corpus, ctx, result, steps, "seq aux: ");
-      // The global aux loss takes a running mean of its counts over the micro-batches a rank has
-      // seen (the reference's), so DP ranks and one rank accumulating DP micro-batches differ by
-      // design: compared where DP is 1.
-      if (groups.dp().size() == 1)
-        against_one_rank<global_aux>(groups, corpus, ctx, result, steps, "global aux: ");
-      against_one_rank<sigmoid_bias>(groups, corpus, ctx, result, steps, "sigmoid, expert bias: ");
-    }
+    against_one_rank<softmax_aux>(groups, corpus, ctx, result, steps, "");
+    against_one_rank<seq_aux>(groups, corpus, ctx, result, steps, "seq aux: ");
+    // The global aux loss takes a running mean of its counts over the micro-batches a rank has
+    // seen (the reference's), so DP ranks and one rank accumulating DP micro-batches differ by
+    // design: compared where DP is 1.
+    if (groups.dp().size() == 1)
+      against_one_rank<global_aux>(groups, corpus, ctx, result, steps, "global aux: ");
+    against_one_rank<sigmoid_bias>(groups, corpus, ctx, result, steps, "sigmoid, expert bias: ");
     // FP8 with the expert weights held as codes, against the same job keeping them in fp32.
     {
       using fp8 = mm::precision::fp8_tensorwise<mm::precision::current>;
@@ -257,8 +293,9 @@ int main(int argc, char** argv) {
                    codes.moe_layers().front()->holds_weight_values() ? 1 : 0, 0, 1, 0);
     }
     return result.finish(world,
-                         "training on " + std::to_string(world.size()) + " ranks (DP " +
-                             std::to_string(DP) + ", CP " + std::to_string(CP) + ", EP " +
+                         "training on " + std::to_string(world.size()) + " ranks (TP " +
+                             std::to_string(groups.tp().size()) + ", DP " + std::to_string(DP) +
+                             ", CP " + std::to_string(CP) + ", EP " +
                              std::to_string(groups.ep().size()) + ", EDP " +
                              std::to_string(groups.expert_dp().size()) + ")",
                          "all equal one rank's");

@@ -244,6 +244,7 @@ inline nlohmann::ordered_json model_json(std::string_view policy, model::setting
     j["moe_layer_freq"] = size_or_dynamic(m.moe_layers.every);
   }
   j["vocab_size"] = size_or_dynamic(m.vocabulary);
+  j["make_vocab_size_divisible_by"] = m.vocab_multiple;
   j["normalization"] = "RMSNorm";
   j["qk_layernorm"] = m.qk_layernorm;
   j["layernorm_epsilon"] = m.norm_epsilon;

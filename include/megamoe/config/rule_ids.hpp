@@ -94,9 +94,9 @@
 #define MEGAMOE_RULE_R034                                                                      \
   "megamoe[R034]: MEGAMOE_RANKS_PER_NODE must be a positive integer dividing the world size, " \
   "and every node must hold the same number of ranks of each EP group"
-#define MEGAMOE_RULE_R036                                                                      \
-  "megamoe[R036]: the transformer's attention runs with TP = PP = 1 for now (CP, and the MoE " \
-  "layers' EP and EDP, may be above 1)"
+#define MEGAMOE_RULE_R036                                                                        \
+  "megamoe[R036]: the transformer runs with PP = 1 for now (TP, CP and the MoE layers' EP, ETP " \
+  "and EDP may be above 1)"
 #define MEGAMOE_RULE_R037                                                                 \
   "megamoe[R037]: expert::amx and expert::avx512_bf16 need a bf16, FP8 or FP4 precision " \
   "recipe (they multiply BF16 values); fp32 and fp64 run on expert::grouped, per_expert " \
@@ -110,7 +110,8 @@
   "an equal share of every expert's FFN width)"
 #define MEGAMOE_RULE_R039                                                                 \
   "megamoe[R039]: model layers, heads, query_groups and vocabulary must be positive (or " \
-  "dynamic), dense_ffn must not be negative, and norm_epsilon and rope_base must be positive"
+  "dynamic), dense_ffn must not be negative, and norm_epsilon, rope_base and "            \
+  "vocab_size_divisible_by must be positive"
 #define MEGAMOE_RULE_R040 "megamoe[R040]: model heads must divide shape hidden"
 #define MEGAMOE_RULE_R041                                                                       \
   "megamoe[R041]: the head size (shape hidden / model heads) must be even: RoPE rotates pairs " \
@@ -128,6 +129,14 @@
 #define MEGAMOE_RULE_R046                                                                        \
   "megamoe[R046]: with context parallelism each sequence is cut into 2 CP chunks, so 2 CP must " \
   "divide the sequence length"
+#define MEGAMOE_RULE_R047 \
+  "megamoe[R047]: attention TP must divide model query_groups (each rank holds whole groups)"
+#define MEGAMOE_RULE_R048                                                                          \
+  "megamoe[R048]: attention TP must divide the dense FFN width (model dense_ffn) when a layer is " \
+  "dense"
+#define MEGAMOE_RULE_R049                                                                          \
+  "megamoe[R049]: with sequence parallelism TP must divide the positions a rank's sequences hold " \
+  "(the sequence length / CP)"
 
 namespace megamoe {
 
@@ -169,7 +178,7 @@ enum class id : int {
   overlap_needs_etp_one = 33,
   ranks_per_node_valid = 34,
   watchdog_seconds_valid = 35,
-  attention_needs_tp_pp_one = 36,
+  model_needs_pp_one = 36,
   bf16_backends_need_a_recipe = 37,
   etp_divides_ffn = 38,
   model_sizes_valid = 39,
@@ -180,6 +189,9 @@ enum class id : int {
   dense_ffn_for_dense_layers = 44,
   moe_layer_pattern_valid = 45,
   context_chunks_divide_sequence = 46,
+  tp_divides_query_groups = 47,
+  tp_divides_dense_ffn = 48,
+  tp_divides_sequence_shard = 49,
 };
 }  // namespace rules
 
@@ -192,7 +204,7 @@ struct rule_info {
 };
 
 /// Every rule megamoe checks, in id order. `rule_catalog[i].id == i + 1`.
-inline constexpr std::array<rule_info, 46> rule_catalog{{
+inline constexpr std::array<rule_info, 49> rule_catalog{{
     {1, "shape_sizes_valid", MEGAMOE_RULE_R001},
     {2, "top_k_within_experts", MEGAMOE_RULE_R002},
     {3, "ep_divides_experts", MEGAMOE_RULE_R003},
@@ -228,7 +240,7 @@ inline constexpr std::array<rule_info, 46> rule_catalog{{
     {33, "overlap_needs_etp_one", MEGAMOE_RULE_R033},
     {34, "ranks_per_node_valid", MEGAMOE_RULE_R034},
     {35, "watchdog_seconds_valid", MEGAMOE_RULE_R035},
-    {36, "attention_needs_tp_pp_one", MEGAMOE_RULE_R036},
+    {36, "model_needs_pp_one", MEGAMOE_RULE_R036},
     {37, "bf16_backends_need_a_recipe", MEGAMOE_RULE_R037},
     {38, "etp_divides_ffn", MEGAMOE_RULE_R038},
     {39, "model_sizes_valid", MEGAMOE_RULE_R039},
@@ -239,6 +251,9 @@ inline constexpr std::array<rule_info, 46> rule_catalog{{
     {44, "dense_ffn_for_dense_layers", MEGAMOE_RULE_R044},
     {45, "moe_layer_pattern_valid", MEGAMOE_RULE_R045},
     {46, "context_chunks_divide_sequence", MEGAMOE_RULE_R046},
+    {47, "tp_divides_query_groups", MEGAMOE_RULE_R047},
+    {48, "tp_divides_dense_ffn", MEGAMOE_RULE_R048},
+    {49, "tp_divides_sequence_shard", MEGAMOE_RULE_R049},
 }};
 
 /// The catalogue entry of rule `id` (1-based).

@@ -243,7 +243,7 @@ constexpr bool model_sizes_valid(config_values const& v) {
   auto const& m = v.model;
   return detail::positive_or_dynamic(m.layers) && detail::positive_or_dynamic(m.heads) &&
          detail::positive_or_dynamic(m.query_groups) && detail::positive_or_dynamic(m.vocabulary) &&
-         (m.dense_ffn == dynamic || m.dense_ffn >= 0) &&
+         (m.dense_ffn == dynamic || m.dense_ffn >= 0) && m.vocab_multiple > 0 &&
          detail::finite_above(m.norm_epsilon, 0.0) && detail::finite_above(m.rope_base, 0.0);
 }
 
@@ -284,6 +284,20 @@ constexpr bool moe_layer_pattern_valid(config_values const& v) {
   return !detail::usable(v.model.layers) || p.length == v.model.layers;
 }
 
+/// R047
+constexpr bool tp_divides_query_groups(config_values const& v) {
+  if (!detail::usable(v.parallel.tp) || !detail::usable(v.model.query_groups)) return true;
+  return v.model.query_groups % v.parallel.tp == 0;
+}
+
+/// R048
+constexpr bool tp_divides_dense_ffn(config_values const& v) {
+  auto const& m = v.model;
+  if (!detail::usable(v.parallel.tp) || !detail::usable(m.dense_ffn) || !m.has_dense_layer())
+    return true;
+  return m.dense_ffn % v.parallel.tp == 0;
+}
+
 /// Whether every size of the model slot is known (the transformer's part of R027).
 constexpr bool model_resolved(model::settings const& m) {
   return detail::known(m.layers) && detail::known(m.heads) && detail::known(m.query_groups) &&
@@ -310,7 +324,7 @@ struct value_rule {
 };
 
 /// Every value rule, in id order; the start-up check runs all of them.
-inline constexpr std::array<value_rule, 34> value_rules{{
+inline constexpr std::array<value_rule, 36> value_rules{{
     {id::shape_sizes_valid, shape_sizes_valid},
     {id::top_k_within_experts, top_k_within_experts},
     {id::ep_divides_experts, ep_divides_experts},
@@ -345,6 +359,8 @@ inline constexpr std::array<value_rule, 34> value_rules{{
     {id::query_groups_divide_heads, query_groups_divide_heads},
     {id::dense_ffn_for_dense_layers, dense_ffn_for_dense_layers},
     {id::moe_layer_pattern_valid, moe_layer_pattern_valid},
+    {id::tp_divides_query_groups, tp_divides_query_groups},
+    {id::tp_divides_dense_ffn, tp_divides_dense_ffn},
 }};
 
 /// The ids of every broken rule, in id order (empty when the values are valid).
@@ -427,6 +443,8 @@ consteval bool check() {
     static_assert(query_groups_divide_heads(v), MEGAMOE_RULE_R042);
     static_assert(dense_ffn_for_dense_layers(v), MEGAMOE_RULE_R044);
     static_assert(moe_layer_pattern_valid(v), MEGAMOE_RULE_R045);
+    static_assert(tp_divides_query_groups(v), MEGAMOE_RULE_R047);
+    static_assert(tp_divides_dense_ffn(v), MEGAMOE_RULE_R048);
   }
   return true;
 }

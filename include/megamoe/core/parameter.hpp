@@ -19,7 +19,10 @@ namespace megamoe {
 /// (memory::quantized_weights); reduced as `expert`. Its value is the fp32 master while the layer
 /// holds it (after initialize); once an optimizer took its shard of the master the layer keeps
 /// only codes and the value is an empty map (0 rows).
-enum class parameter_kind { dense, expert, quantized_expert };
+/// tensor_parallel: a TP shard of an attention, dense-FFN, embedding or output-layer weight (TP
+/// above 1): each TP rank holds different elements, so its gradient is summed over DP x CP only
+/// and scaled by 1/(DP*CP).
+enum class parameter_kind { dense, expert, quantized_expert, tensor_parallel };
 
 /// How element (r, c) of this rank's [rows, cols] copy or shard of a parameter is numbered in the
 /// whole parameter (row-major): ETP shards are row and column offsets; a SwiGLU fc1 shard holds

@@ -43,33 +43,45 @@ template <class T, bool QkLayernorm = false,
           parallel::cp_comm_type CpComm = parallel::cp_comm_type::p2p>
 class causal_attention {
  public:
-  /// `query_groups` 0: one key/value head per query head; `norm_epsilon` is QK layernorm's.
+  /// `query_groups` 0: one key/value head per query head; `norm_epsilon` is QK layernorm's. With
+  /// tensor parallelism over `tensor_parallel` ranks this rank holds 1/TP of the query groups
+  /// (whole groups: its rows of linear_qkv) and their heads, and linear_proj's columns of them
+  /// ([H, H / TP]); its output is then its part of y, which the group sums.
   causal_attention(int hidden, int heads, int query_groups = 0, double rope_base = 10000.0,
-                   double norm_epsilon = 1e-5)
+                   double norm_epsilon = 1e-5, int tensor_parallel = 1)
       : hidden_(hidden),
-        heads_(heads),
-        groups_(query_groups > 0 ? query_groups : heads),
+        heads_(tensor_parallel > 0 ? heads / tensor_parallel : 0),
+        groups_((query_groups > 0 ? query_groups : heads) / std::max(1, tensor_parallel)),
+        head_size_(heads > 0 ? hidden / heads : 0),
         kernel_(rope_base) {
     if (hidden < 1 || heads < 1 || hidden % heads != 0 || (hidden / heads) % 2 != 0)
       throw input_error("causal_attention: hidden " + std::to_string(hidden) + " over " +
                         std::to_string(heads) + " heads must give an even head size");
-    if (heads % groups_ != 0)
-      throw input_error("causal_attention: " + std::to_string(groups_) +
+    int const groups = query_groups > 0 ? query_groups : heads;
+    if (heads % groups != 0)
+      throw input_error("causal_attention: " + std::to_string(groups) +
                         " query groups do not divide " + std::to_string(heads) + " heads");
+    if (tensor_parallel < 1 || groups % tensor_parallel != 0)
+      throw input_error("causal_attention: " + std::to_string(tensor_parallel) +
+                        " tensor-parallel ranks do not divide " + std::to_string(groups) +
+                        " query groups");
     qkv_weight_ = row_matrix<T>::Zero(qkv_width(), hidden);
     qkv_grad_ = row_matrix<T>::Zero(qkv_width(), hidden);
-    proj_weight_ = row_matrix<T>::Zero(hidden, hidden);
-    proj_grad_ = row_matrix<T>::Zero(hidden, hidden);
+    proj_weight_ = row_matrix<T>::Zero(hidden, context_width());
+    proj_grad_ = row_matrix<T>::Zero(hidden, context_width());
     if constexpr (QkLayernorm)
       qk_norm_ = {rms_norm<T>(head_size(), norm_epsilon), rms_norm<T>(head_size(), norm_epsilon)};
   }
 
   [[nodiscard]] int hidden() const noexcept { return hidden_; }
+  /// This rank's query heads and query groups (all of them without tensor parallelism).
   [[nodiscard]] int heads() const noexcept { return heads_; }
-  [[nodiscard]] int head_size() const noexcept { return hidden_ / heads_; }
+  [[nodiscard]] int head_size() const noexcept { return head_size_; }
   [[nodiscard]] int query_groups() const noexcept { return groups_; }
-  /// Rows of linear_qkv.weight, (heads + 2 query_groups) * head size.
+  /// This rank's rows of linear_qkv.weight, (heads + 2 query_groups) * head size.
   [[nodiscard]] int qkv_width() const noexcept { return (heads_ + 2 * groups_) * head_size(); }
+  /// This rank's attention output width, heads * head size (linear_proj's columns).
+  [[nodiscard]] int context_width() const noexcept { return heads_ * head_size(); }
 
   /// Context parallelism over `cp` (kept by reference; size 1: none): each sequence is cut into
   /// 2 CP chunks and this rank's rows are chunks r and 2 CP - 1 - r (r its rank in `cp`), in that
@@ -92,43 +104,44 @@ class causal_attention {
                         ", B = " + std::to_string(batch) + ", H = " + std::to_string(hidden_));
     seq_ = seq;
     batch_ = batch;
-    int const H = hidden_, N = static_cast<int>(x.rows()), W = qkv_width();
+    int const H = hidden_, N = static_cast<int>(x.rows()), W = qkv_width(), C = context_width();
     x_ = x;
     qkv_.resize(N, W);
     threaded_product<expert::gemm_op::nt>(exec, N, W, H, x_.data(), H, qkv_weight_.data(), H,
                                           qkv_.data(), W);
     if constexpr (QkLayernorm) normalize_heads(exec.pool(), N);
-    context_.resize(N, H);
+    context_.resize(N, C);
     lse_.resize(std::size_t(batch) * heads_ * seq);
     auto const qkv = views<T const>(qkv_.data());
     if (cp_size_ > 1)
       context_parallel_forward(exec.pool());
     else
-      kernel_.forward(exec.pool(), shape(), qkv.q, qkv.k, qkv.v, {context_.data(), H}, lse_.data());
-    threaded_product<expert::gemm_op::nt>(exec, N, H, H, context_.data(), H, proj_weight_.data(), H,
+      kernel_.forward(exec.pool(), shape(), qkv.q, qkv.k, qkv.v, {context_.data(), C}, lse_.data());
+    threaded_product<expert::gemm_op::nt>(exec, N, H, C, context_.data(), C, proj_weight_.data(), C,
                                           y.data(), static_cast<int>(y.outerStride()));
   }
 
-  /// dx [S*B, H] from dy of the last forward; adds both weights' gradients.
+  /// dx [S*B, H] from dy of the last forward; adds both weights' gradients. With tensor
+  /// parallelism dy is the whole output's gradient and dx this rank's part of the input's.
   void backward(expert::executor<T>& exec, const_row_matrix_map<T> dy, row_matrix_map<T> dx) {
     if (dy.rows() != x_.rows() || dy.cols() != hidden_ || dx.rows() != x_.rows() ||
         dx.cols() != hidden_)
       throw input_error("causal_attention: gradient shape does not match the last forward");
-    int const H = hidden_, N = static_cast<int>(x_.rows()), W = qkv_width();
+    int const H = hidden_, N = static_cast<int>(x_.rows()), W = qkv_width(), C = context_width();
     int const ldy = static_cast<int>(dy.outerStride());
-    threaded_product<expert::gemm_op::tn>(exec, H, H, N, dy.data(), ldy, context_.data(), H,
-                                          proj_grad_.data(), H, true);
-    grad_context_.resize(N, H);
-    threaded_product<expert::gemm_op::nn>(exec, N, H, H, dy.data(), ldy, proj_weight_.data(), H,
-                                          grad_context_.data(), H);
+    threaded_product<expert::gemm_op::tn>(exec, H, C, N, dy.data(), ldy, context_.data(), C,
+                                          proj_grad_.data(), C, true);
+    grad_context_.resize(N, C);
+    threaded_product<expert::gemm_op::nn>(exec, N, C, H, dy.data(), ldy, proj_weight_.data(), C,
+                                          grad_context_.data(), C);
     grad_qkv_.resize(N, W);
     auto const qkv = views<T const>(qkv_.data());
     auto const grad = views<T>(grad_qkv_.data());
     if (cp_size_ > 1)
       context_parallel_backward(exec.pool());
     else
-      kernel_.backward(exec.pool(), shape(), qkv.q, qkv.k, qkv.v, {context_.data(), H},
-                       {grad_context_.data(), H}, lse_.data(), grad.q, grad.k, grad.v);
+      kernel_.backward(exec.pool(), shape(), qkv.q, qkv.k, qkv.v, {context_.data(), C},
+                       {grad_context_.data(), C}, lse_.data(), grad.q, grad.k, grad.v);
     if constexpr (QkLayernorm) normalize_heads_backward(exec.pool(), N);
     threaded_product<expert::gemm_op::tn>(exec, W, H, N, grad_qkv_.data(), W, x_.data(), H,
                                           qkv_grad_.data(), H, true);
@@ -297,7 +310,8 @@ class causal_attention {
   }
   template <class U>
   [[nodiscard]] attention::token_view<U> chunk_rows_of(U* rows, int i) const noexcept {
-    return {rows + std::int64_t(i) * (qkv_.rows() / 2) * hidden_, hidden_};
+    int const C = context_width();
+    return {rows + std::int64_t(i) * (qkv_.rows() / 2) * C, C};
   }
   [[nodiscard]] T* chunk_lse(int i) noexcept { return lse_.data() + i * (lse_.size() / 2); }
 
@@ -386,7 +400,7 @@ class causal_attention {
     int const L = seq_ / 2;
     ring_[0] = kv_local_;
     ring_[1].resize(N, KV);
-    part_out_.resize(chunk_rows, hidden_);
+    part_out_.resize(chunk_rows, context_width());
     part_lse_.resize(lse_.size() / 2);
     bool started[2] = {false, false};
     for (int step = 0; step < cp_size_; ++step) {
@@ -402,8 +416,9 @@ class causal_attention {
           started[i] = true;
           return;
         }
-        kernel_.forward(pool, s, q, k, v, {part_out_.data(), hidden_}, part_lse_.data());
-        attention::merge_partial(pool, s, out, chunk_lse(i), {part_out_.data(), hidden_},
+        int const C = context_width();
+        kernel_.forward(pool, s, q, k, v, {part_out_.data(), C}, part_lse_.data());
+        attention::merge_partial(pool, s, out, chunk_lse(i), {part_out_.data(), C},
                                  part_lse_.data());
       });
       if (step + 1 < cp_size_) pass_on(kv, ring_[(step + 1) % 2].data(), std::int64_t(N) * KV);
@@ -441,7 +456,7 @@ class causal_attention {
     move_heads<true>(pool, grad_qkv_.data(), grad_queries_.data(), N, 0, per);
   }
 
-  int hidden_, heads_, groups_;
+  int hidden_, heads_, groups_, head_size_;
   [[no_unique_address]] std::conditional_t<QkLayernorm, qk_norms, no_qk_norms> qk_norm_;
   attention::flash_attention<T> kernel_;
   int seq_ = 0, batch_ = 0;

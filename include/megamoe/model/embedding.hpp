@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// megamoe/model/embedding.hpp — the token embedding: a row of a [V, H] table per token id.
+// megamoe/model/embedding.hpp — the token embedding: a row of a [V, H] table per token id, or,
+// vocabulary-parallel, of this rank's rows of it (the other ranks' ids give zero rows, which the
+// sum over the tensor-parallel group fills).
 #pragma once
 
 #include <megamoe/core/error.hpp>
@@ -13,20 +15,49 @@
 
 namespace megamoe {
 
+/// The rows of a [whole, H] vocabulary table one rank holds: ids [first, first + rows). With
+/// tensor parallelism the padded vocabulary (`padded_vocabulary`) is cut into equal parts and a
+/// rank holds the real ids of its part (fewer, or none, at the end).
+struct vocabulary_shard {
+  int first = 0, rows = 0, whole = 0;
+  int part_rows = 0;  // the padded part every rank has (rows of real ids fill it, or fewer)
+
+  /// All of a vocabulary of `size`.
+  static constexpr vocabulary_shard all(int size) noexcept { return {0, size, size, size}; }
+  /// Part `part` of `parts` of `size` ids padded to a multiple of `multiple` * `parts`.
+  static constexpr vocabulary_shard part_of(int size, int multiple, int parts, int part) noexcept {
+    int const step = multiple * parts, padded = (size + step - 1) / step * step;
+    int const first = padded / parts * part, last = padded / parts * (part + 1);
+    int const real_last = last < size ? last : size;
+    return {first, real_last > first ? real_last - first : 0, size, padded / parts};
+  }
+  [[nodiscard]] constexpr bool holds(std::int32_t id) const noexcept {
+    return id >= first && id < first + rows;
+  }
+};
+
 template <class T>
 class token_embedding {
  public:
   token_embedding(int vocabulary, int hidden)
-      : weight_(row_matrix<T>::Zero(vocabulary, hidden)),
-        grad_(row_matrix<T>::Zero(vocabulary, hidden)) {
-    if (vocabulary < 1 || hidden < 1)
+      : token_embedding(vocabulary_shard::all(vocabulary), hidden) {}
+  /// This rank's rows of a vocabulary-parallel table.
+  token_embedding(vocabulary_shard shard, int hidden)
+      : shard_(shard),
+        weight_(row_matrix<T>::Zero(shard.rows, hidden)),
+        grad_(row_matrix<T>::Zero(shard.rows, hidden)) {
+    if (shard.whole < 1 || hidden < 1 || shard.rows < 0 || shard.first < 0 ||
+        shard.first + shard.rows > shard.whole)
       throw input_error("token_embedding: vocabulary and hidden size must be positive");
   }
 
-  [[nodiscard]] int vocabulary() const noexcept { return static_cast<int>(weight_.rows()); }
+  /// The whole vocabulary (ids are in [0, vocabulary())).
+  [[nodiscard]] int vocabulary() const noexcept { return shard_.whole; }
+  [[nodiscard]] vocabulary_shard const& shard() const noexcept { return shard_; }
   [[nodiscard]] int hidden() const noexcept { return static_cast<int>(weight_.cols()); }
 
-  /// out [N,H]: the rows of `ids` (each in [0, V)); keeps the ids for backward.
+  /// out [N,H]: the rows of `ids` (each in [0, V); zero rows for ids another rank holds); keeps
+  /// the ids for backward.
   void forward(thread_pool& pool, std::span<std::int32_t const> ids, row_matrix_map<T> out) {
     for (std::int32_t id : ids)
       if (id < 0 || id >= vocabulary())
@@ -36,19 +67,26 @@ class token_embedding {
       throw input_error("token_embedding: output shape does not match the ids");
     ids_.assign(ids.begin(), ids.end());
     parallel_rows(pool, static_cast<int>(ids.size()), [&](int begin, int end) {
-      for (int t = begin; t < end; ++t) out.row(t) = weight_.row(ids_[static_cast<std::size_t>(t)]);
+      for (int t = begin; t < end; ++t) {
+        std::int32_t const id = ids_[static_cast<std::size_t>(t)];
+        if (shard_.holds(id))
+          out.row(t) = weight_.row(id - shard_.first);
+        else
+          out.row(t).setZero();
+      }
     });
   }
 
-  /// Adds dy [N,H] into the rows of the last forward's ids, each row's additions in token order
-  /// (the pool's threads take disjoint ranges of the vocabulary, so no row is shared).
+  /// Adds dy [N,H] into the rows of the last forward's ids this rank holds, each row's additions
+  /// in token order (the pool's threads take disjoint ranges of the rows, so none is shared).
   void backward(thread_pool& pool, const_row_matrix_map<T> dy) {
     if (dy.rows() != std::ssize(ids_) || dy.cols() != hidden())
       throw input_error("token_embedding: gradient shape does not match the last forward");
-    parallel_rows(pool, vocabulary(), [&](int first, int last) {
-      for (std::size_t t = 0; t < ids_.size(); ++t)
-        if (ids_[t] >= first && ids_[t] < last)
-          grad_.row(ids_[t]) += dy.row(static_cast<Eigen::Index>(t));
+    parallel_rows(pool, shard_.rows, [&](int first, int last) {
+      for (std::size_t t = 0; t < ids_.size(); ++t) {
+        int const row = ids_[t] - shard_.first;
+        if (row >= first && row < last) grad_.row(row) += dy.row(static_cast<Eigen::Index>(t));
+      }
     });
   }
 
@@ -56,11 +94,12 @@ class token_embedding {
 
   template <class F>
   void for_each_parameter(std::string const& prefix, F&& f) {
-    f(prefix + ".weight", row_matrix_map<T>(weight_.data(), vocabulary(), hidden()),
-      row_matrix_map<T>(grad_.data(), vocabulary(), hidden()));
+    f(prefix + ".weight", row_matrix_map<T>(weight_.data(), shard_.rows, hidden()),
+      row_matrix_map<T>(grad_.data(), shard_.rows, hidden()));
   }
 
  private:
+  vocabulary_shard shard_;
   row_matrix<T> weight_, grad_;
   std::vector<std::int32_t> ids_;
 };

@@ -7,16 +7,28 @@
 //
 // The logits exist a block of rows at a time (forward keeps each row's log-sum-exp; backward
 // forms the block again), so training never holds [N, V] of them.
+//
+// Vocabulary-parallel (a `vocabulary_shard` and the tensor-parallel group): each rank holds the
+// weight rows of its ids and forms only their logits; the ids of the padding beyond the
+// vocabulary have no rows, so their logits are masked by not existing. Per block, the ranks
+// all-gather each row's (log-sum-exp of its logits, target logit where it holds the target) and
+// combine them, so every rank has every token's loss; backward gives this rank's part of dh,
+// which the group sums (the caller's reduce-scatter).
 #pragma once
 
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
+#include <megamoe/model/embedding.hpp>
 #include <megamoe/model/products.hpp>
+#include <megamoe/parallel/collectives.hpp>
+
+#include <boost/mpi/communicator.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -29,17 +41,26 @@ class lm_head {
   /// Logits are formed `block_logits` at a time at most (rows of V): about 1 MiB of fp32 by
   /// default, whatever the vocabulary, and at least one row.
   lm_head(int hidden, int vocabulary, std::int64_t block_logits = std::int64_t{1} << 18)
-      : weight_(row_matrix<T>::Zero(vocabulary, hidden)),
-        grad_(row_matrix<T>::Zero(vocabulary, hidden)),
+      : lm_head(hidden, vocabulary_shard::all(vocabulary), nullptr, block_logits) {}
+  /// Vocabulary-parallel over `tp` (kept by reference): this rank's rows of the output layer.
+  lm_head(int hidden, vocabulary_shard shard, boost::mpi::communicator const* tp,
+          std::int64_t block_logits = std::int64_t{1} << 18)
+      : shard_(shard),
+        tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr),
+        weight_(row_matrix<T>::Zero(shard.rows, hidden)),
+        grad_(row_matrix<T>::Zero(shard.rows, hidden)),
         block_logits_(block_logits) {
-    if (vocabulary < 1 || hidden < 1 || block_logits < 1)
+    if (shard.whole < 1 || hidden < 1 || block_logits < 1 || shard.rows < 0 ||
+        (tp_ == nullptr && shard.rows != shard.whole))
       throw input_error("lm_head: vocabulary, hidden size and block size must be positive");
   }
 
-  [[nodiscard]] int vocabulary() const noexcept { return static_cast<int>(weight_.rows()); }
+  /// The whole vocabulary (targets are in [0, vocabulary())).
+  [[nodiscard]] int vocabulary() const noexcept { return shard_.whole; }
+  [[nodiscard]] vocabulary_shard const& shard() const noexcept { return shard_; }
   [[nodiscard]] int hidden() const noexcept { return static_cast<int>(weight_.cols()); }
 
-  /// Logits [N, V] of h [N, H] (for sampling; keeps nothing for backward).
+  /// Logits [N, rows] of h [N, H] for this rank's ids (for sampling; keeps nothing).
   row_matrix<T> const& logits(const_row_matrix_map<T> h) {
     require(h);
     logits_.noalias() = h * weight_.transpose();
@@ -65,18 +86,33 @@ class lm_head {
     token_loss_.resize(targets.size());
     log_sum_exp_.resize(targets.size());
     for_each_block(N, [&](int first, int rows) {
-      form_logits(exec, first, rows);
+      // Per row: the log-sum-exp of this rank's logits and the target's logit where it holds it.
+      stats_.resize(2 * static_cast<std::size_t>(rows));
+      if (shard_.rows > 0) form_logits(exec, first, rows);
       parallel_rows(exec.pool(), rows, [&](int begin, int end) {
         for (int r = begin; r < end; ++r) {
           auto const t = static_cast<std::size_t>(first + r);
+          auto const at = 2 * static_cast<std::size_t>(r);
+          if (shard_.rows == 0) {
+            stats_[at] = -std::numeric_limits<double>::infinity();
+            stats_[at + 1] = 0.0;
+            continue;
+          }
           auto const row = block_.row(r);
           T const top = row.maxCoeff();
           double const sum = (row.array() - top).exp().template cast<double>().sum();
-          double const lse = static_cast<double>(top) + std::log(sum);
-          log_sum_exp_[t] = lse;
-          token_loss_[t] = lse - static_cast<double>(row(targets_[t]));
+          stats_[at] = static_cast<double>(top) + std::log(sum);
+          stats_[at + 1] = shard_.holds(targets_[t])
+                               ? static_cast<double>(row(targets_[t] - shard_.first))
+                               : 0.0;
         }
       });
+      if (tp_ != nullptr) combine_over_ranks(rows);
+      for (int r = 0; r < rows; ++r) {
+        auto const t = static_cast<std::size_t>(first + r);
+        log_sum_exp_[t] = stats_[2 * static_cast<std::size_t>(r)];
+        token_loss_[t] = log_sum_exp_[t] - stats_[2 * static_cast<std::size_t>(r) + 1];
+      }
     });
     double total = 0.0;
     for (double l : token_loss_) total += l;
@@ -92,8 +128,12 @@ class lm_head {
   void backward(expert::executor<T>& exec, T scale, row_matrix_map<T> dh) {
     if (dh.rows() != h_.rows() || dh.cols() != hidden())
       throw input_error("lm_head: gradient shape does not match the last forward");
-    int const N = static_cast<int>(h_.rows()), V = vocabulary(), H = hidden();
+    int const N = static_cast<int>(h_.rows()), V = shard_.rows, H = hidden();
     T const per_token = targets_.empty() ? T(0) : scale / static_cast<T>(targets_.size());
+    if (V == 0) {  // no ids here: no part of dh
+      dh.setZero();
+      return;
+    }
     for_each_block(N, [&](int first, int rows) {
       form_logits(exec, first, rows);
       parallel_rows(exec.pool(), rows, [&](int begin, int end) {
@@ -102,7 +142,7 @@ class lm_head {
           auto row = block_.row(r);
           T const lse = static_cast<T>(log_sum_exp_[t]);
           row = (row.array() - lse).exp() * per_token;
-          row(targets_[t]) -= per_token;
+          if (shard_.holds(targets_[t])) row(targets_[t] - shard_.first) -= per_token;
         }
       });
       threaded_product<expert::gemm_op::tn>(exec, V, H, rows, block_.data(), V,
@@ -117,8 +157,8 @@ class lm_head {
 
   template <class F>
   void for_each_parameter(std::string const& prefix, F&& f) {
-    f(prefix + ".weight", row_matrix_map<T>(weight_.data(), vocabulary(), hidden()),
-      row_matrix_map<T>(grad_.data(), vocabulary(), hidden()));
+    f(prefix + ".weight", row_matrix_map<T>(weight_.data(), shard_.rows, hidden()),
+      row_matrix_map<T>(grad_.data(), shard_.rows, hidden()));
   }
 
  private:
@@ -128,27 +168,54 @@ class lm_head {
                         std::to_string(hidden()));
   }
 
-  /// body(first, rows) for consecutive blocks of at most block_logits_ / V rows.
+  /// Every rank's (log-sum-exp, target logit) of each of the block's rows, combined: the
+  /// log-sum-exp over all ranks' logits and the target's logit (one rank holds it).
+  void combine_over_ranks(int rows) {
+    int const ranks = tp_->size();
+    rows_per_rank_.assign(static_cast<std::size_t>(ranks), rows);
+    gathered_.resize(stats_.size() * static_cast<std::size_t>(ranks));
+    parallel::all_gather_v(*tp_, stats_.data(), gathered_.data(),
+                           std::span<std::int64_t const>(rows_per_rank_), 2);
+    for (int r = 0; r < rows; ++r) {
+      double top = -std::numeric_limits<double>::infinity(), target = 0.0;
+      for (int k = 0; k < ranks; ++k) top = std::max(top, gathered_[2 * std::size_t(k * rows + r)]);
+      double sum = 0.0;
+      for (int k = 0; k < ranks; ++k) {
+        auto const at = 2 * std::size_t(k * rows + r);
+        sum += std::exp(gathered_[at] - top);
+        target += gathered_[at + 1];
+      }
+      stats_[2 * std::size_t(r)] = top + std::log(sum);
+      stats_[2 * std::size_t(r) + 1] = target;
+    }
+  }
+
+  /// body(first, rows) for consecutive blocks of at most block_logits_ / (part rows) rows (the
+  /// same blocks on every rank of the group).
   template <class Body>
   void for_each_block(int n, Body&& body) {
-    auto const per_block =
-        static_cast<int>(std::clamp<std::int64_t>(block_logits_ / vocabulary(), 1, std::max(1, n)));
-    block_.resize(per_block, vocabulary());
+    auto const per_block = static_cast<int>(
+        std::clamp<std::int64_t>(block_logits_ / std::max(1, shard_.part_rows), 1, std::max(1, n)));
+    block_.resize(per_block, shard_.rows);
     for (int first = 0; first < n; first += per_block) body(first, std::min(per_block, n - first));
   }
 
   /// block_ rows [0, rows) = h_ rows [first, first + rows) W^T.
   void form_logits(expert::executor<T>& exec, int first, int rows) {
-    int const V = vocabulary(), H = hidden();
+    int const V = shard_.rows, H = hidden();
     threaded_product<expert::gemm_op::nt>(exec, rows, V, H, h_.row(first).data(), H, weight_.data(),
                                           H, block_.data(), V);
   }
 
+  vocabulary_shard shard_;
+  boost::mpi::communicator const* tp_ = nullptr;  // null: the whole vocabulary here
   row_matrix<T> weight_, grad_;
   std::int64_t block_logits_;
   row_matrix<T> h_, block_, logits_;
   std::vector<std::int32_t> targets_;
   std::vector<double> token_loss_, log_sum_exp_;
+  std::vector<double> stats_, gathered_;  // per row (log-sum-exp, target logit); every rank's
+  std::vector<std::int64_t> rows_per_rank_;
 };
 
 }  // namespace megamoe

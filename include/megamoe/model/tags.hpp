@@ -55,6 +55,7 @@ struct settings {
   double norm_epsilon = 1e-5;  // layernorm_epsilon (RMSNorm)
   double rope_base = 10000.0;  // rotary_base
   bool qk_layernorm = false;   // qk_layernorm: RMSNorm of each query and key head before RoPE
+  int vocab_multiple = 128;    // make_vocab_size_divisible_by (times TP: the padded vocabulary)
 
   /// Whether layer i is an MoE layer.
   [[nodiscard]] constexpr bool is_moe(int layer) const noexcept { return moe_layers.is_moe(layer); }
@@ -80,9 +81,10 @@ struct moe_layers_kind {};
 struct norm_epsilon_kind {};
 struct rope_base_kind {};
 struct qk_layernorm_kind {};
+struct vocab_multiple_kind {};
 using all_kinds = boost::mp11::mp_list<layers_kind, heads_kind, query_groups_kind, vocabulary_kind,
                                        dense_ffn_kind, moe_layers_kind, norm_epsilon_kind,
-                                       rope_base_kind, qk_layernorm_kind>;
+                                       rope_base_kind, qk_layernorm_kind, vocab_multiple_kind>;
 }  // namespace option
 
 /// Decoder layers (`num_layers`).
@@ -154,6 +156,15 @@ template <bool On = true>
 struct qk_layernorm {
   using option_kind = option::qk_layernorm_kind;
   static constexpr void apply(settings& s) { s.qk_layernorm = On; }
+};
+
+/// The vocabulary is padded to a multiple of N x TP (`make_vocab_size_divisible_by`, 128 by
+/// default), which sets where the tensor-parallel ranks' parts of the embedding and output layer
+/// begin; the padding's ids hold no weights and their logits are masked.
+template <int N>
+struct vocab_size_divisible_by {
+  using option_kind = option::vocab_multiple_kind;
+  static constexpr void apply(settings& s) { s.vocab_multiple = N; }
 };
 
 /// What follows from the other choices when it is not given: query_groups follows heads, and the

@@ -7,12 +7,12 @@
 // Every size comes from the configuration type: `Config::model` (layers, heads, vocabulary, dense
 // FFN width, the MoE layer pattern, norm epsilon, RoPE base) and `Config::shape`; what the type
 // leaves `dynamic` is given at start-up (startup_values), where the same rules run with the same
-// ids. Attention runs with TP = PP = 1 (R036) and any CP; the MoE layers may use EP, ETP and
-// EDP (the process-groups constructor). Tokens of a micro-batch are S positions x B sequences,
-// flattened t = s*B + b. Under context parallelism every rank of a CP group is given the whole
-// micro-batch and keeps its two of the 2 CP chunks of each sequence (chunks r and 2 CP - 1 - r,
-// the reference's load balancing): the rank's rows are S / CP positions, its chunks in that
-// order, t = s*B + b over them.
+// ids. The model runs with PP = 1 (R036) and any TP (with sequence parallelism) and CP; the MoE
+// layers may use EP, ETP and EDP (the process-groups constructor). Tokens of a micro-batch are S
+// positions x B sequences, flattened t = s*B + b. Under context parallelism every rank of a CP
+// group is given the whole micro-batch and keeps its two of the 2 CP chunks of each sequence
+// (chunks r and 2 CP - 1 - r, the reference's load balancing): the rank's rows are S / CP
+// positions, its chunks in that order, t = s*B + b over them.
 #pragma once
 
 #include <megamoe/config/error.hpp>
@@ -89,12 +89,14 @@ class transformer {
 
   /// Context-parallel ranks (the CP degree; 1 without).
   [[nodiscard]] int context_parallel() const noexcept { return values_.parallel.cp; }
+  /// Tensor-parallel ranks of attention, the dense FFN, embedding and output layer (1 without).
+  [[nodiscard]] int tensor_parallel() const noexcept { return values_.parallel.tp; }
 
   /// Forward of one micro-batch: tokens and targets [S*B] (t = s*B + b), the whole micro-batch
-  /// on every rank of a CP group (2 CP must divide S, R046). The cross-entropy and router losses
-  /// are this rank's: the mean over its tokens, its share of the router losses (which sum over
-  /// the CP group to the micro-batch's). Training mode (the context's step) keeps what backward
-  /// needs.
+  /// on every rank of a TP x CP group (2 CP must divide S, R046; TP the S / CP positions a rank's
+  /// sequences hold, R049). The cross-entropy is the mean over this rank's CP chunks (the same on
+  /// every TP rank); the router losses are this rank's share (they sum over the TP x CP group to
+  /// the micro-batch's). Training mode (the context's step) keeps what backward needs.
   transformer_output forward(context& ctx, std::span<std::int32_t const> tokens,
                              std::span<std::int32_t const> targets, int seq, int batch) {
     if (seq < 1 || batch < 1 || std::ssize(tokens) != std::int64_t{seq} * batch ||
@@ -102,10 +104,8 @@ class transformer {
       throw input_error("transformer: " + std::to_string(tokens.size()) + " tokens and " +
                         std::to_string(targets.size()) + " targets for S = " + std::to_string(seq) +
                         ", B = " + std::to_string(batch));
+    check_sequence(seq);
     int const cp = context_parallel();
-    if (seq % (2 * cp) != 0 && cp > 1)
-      throw config_error(rules::id::context_chunks_divide_sequence,
-                         "sequence length " + std::to_string(seq) + ", CP " + std::to_string(cp));
     if (cp > 1) {
       keep_my_chunks(tokens, seq, batch, local_tokens_);
       tokens = local_tokens_;
@@ -115,26 +115,32 @@ class transformer {
       }
       seq /= cp;
     }
-    int const N = seq * batch, H = hidden_size();
+    // This rank's rows: its CP chunks' N = S/CP * B tokens, of which it keeps N / TP in the
+    // residual stream (sequence parallelism); attention, the dense FFN and the output layer see
+    // all N, gathered over TP.
+    int const tp = tensor_parallel(), N = seq * batch, rows = N / tp, H = hidden_size();
     auto& pool = ctx.pool();
     seq_ = seq;
     batch_ = batch;
-    residual_.resize(N, H);
-    normed_.resize(N, H);
-    branch_.resize(N, H);
+    residual_.resize(rows, H);
+    normed_.resize(rows, H);
+    branch_.resize(rows, H);
+    rows_per_tp_.assign(static_cast<std::size_t>(tp), rows);
     auto& times = ctx.step_stages;
     using stage = step_stage;
-    times.time(stage::embedding_output_loss,
-               [&] { embedding_.forward(pool, tokens, map(residual_)); });
+    times.time(stage::embedding_output_loss, [&] {
+      embedding_.forward(pool, tokens, whole_output(map(residual_), N));
+      sum_to_my_rows(map(residual_));
+    });
     transformer_output out;
-    // Each FFN's output [N, H] joins the residual stream in the next norm's pass (add_forward).
+    // Each FFN's output joins the residual stream in the next norm's pass (add_forward).
     scalar const* pending = nullptr;
     auto norm_of_residual = [&](rms_norm<scalar>& norm) {
       times.time(stage::norms_residuals, [&] {
         if (pending == nullptr)
           norm.forward(pool, cmap(residual_), map(normed_));
         else
-          norm.add_forward(pool, map(residual_), const_row_matrix_map<scalar>(pending, N, H),
+          norm.add_forward(pool, map(residual_), const_row_matrix_map<scalar>(pending, rows, H),
                            map(normed_));
       });
     };
@@ -142,14 +148,16 @@ class transformer {
       auto& b = blocks_[static_cast<std::size_t>(i)];
       norm_of_residual(b.input_norm);
       times.time(stage::attention, [&] {
-        b.attention.forward(ctx.executor<scalar>(), cmap(normed_), seq, batch, map(branch_));
+        b.attention.forward(ctx.executor<scalar>(), all_rows(cmap(normed_), whole_), seq, batch,
+                            whole_output(map(branch_), N));
+        sum_to_my_rows(map(branch_));
       });
       times.time(stage::norms_residuals, [&] {
         b.pre_mlp_norm.add_forward(pool, map(residual_), cmap(branch_), map(normed_));
       });
       if (b.moe >= 0) {
         auto const result =
-            moe_[static_cast<std::size_t>(b.moe)]->forward(ctx, normed_, seq, batch);
+            moe_[static_cast<std::size_t>(b.moe)]->forward(ctx, normed_, seq / tp, batch);
         pending = result.y.data();
         for (auto const& l :
              {result.losses.aux_loss, result.losses.seq_aux_loss, result.losses.global_aux_loss})
@@ -158,17 +166,21 @@ class transformer {
         out.router_losses = out.aux_loss + out.z_loss;
       } else {
         times.time(stage::dense_ffn, [&] {
-          dense_[static_cast<std::size_t>(b.dense)].forward(ctx.executor<scalar>(), cmap(normed_),
-                                                            map(branch_));
+          dense_[static_cast<std::size_t>(b.dense)].forward(ctx.executor<scalar>(),
+                                                            all_rows(cmap(normed_), whole_),
+                                                            whole_output(map(branch_), N));
+          sum_to_my_rows(map(branch_));
         });
         pending = branch_.data();
       }
     }
     norm_of_residual(final_norm_);
-    if (!targets.empty())
-      out.cross_entropy = times.time(stage::embedding_output_loss, [&] {
-        return head_.forward(ctx.executor<scalar>(), cmap(normed_), targets);
-      });
+    times.time(stage::embedding_output_loss, [&] {
+      auto const hidden = all_rows(cmap(normed_), whole_);
+      final_hidden_ = hidden.data();  // for logits()
+      if (!targets.empty())
+        out.cross_entropy = head_.forward(ctx.executor<scalar>(), hidden, targets);
+    });
     return out;
   }
 
@@ -179,29 +191,43 @@ class transformer {
   }
 
   /// Each of this rank's tokens' cross-entropy (nats) in the last forward with targets, in its
-  /// row order (t = s*B + b over its S / CP positions).
+  /// row order (t = s*B + b over its S / CP positions; every TP rank has them all).
   [[nodiscard]] std::span<double const> token_losses() const noexcept {
     return head_.token_losses();
   }
 
-  /// Logits [rows, V] of this rank's rows of the last forward (for sampling).
-  row_matrix<scalar> const& logits() { return head_.logits(cmap(normed_)); }
+  /// Logits [rows, V / TP] of the last forward's final hidden states: every row of this rank's
+  /// CP chunks, this rank's part of the vocabulary (all of it without TP).
+  row_matrix<scalar> const& logits() {
+    return head_.logits({final_hidden_, std::int64_t{seq_} * batch_, hidden_size()});
+  }
 
   /// The logits of sequence b at position `position` of the last forward, on every rank
-  /// (collective over the CP group: the rank that holds the row sends it).
+  /// (collective over the TP x CP group: the TP ranks gather their vocabulary parts, the CP rank
+  /// that holds the row sends it).
   std::vector<double> logits_at(int position, int b) {
-    int const cp = context_parallel(), local_seq = seq_, B = batch_;
-    int const L = local_seq / (cp > 1 ? 2 : 1), chunk = position / L;
+    int const cp = context_parallel(), tp = tensor_parallel(), B = batch_;
+    int const L = seq_ / (cp > 1 ? 2 : 1), chunk = position / L;
     int owner = 0, row = position;
     if (cp > 1) {
       owner = chunk < cp ? chunk : 2 * cp - 1 - chunk;
       row = (chunk < cp ? 0 : L) + position % L;
     }
-    std::vector<double> out(static_cast<std::size_t>(values_.model.vocabulary));
+    auto const V = static_cast<std::size_t>(values_.model.vocabulary);
+    std::vector<double> out(V);
     if (cp == 1 || groups_->cp().rank() == owner) {
       auto const& l = logits();
+      std::vector<double> mine(static_cast<std::size_t>(l.cols()));
       for (Eigen::Index v = 0; v < l.cols(); ++v)
-        out[static_cast<std::size_t>(v)] = static_cast<double>(l(std::int64_t(row) * B + b, v));
+        mine[static_cast<std::size_t>(v)] = static_cast<double>(l(std::int64_t(row) * B + b, v));
+      if (tp > 1) {
+        std::vector<std::int64_t> parts(static_cast<std::size_t>(tp));
+        for (int k = 0; k < tp; ++k) parts[static_cast<std::size_t>(k)] = vocabulary_part(k).rows;
+        parallel::all_gather_v(groups_->tp(), mine.data(), out.data(),
+                               std::span<std::int64_t const>(parts), 1);
+      } else {
+        out = mine;
+      }
     }
     if (cp > 1)
       boost::mpi::broadcast(groups_->cp(), out.data(), static_cast<int>(out.size()), owner);
@@ -212,13 +238,15 @@ class transformer {
   /// their router losses' gradients times ctx.step.loss_backward_scale. Adds to every gradient.
   void backward(context& ctx, scalar scale) {
     auto& pool = ctx.pool();
-    int const N = seq_ * batch_, H = hidden_size();
-    grad_.resize(N, H);
-    grad_normed_.resize(N, H);
+    int const N = seq_ * batch_, rows = N / tensor_parallel(), H = hidden_size();
+    grad_.resize(rows, H);
+    grad_normed_.resize(rows, H);
     auto& times = ctx.step_stages;
     using stage = step_stage;
-    times.time(stage::embedding_output_loss,
-               [&] { head_.backward(ctx.executor<scalar>(), scale, map(grad_normed_)); });
+    times.time(stage::embedding_output_loss, [&] {
+      head_.backward(ctx.executor<scalar>(), scale, whole_output(map(grad_normed_), N));
+      sum_to_my_rows(map(grad_normed_));
+    });
     times.time(stage::norms_residuals,
                [&] { final_norm_.backward(pool, cmap(grad_normed_), map(grad_)); });
     for (int i = layers() - 1; i >= 0; --i) {
@@ -230,19 +258,24 @@ class transformer {
                    [&] { b.pre_mlp_norm.backward(pool, dx, map(grad_), true); });
       } else {
         times.time(stage::dense_ffn, [&] {
-          dense_[static_cast<std::size_t>(b.dense)].backward(ctx.executor<scalar>(), cmap(grad_),
-                                                             map(grad_normed_));
+          dense_[static_cast<std::size_t>(b.dense)].backward(ctx.executor<scalar>(),
+                                                             all_rows(cmap(grad_), grad_whole_),
+                                                             whole_output(map(grad_normed_), N));
+          sum_to_my_rows(map(grad_normed_));
         });
         times.time(stage::norms_residuals,
                    [&] { b.pre_mlp_norm.backward(pool, cmap(grad_normed_), map(grad_), true); });
       }
       times.time(stage::attention, [&] {
-        b.attention.backward(ctx.executor<scalar>(), cmap(grad_), map(grad_normed_));
+        b.attention.backward(ctx.executor<scalar>(), all_rows(cmap(grad_), grad_whole_),
+                             whole_output(map(grad_normed_), N));
+        sum_to_my_rows(map(grad_normed_));
       });
       times.time(stage::norms_residuals,
                  [&] { b.input_norm.backward(pool, cmap(grad_normed_), map(grad_), true); });
     }
-    times.time(stage::embedding_output_loss, [&] { embedding_.backward(pool, cmap(grad_)); });
+    times.time(stage::embedding_output_loss,
+               [&] { embedding_.backward(pool, all_rows(cmap(grad_), grad_whole_)); });
   }
 
   /// Once per global batch: the MoE layers' expert-bias updates (collective on a job).
@@ -272,20 +305,26 @@ class transformer {
                      row_matrix_map<scalar> grad) {
       f(std::string_view(name), value, grad, parameter_kind::dense);
     };
-    embedding_.for_each_parameter("embedding.word_embeddings", dense);
+    // Attention's, the dense FFN's, the embedding's and the output layer's weights: TP shards
+    // (QK layernorm's weights stay whole).
+    auto split = [&](std::string const& name, row_matrix_map<scalar> value,
+                     row_matrix_map<scalar> grad) {
+      f(std::string_view(name), value, grad, kind_of(name));
+    };
+    embedding_.for_each_parameter("embedding.word_embeddings", split);
     for (int i = 0; i < layers(); ++i) {
       auto& b = blocks_[static_cast<std::size_t>(i)];
       std::string const prefix = "decoder.layers." + std::to_string(i);
       b.input_norm.for_each_parameter(prefix + ".input_layernorm", dense);
-      b.attention.for_each_parameter(prefix + ".self_attention", dense);
+      b.attention.for_each_parameter(prefix + ".self_attention", split);
       b.pre_mlp_norm.for_each_parameter(prefix + ".pre_mlp_layernorm", dense);
       if (b.moe >= 0)
         moe_[static_cast<std::size_t>(b.moe)]->for_each_parameter(f);
       else
-        dense_[static_cast<std::size_t>(b.dense)].for_each_parameter(prefix + ".mlp", dense);
+        dense_[static_cast<std::size_t>(b.dense)].for_each_parameter(prefix + ".mlp", split);
     }
     final_norm_.for_each_parameter("decoder.final_layernorm", dense);
-    head_.for_each_parameter("output_layer", dense);
+    head_.for_each_parameter("output_layer", split);
   }
 
   /// f(name, value, grad, kind, numbering) for every parameter this rank holds, with where its
@@ -294,7 +333,10 @@ class transformer {
   void for_each_numbered_parameter(F&& f) {
     for_each_parameter([&](std::string_view name, row_matrix_map<scalar> value,
                            row_matrix_map<scalar> grad, parameter_kind kind) {
-      if (kind == parameter_kind::dense) f(name, value, grad, kind, element_numbering{grad.cols()});
+      if (kind == parameter_kind::tensor_parallel)
+        f(name, value, grad, kind, numbering_of(name, grad.rows(), grad.cols()));
+      else if (kind == parameter_kind::dense)
+        f(name, value, grad, kind, element_numbering{grad.cols()});
     });
     for (auto& m : moe_)
       m->for_each_numbered_parameter([&](std::string_view name, row_matrix_map<scalar> value,
@@ -323,25 +365,34 @@ class transformer {
   /// its own from layer_seed + 500000, far from any n, so no two parameters share a seed.
   void initialize(std::uint64_t seed, double std = 0.02) {
     std::uint64_t index = 0;
+    auto fill_whole = [&](std::string const& name, row_matrix_map<scalar> value,
+                          std::uint64_t from) {
+      fill(value, numbering_of(name, value.rows(), value.cols()), from, ++index, std);
+    };
     embedding_.for_each_parameter(
-        "e", [&](auto const&, auto value, auto) { fill(value, seed, ++index, std); });
+        "embedding.word_embeddings",
+        [&](std::string const& name, auto value, auto) { fill_whole(name, value, seed); });
     for (int i = 0; i < layers(); ++i) {
       auto& b = blocks_[static_cast<std::size_t>(i)];
       std::uint64_t const layer_seed = seed + 1000003ULL * static_cast<std::uint64_t>(i + 1);
-      b.attention.for_each_parameter("a", [&](std::string const& name, auto value, auto) {
-        if (name.ends_with("layernorm.weight"))
-          value.setOnes();
-        else
-          fill(value, layer_seed, ++index, std);
-      });
+      b.attention.for_each_parameter("self_attention",
+                                     [&](std::string const& name, auto value, auto) {
+                                       if (name.ends_with("layernorm.weight"))
+                                         value.setOnes();
+                                       else
+                                         fill_whole(name, value, layer_seed);
+                                     });
       if (b.moe >= 0)
         moe_[static_cast<std::size_t>(b.moe)]->initialize(layer_seed + 500000, std);
       else
         dense_[static_cast<std::size_t>(b.dense)].for_each_parameter(
-            "d", [&](auto const&, auto value, auto) { fill(value, layer_seed, ++index, std); });
+            "mlp", [&](std::string const& name, auto value, auto) {
+              fill_whole(name, value, layer_seed);
+            });
     }
-    head_.for_each_parameter(
-        "h", [&](auto const&, auto value, auto) { fill(value, seed, ++index, std); });
+    head_.for_each_parameter("output_layer", [&](std::string const& name, auto value, auto) {
+      fill_whole(name, value, seed);
+    });
   }
 
   /// With memory::quantized_weights, for an optimizer holding the MoE layers' fp32 masters
@@ -381,11 +432,93 @@ class transformer {
   static const_row_matrix_map<scalar> cmap(row_matrix<scalar> const& m) {
     return {m.data(), m.rows(), m.cols()};
   }
-  static void fill(row_matrix_map<scalar> value, std::uint64_t seed, std::uint64_t index,
-                   double std) {
-    for (Eigen::Index e = 0; e < value.size(); ++e)
-      value.data()[e] =
-          static_cast<scalar>(std * standard_normal(seed + index, static_cast<std::uint64_t>(e)));
+  /// N(0, std^2) by (seed + index, element of the whole tensor): every TP layout draws the same.
+  static void fill(row_matrix_map<scalar> value, element_numbering const& numbering,
+                   std::uint64_t seed, std::uint64_t index, double std) {
+    for (Eigen::Index r = 0; r < value.rows(); ++r)
+      for (Eigen::Index c = 0; c < value.cols(); ++c)
+        value(r, c) =
+            static_cast<scalar>(std * standard_normal(seed + index, numbering.global(r, c)));
+  }
+
+  /// Which of the names for_each_parameter gives are TP shards (with TP above 1).
+  [[nodiscard]] parameter_kind kind_of(std::string_view name) const noexcept {
+    return tensor_parallel() > 1 && !name.ends_with("layernorm.weight")
+               ? parameter_kind::tensor_parallel
+               : parameter_kind::dense;
+  }
+  /// Where a parameter of the transformer's own modules (not the MoE layers') lies in the whole
+  /// one: linear_qkv and the dense FFN's fc1 by rows (fc1's gate and linear halves each),
+  /// linear_proj and fc2 by columns, the embedding and output layer by vocabulary rows; the rest
+  /// whole.
+  [[nodiscard]] element_numbering numbering_of(std::string_view name, std::int64_t rows,
+                                               std::int64_t cols) const {
+    int const tp = tensor_parallel(), part = tp > 1 ? groups_->tp().rank() : 0;
+    element_numbering n{cols};
+    if (kind_of(name) != parameter_kind::tensor_parallel) return n;
+    if (name.ends_with("linear_qkv.weight")) {
+      n.first_row = part * rows;
+      n.global_rows = rows * tp;
+    } else if (name.ends_with("linear_proj.weight") || name.ends_with("mlp.linear_fc2.weight")) {
+      n.global_cols = cols * tp;
+      n.col_offset = part * cols;
+    } else if (name.ends_with("mlp.linear_fc1.weight")) {  // SwiGLU: gate rows, then linear rows
+      std::int64_t const half = rows / 2, ffn = half * tp;
+      n.half_rows = half;
+      n.first_row = part * half;
+      n.second_row = ffn + part * half;
+      n.global_rows = 2 * ffn;
+    } else {  // embedding, output layer
+      n.first_row = vocabulary_part(part).first;
+      n.global_rows = values_.model.vocabulary;
+    }
+    return n;
+  }
+  /// TP rank `part`'s ids of the vocabulary.
+  [[nodiscard]] vocabulary_shard vocabulary_part(int part) const noexcept {
+    auto const& m = values_.model;
+    int const tp = tensor_parallel();
+    return tp == 1 ? vocabulary_shard::all(m.vocabulary)
+                   : vocabulary_shard::part_of(m.vocabulary, m.vocab_multiple, tp, part);
+  }
+
+  // ---- sequence parallelism: this rank's rows of the residual stream and all N of them ----
+  /// `mine` [N / TP, H] gathered over TP into `all` [N, H] (in rank order: the positions in
+  /// order); `mine` itself without TP.
+  const_row_matrix_map<scalar> all_rows(const_row_matrix_map<scalar> mine,
+                                        row_matrix<scalar>& all) {
+    int const tp = tensor_parallel();
+    if (tp == 1) return mine;
+    all.resize(mine.rows() * tp, mine.cols());
+    parallel::all_gather_v(groups_->tp(), mine.data(), all.data(),
+                           std::span<std::int64_t const>(rows_per_tp_),
+                           static_cast<int>(mine.cols()));
+    return cmap(all);
+  }
+  /// Where a TP-parallel module writes its part of an [N, H] output: `mine` itself without TP;
+  /// otherwise a buffer whose sum over TP sum_to_my_rows puts into `mine`.
+  row_matrix_map<scalar> whole_output(row_matrix_map<scalar> mine, int whole_rows) {
+    if (tensor_parallel() == 1) return mine;
+    parts_.resize(whole_rows, mine.cols());
+    return map(parts_);
+  }
+  void sum_to_my_rows(row_matrix_map<scalar> mine) {
+    if (tensor_parallel() == 1) return;
+    parallel::reduce_scatter_v(groups_->tp(), parts_.data(), mine.data(),
+                               std::span<std::int64_t const>(rows_per_tp_),
+                               static_cast<int>(mine.cols()));
+  }
+
+  /// R046 and R049 for a sequence length (every rank is given the same).
+  void check_sequence(int seq) const {
+    int const cp = context_parallel(), tp = tensor_parallel();
+    if (cp > 1 && seq % (2 * cp) != 0)
+      throw config_error(rules::id::context_chunks_divide_sequence,
+                         "sequence length " + std::to_string(seq) + ", CP " + std::to_string(cp));
+    if (tp > 1 && (seq / cp) % tp != 0)
+      throw config_error(rules::id::tp_divides_sequence_shard,
+                         "sequence length " + std::to_string(seq) + ", CP " + std::to_string(cp) +
+                             ", TP " + std::to_string(tp));
   }
 
   static startup_values one_rank(startup_values given) {
@@ -399,12 +532,9 @@ class transformer {
   }
 
   static config_values checked_values(startup_values const& given) {
-    // The attention's own limit first: a layout it cannot run is R036, whatever the type says.
-    for (auto const degree : {given.tp, given.pp})
-      if (degree && *degree != 1)
-        throw config_error(rules::id::attention_needs_tp_pp_one,
-                           "TP " + std::to_string(given.tp.value_or(1)) + ", PP " +
-                               std::to_string(given.pp.value_or(1)));
+    // The model's own limit first: a pipeline it cannot run is R036, whatever the type says.
+    if (given.pp && *given.pp != 1)
+      throw config_error(rules::id::model_needs_pp_one, "PP " + std::to_string(*given.pp));
     config_values v = resolve<Config>(given);
     if (!rules::model_resolved(v.model)) {
       std::string missing;
@@ -420,10 +550,8 @@ class transformer {
       throw config_error(rules::id::values_resolved,
                          "the transformer's model sizes left to start-up: " + missing);
     }
-    auto const& d = v.parallel;
-    if (d.tp != 1 || d.pp != 1)
-      throw config_error(rules::id::attention_needs_tp_pp_one,
-                         "TP " + std::to_string(d.tp) + ", PP " + std::to_string(d.pp));
+    if (v.parallel.pp != 1)
+      throw config_error(rules::id::model_needs_pp_one, "PP " + std::to_string(v.parallel.pp));
     return v;
   }
   static config_values agreed_values(parallel::process_groups const& groups,
@@ -445,22 +573,23 @@ class transformer {
         if constexpr (!moe_type::distributed) moe_.push_back(std::make_unique<moe_type>(i, given_));
       }
     }
-    embedding_ = token_embedding<scalar>(m.vocabulary, H);
+    int const tp = values_.parallel.tp, part = tp > 1 ? groups->tp().rank() : 0;
+    embedding_ = token_embedding<scalar>(vocabulary_part(part), H);
     final_norm_ = rms_norm<scalar>(H, m.norm_epsilon);
-    head_ = lm_head<scalar>(H, m.vocabulary);
+    head_ = lm_head<scalar>(H, vocabulary_part(part), tp > 1 ? &groups->tp() : nullptr);
     int next_moe = 0, next_dense = 0;
     blocks_.reserve(static_cast<std::size_t>(m.layers));
     for (int i = 0; i < m.layers; ++i) {
       blocks_.push_back(
           block{rms_norm<scalar>(H, m.norm_epsilon),
-                attention_type(H, m.heads, m.query_groups, m.rope_base, m.norm_epsilon),
+                attention_type(H, m.heads, m.query_groups, m.rope_base, m.norm_epsilon, tp),
                 rms_norm<scalar>(H, m.norm_epsilon)});
       if (values_.parallel.cp > 1) blocks_.back().attention.set_context_parallel(groups->cp());
       if (is_moe(i)) {
         blocks_.back().moe = next_moe++;
       } else {
         blocks_.back().dense = next_dense++;
-        dense_.emplace_back(H, m.dense_ffn);
+        dense_.emplace_back(H, m.dense_ffn / tp);
       }
     }
   }
@@ -476,6 +605,10 @@ class transformer {
   parallel::process_groups const* groups_ = nullptr;        // kept by reference; null on one rank
   int seq_ = 0, batch_ = 0;                                 // this rank's positions, sequences
   std::vector<std::int32_t> local_tokens_, local_targets_;  // this rank's chunks under CP
+  // Under TP: all N rows gathered, a module's part of an [N, H] output, the rows per TP rank.
+  row_matrix<scalar> whole_, grad_whole_, parts_;
+  std::vector<std::int64_t> rows_per_tp_;
+  scalar const* final_hidden_ = nullptr;  // the last forward's final hidden states, all N rows
   row_matrix<scalar> residual_, normed_, branch_, grad_, grad_normed_;
 };
 

@@ -2,11 +2,12 @@
 // megamoe/optim/adamw.hpp — AdamW with sharded state (the reference's distributed optimizer),
 // global-norm clipping and the warmup + cosine learning-rate schedule.
 //
-// Gradients arrive reduced (parallel::reduce_gradients: dense over TPxDPxCP, expert over EDP), so
-// every rank of a group holds the same gradient. The optimizer flattens the dense parameters and,
-// separately, the expert parameters; each rank of the dense group (TPxDPxCP) owns a contiguous
-// 1/n of the dense elements, each rank of the expert-DP group 1/n of its expert elements, and keeps
-// Adam's moments only for those. One step: the squared gradient norm of every rank's shards,
+// Gradients arrive reduced (parallel::reduce_gradients: dense over TPxDPxCP, expert over EDP,
+// tensor-parallel shards over DPxCP), so every rank of a group holds the same gradient. The
+// optimizer flattens each kind's parameters separately; each rank of the dense group (TPxDPxCP)
+// owns a contiguous 1/n of the dense elements, each rank of the expert-DP group 1/n of its expert
+// elements, each rank of the DPxCP group 1/n of its TP shards' elements, and keeps Adam's moments
+// only for those. One step: the squared gradient norm of every rank's shards,
 // summed over the world, counts each parameter element exactly once; the clip factor follows;
 // each rank updates its shards; an all-gather per group gives every rank the whole updated
 // parameters. On one rank (no groups) the shard is everything.
@@ -100,7 +101,8 @@ class distributed_adamw {
     take_masters(model);
   }
 
-  /// On a job: dense state sharded over TPxDPxCP, expert state over EDP; the norm over the world.
+  /// On a job: dense state sharded over TPxDPxCP, expert state over EDP, tensor-parallel shards'
+  /// over DPxCP; the norm over the world.
   template <class Model>
   distributed_adamw(parallel::process_groups const& groups, Model& model,
                     adamw_settings const& settings)
@@ -109,6 +111,7 @@ class distributed_adamw {
     kinds_[0].group = &groups.tp_dp_cp();
     kinds_[1].group = &groups.expert_dp();
     kinds_[2].group = &groups.expert_dp();
+    kinds_[tensor_parallel].group = &groups.dp_cp();
     for (auto& k : kinds_) place(k, k.group->rank(), k.group->size());
     take_masters(model);
   }
@@ -164,6 +167,7 @@ class distributed_adamw {
   void publish(Models&... models) {
     gather(kinds_[0]);
     gather(kinds_[1]);
+    gather(kinds_[tensor_parallel]);
     (hand_back(models), ...);
   }
 
@@ -230,6 +234,7 @@ class distributed_adamw {
     for (auto& k : kinds_) update<After>(pool, k, constants);
     gather(kinds_[0]);
     gather(kinds_[1]);
+    gather(kinds_[tensor_parallel]);
     (hand_back(models), ...);
     return report;
   }
@@ -266,7 +271,8 @@ class distributed_adamw {
     std::vector<double> chunk_sums;
     std::vector<segment> outside;  // the gradients outside the shard in pieces of `chunk`
   };
-  static constexpr std::size_t quantized = 2;  // kinds_[quantized]: quantized_expert weights
+  static constexpr std::size_t quantized = 2;        // kinds_[quantized]: quantized_expert weights
+  static constexpr std::size_t tensor_parallel = 3;  // TP shards, over DP x CP
 
   template <class Model>
   void collect(Model& model) {
@@ -460,7 +466,7 @@ class distributed_adamw {
 
   adamw_settings settings_;
   std::optional<boost::mpi::communicator> world_;  // on a job: the norm's sum
-  std::array<kind_state, 3> kinds_;
+  std::array<kind_state, 4> kinds_;
   int step_ = 0;
 };
 

@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // megamoe/parallel/gradients.hpp — the data-parallel gradient reduction of a training step.
 //
-// Dense parameters (router, shared expert, gate) are replicated over the attention grid and each
-// rank saw only its own tokens (its sequence-parallel shard of its DP replica's micro-batch), so
-// their gradients are summed over TP x DP x CP: the TP all-reduce of sequence-parallel weights and
-// the DP x CP reduction in one. Expert parameters are summed over the expert data-parallel group.
-// Both are then scaled by 1/(DP*CP), the reference's factor for both kinds.
+// Dense parameters (norms, router, shared expert, gate) are replicated over the attention grid and
+// each rank saw only its own tokens (its sequence-parallel shard of its DP replica's micro-batch),
+// so their gradients are summed over TP x DP x CP: the TP all-reduce of sequence-parallel weights
+// and the DP x CP reduction in one. Expert parameters are summed over the expert data-parallel
+// group, tensor-parallel shards over DP x CP (each TP rank holds other elements). All are then
+// scaled by 1/(DP*CP), the reference's factor for every kind.
 #pragma once
 
 #include <megamoe/core/parameter.hpp>
@@ -13,6 +14,7 @@
 #include <megamoe/parallel/collectives.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 
+#include <array>
 #include <span>
 #include <string_view>
 #include <type_traits>
@@ -44,44 +46,40 @@ class gradient_reduction {
   }
 
   /// Collective over the world's stage: every rank must call it for the same models. One
-  /// all-reduce per kind, both in flight together; a kind whose group is this rank alone is only
-  /// scaled, in place (not at all by 1).
+  /// all-reduce per kind (dense over TP x DP x CP, expert over EDP, tensor-parallel shards over
+  /// DP x CP), all in flight together; a kind whose group is this rank alone is only scaled, in
+  /// place (not at all by 1).
   void operator()(process_groups const& groups) {
     auto const& l = groups.layout();
     double const scale = 1.0 / (static_cast<double>(l.dp) * l.cp);
-    bool const dense_alone = groups.tp_dp_cp().size() == 1,
-               experts_alone = groups.expert_dp().size() == 1;
-    if (dense_alone && experts_alone && scale == 1.0) return;
-    auto alone = [&](parameter_kind kind) {
-      return kind == parameter_kind::dense ? dense_alone : experts_alone;
-    };
-    dense_.clear();
-    expert_.clear();
+    std::array<boost::mpi::communicator const*, 3> const group{
+        &groups.tp_dp_cp(), &groups.expert_dp(), &groups.dp_cp()};
+    std::array<bool, 3> alone{};
+    for (std::size_t b = 0; b < group.size(); ++b) alone[b] = group[b]->size() == 1;
+    if (alone[0] && alone[1] && alone[2] && scale == 1.0) return;
+    for (auto& bucket : buckets_) bucket.clear();
     for (auto const& [grad, kind] : gradients_) {
-      if (alone(kind)) continue;
-      auto& bucket = kind == parameter_kind::dense ? dense_ : expert_;
-      bucket.insert(bucket.end(), grad.data(), grad.data() + grad.size());
+      std::size_t const b = bucket_of(kind);
+      if (alone[b]) continue;
+      buckets_[b].insert(buckets_[b].end(), grad.data(), grad.data() + grad.size());
     }
     {
-      request dense_sum, expert_sum;
-      if (!dense_alone) dense_sum = all_reduce_sum_start(groups.tp_dp_cp(), std::span<T>(dense_));
-      if (!experts_alone)
-        expert_sum = all_reduce_sum_start(groups.expert_dp(), std::span<T>(expert_));
+      std::array<request, 3> sums;
+      for (std::size_t b = 0; b < group.size(); ++b)
+        if (!alone[b]) sums[b] = all_reduce_sum_start(*group[b], std::span<T>(buckets_[b]));
     }
-    std::size_t at_dense = 0, at_expert = 0;
+    std::array<std::size_t, 3> at{};
     for (auto& [grad, kind] : gradients_) {
-      if (alone(kind)) {
+      std::size_t const b = bucket_of(kind);
+      if (alone[b]) {
         if (scale != 1.0)
           for (Eigen::Index i = 0; i < grad.size(); ++i)
             grad.data()[i] = static_cast<T>(grad.data()[i] * scale);
         continue;
       }
-      bool const is_dense = kind == parameter_kind::dense;
-      auto const& bucket = is_dense ? dense_ : expert_;
-      std::size_t& at = is_dense ? at_dense : at_expert;
       for (Eigen::Index i = 0; i < grad.size(); ++i)
-        grad.data()[i] = static_cast<T>(bucket[at + static_cast<std::size_t>(i)] * scale);
-      at += static_cast<std::size_t>(grad.size());
+        grad.data()[i] = static_cast<T>(buckets_[b][at[b] + static_cast<std::size_t>(i)] * scale);
+      at[b] += static_cast<std::size_t>(grad.size());
     }
   }
 
@@ -90,8 +88,16 @@ class gradient_reduction {
     row_matrix_map<T> grad;
     parameter_kind kind;
   };
+  /// Dense, expert (quantized too), tensor-parallel.
+  static std::size_t bucket_of(parameter_kind kind) noexcept {
+    switch (kind) {
+      case parameter_kind::dense: return 0;
+      case parameter_kind::tensor_parallel: return 2;
+      default: return 1;
+    }
+  }
   std::vector<gradient> gradients_;
-  std::vector<T> dense_, expert_;
+  std::array<std::vector<T>, 3> buckets_;
 };
 
 /// The reduction of `models`' gradients, once (a training loop keeps a gradient_reduction).

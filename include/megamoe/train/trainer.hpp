@@ -65,8 +65,9 @@ class trainer {
       : model_(model), corpus_(corpus), settings_(settings), optimizer_(model, settings.optimizer) {
     check();
   }
-  /// On a job (attention TP = 1: DP = world / (CP PP)). Every rank of a CP group trains on the
-  /// same micro-batches, each on its chunks of the sequences.
+  /// On a job (DP = world / (TP CP PP)). Every rank of a TP x CP group trains on the same
+  /// micro-batches, each on its chunks of the sequences (and under TP its sequence-parallel
+  /// part of them).
   trainer(parallel::process_groups const& groups, model_type& model, byte_corpus const& corpus,
           train_settings const& settings)
       : model_(model),
@@ -80,6 +81,7 @@ class trainer {
   [[nodiscard]] int dp_size() const { return groups_ ? groups_->dp().size() : 1; }
   [[nodiscard]] int dp_rank() const { return groups_ ? groups_->dp().rank() : 0; }
   [[nodiscard]] int cp_size() const { return groups_ ? groups_->cp().size() : 1; }
+  [[nodiscard]] int tp_size() const { return groups_ ? groups_->tp().size() : 1; }
   [[nodiscard]] std::int64_t global_batch_tokens() const {
     return std::int64_t{settings_.micro_batch} * settings_.micro_batches * dp_size() *
            settings_.seq_length;
@@ -105,7 +107,7 @@ class trainer {
   step_metrics const& step(context& ctx) {
     auto const start = std::chrono::steady_clock::now();
     int const S = settings_.seq_length, B = settings_.micro_batch, M = settings_.micro_batches;
-    int const DP = dp_size(), CP = cp_size();
+    int const DP = dp_size(), CP = cp_size(), TP = tp_size();
     ++step_;
     // Every field back to its default; the expert loads keep their buffers.
     auto loads = std::move(metrics_.expert_load);
@@ -149,12 +151,13 @@ class trainer {
       model_.backward(ctx, static_cast<scalar>(1.0 / M));
     }
     // Logged values over the global batch (every rank the same): a CP rank's cross-entropy is
-    // the mean over its chunks, its router losses its share of the micro-batch's.
+    // the mean over its chunks (the same on each TP rank), its router losses and expert loads
+    // its share of the micro-batch's.
     std::vector<double>& sums = sums_;
     sums.assign({loss, router_loss, aux_loss, z_loss});
     for (auto const& layer : out.expert_load) sums.insert(sums.end(), layer.begin(), layer.end());
-    if (groups_) parallel::all_reduce_sum(groups_->dp_cp(), std::span<double>(sums));
-    out.loss = sums[0] / (M * DP * CP);
+    if (groups_) parallel::all_reduce_sum(groups_->tp_dp_cp(), std::span<double>(sums));
+    out.loss = sums[0] / (M * DP * CP * TP);
     out.router_loss = sums[1] / (M * DP);
     out.aux_loss = sums[2] / (M * DP);
     out.z_loss = sums[3] / (M * DP);
@@ -223,10 +226,14 @@ class trainer {
       if (settings_.seq_length < 1 || settings_.micro_batch < 1 || settings_.micro_batches < 1 ||
           settings_.steps < 0)
         throw input_error("training: seq_length, micro_batch and micro_batches must be >= 1");
-      if (cp_size() > 1 && settings_.seq_length % (2 * cp_size()) != 0)
+      int const S = settings_.seq_length, CP = cp_size(), TP = tp_size();
+      if (CP > 1 && S % (2 * CP) != 0)
         throw config_error(rules::id::context_chunks_divide_sequence,
-                           "sequence length " + std::to_string(settings_.seq_length) + ", CP " +
-                               std::to_string(cp_size()));
+                           "sequence length " + std::to_string(S) + ", CP " + std::to_string(CP));
+      if (TP > 1 && (S / CP) % TP != 0)
+        throw config_error(rules::id::tp_divides_sequence_shard,
+                           "sequence length " + std::to_string(S) + ", CP " + std::to_string(CP) +
+                               ", TP " + std::to_string(TP));
       corpus_.require_windows(settings_.seq_length);
     });
   }
