@@ -582,41 +582,62 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
     std::cout << "sample:\n" << sample << "\n" << std::flush;
   }
 
-  // Weights: every rank's tensors to rank 0 (experts live on their EP ranks), fp32.
+  // Weights: every rank's pieces of each tensor to rank 0 (experts live on their EP ranks, TP and
+  // ETP shards on theirs), placed there by their numbering into whole tensors, fp32.
   std::vector<std::string> names;
-  std::vector<std::vector<std::int64_t>> shapes;
-  std::vector<std::vector<float>> values;
+  std::vector<std::vector<std::int64_t>> shapes, rectangles;  // whole [rows, cols]; per piece
+  std::vector<std::vector<float>> values;                     // (row, col, rows, cols) in order
   // One-expert layers (the dense preset) are dense FFNs: saved under the dense names.
   bool const dense_names = model.values().shape.experts == 1;
-  model.for_each_parameter([&](std::string_view name, auto value, auto, mm::parameter_kind) {
+  model.for_each_numbered_parameter([&](std::string_view name, auto value, auto, mm::parameter_kind,
+                                        mm::element_numbering const& n) {
     auto const saved = dense_names ? mt::dense_parameter_name(std::string(name))
                                    : std::optional<std::string>(name);
-    if (!saved) return;
+    if (!saved || value.size() == 0) return;
     names.push_back(*saved);
-    shapes.push_back({value.rows(), value.cols()});
+    shapes.push_back({n.whole_rows(value.rows()), n.global_cols});
+    auto& pieces = rectangles.emplace_back();
+    mm::for_each_rectangle(n, value.cols(), 0, value.size(), [&](mm::global_rectangle const& r) {
+      pieces.insert(pieces.end(), {r.row, r.col, r.rows, r.cols});
+    });
     values.emplace_back(value.data(), value.data() + value.size());
   });
   model.for_each_persistent_state([&](mm::persistent_state const& s) {
     if (s.name.find("expert_bias") == std::string_view::npos || dense_names) return;
     names.emplace_back(s.name);
     shapes.push_back({s.rows, s.cols});
+    rectangles.push_back({s.first_row, 0, std::ssize(s.values) / s.cols, s.cols});
     values.emplace_back(s.values.begin(), s.values.end());
   });
   std::vector<std::vector<std::string>> all_names;
-  std::vector<std::vector<std::vector<std::int64_t>>> all_shapes;
+  std::vector<std::vector<std::vector<std::int64_t>>> all_shapes, all_rectangles;
   std::vector<std::vector<std::vector<float>>> all_values;
   boost::mpi::gather(world, names, all_names, 0);
   boost::mpi::gather(world, shapes, all_shapes, 0);
+  boost::mpi::gather(world, rectangles, all_rectangles, 0);
   boost::mpi::gather(world, values, all_values, 0);
   if (root) {
-    std::map<std::string, std::pair<std::vector<std::int64_t>, std::vector<float>>> unique;
+    std::map<std::string, std::pair<std::vector<std::int64_t>, std::vector<float>>> whole;
     for (std::size_t r = 0; r < all_names.size(); ++r)
-      for (std::size_t i = 0; i < all_names[r].size(); ++i)
-        unique.try_emplace(all_names[r][i], all_shapes[r][i], all_values[r][i]);
+      for (std::size_t i = 0; i < all_names[r].size(); ++i) {
+        auto const& shape = all_shapes[r][i];
+        auto& [dims, data] = whole[all_names[r][i]];
+        if (dims.empty()) {
+          dims = shape;
+          data.assign(static_cast<std::size_t>(shape[0] * shape[1]), 0.0f);
+        }
+        auto const& pieces = all_rectangles[r][i];
+        auto from = all_values[r][i].begin();
+        for (std::size_t k = 0; k + 3 < pieces.size(); k += 4)
+          for (std::int64_t row = 0; row < pieces[k + 2]; ++row) {
+            auto const at = (pieces[k] + row) * shape[1] + pieces[k + 1];
+            std::copy_n(from, pieces[k + 3], data.begin() + at);
+            from += pieces[k + 3];
+          }
+      }
     std::vector<mm::io::tensor_view> tensors;
-    for (auto const& [name, t] : unique) {
+    for (auto const& [name, t] : whole)
       tensors.push_back({name, mm::io::reference_shape(name, t.first[0], t.first[1]), t.second});
-    }
     mm::io::write_safetensors(
         weights_path, tensors,
         {{"format", "pt"},

@@ -30,7 +30,7 @@
 //                       dense FFN of 24 into experts of 12, g = 2, weights of std 0.3): SwiGLU
 //                       does not commute with the scaling, so within 1e-2 only (8e-3 seen)
 //
-// Layout: --ep, --etp (the world's other ranks are DP); --precision fp64 | fp32.
+// Layout: --tp, --cp, --ep, --etp (the world's other ranks are DP); --precision fp64 | fp32.
 #include "support/tally.hpp"
 
 #include <megamoe/config/config.hpp>
@@ -63,7 +63,8 @@ namespace {
 
 using decoder = md::decoder<md::layers<2>, md::heads<2>, md::vocabulary<256>, md::dense_ffn<20>,
                             md::moe_layer_freq<2>>;
-using mapped = mm::parallel::mapping<mm::parallel::etp<mm::dynamic>, mm::parallel::ep<mm::dynamic>>;
+using mapped = mm::parallel::mapping<mm::parallel::tp<mm::dynamic>, mm::parallel::cp<mm::dynamic>,
+                                     mm::parallel::etp<mm::dynamic>, mm::parallel::ep<mm::dynamic>>;
 template <class Router, class Precision, class Memory = mm::memory::keep_all, int Hidden = 16,
           int Ffn = 12, int Experts = 4>
 using config =
@@ -402,6 +403,10 @@ int main(int argc, char** argv) {
         std::string const key = argv[i], value = argv[i + 1];
         if (key == "--ep")
           a.degrees.ep = std::stoi(value);
+        else if (key == "--tp")
+          a.degrees.tp = std::stoi(value);
+        else if (key == "--cp")
+          a.degrees.cp = std::stoi(value);
         else if (key == "--etp")
           a.degrees.etp = std::stoi(value);
         else if (key == "--mode")

@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # megamoe-train on a folded layout follows the one-rank run: 20 steps of the `tiny` preset on the
 # same global batches (8 sequences of 32 bytes), alone and on RANKS ranks with the given degree
-# flags; every step's loss must agree within RTOL relative, and the folded run ends with its sample
-# and final line (the samples themselves may part: a byte drawn near a boundary of the sampling
+# flags; every step's loss must agree within RTOL relative, model.safetensors must hold the same
+# whole tensors, and the folded run ends with its sample and final line (the samples themselves may part: a byte drawn near a boundary of the sampling
 # distribution follows float rounding). The folded run's --profile reports the bytes each group
 # carried per step: where the layout implies a volume, the measured bytes must be it (within
 # 1e-3: the optimizer's shards of a size P does not divide differ by a few elements).
@@ -31,6 +31,12 @@ paste one.txt folded.txt | awk -v rtol="$rtol" '
   fail "the loss curves differ by more than $rtol"
 grep -aq '^sample:' folded.log && grep -aq '^{"final":{"steps":20,' folded.log ||
   fail "no sample or final line"
+# model.safetensors holds whole tensors whatever the layout: the same names, shapes and offsets.
+header() { head -c $((8 + $(od -An -t u8 -N8 "$1"))) "$1"; }
+cmp -s <(header one/model.safetensors) <(header folded/model.safetensors) ||
+  fail "model.safetensors' tensors differ in name or shape from the one-rank run's"
+[ "$(stat -c %s one/model.safetensors)" = "$(stat -c %s folded/model.safetensors)" ] ||
+  fail "model.safetensors differs in size from the one-rank run's"
 traffic=$(grep -a '^{"final"' folded.log | grep -o '"traffic":{.*}}}' || true)
 [ -n "$traffic" ] || fail "no traffic in the final line"
 echo "$traffic"
