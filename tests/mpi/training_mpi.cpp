@@ -12,7 +12,8 @@
 // The one-rank run uses micro_batches x DP micro-batches of the same size, which hold exactly the
 // same sequences (train/trainer.hpp).
 //
-// Under CP every rank of a CP group takes the same micro-batches, each its two chunks of them.
+// Under CP every rank of a CP group takes the same micro-batches, each its two chunks of them;
+// both key/value exchanges run (p2p with every router, all_gather with softmax).
 //
 // Under TP each rank holds its shards (compared element by element through their numbering).
 //
@@ -54,6 +55,12 @@ using sigmoid_bias = rt::top_k<2, rt::sigmoid, rt::expert_bias<1e-2>>;
 using mapped = mm::parallel::mapping<mm::parallel::tp<mm::dynamic>, mm::parallel::cp<mm::dynamic>,
                                      mm::parallel::pp<mm::dynamic>, mm::parallel::etp<mm::dynamic>,
                                      mm::parallel::ep<mm::dynamic>>;
+// Context parallelism's other key/value exchange (mapped's is p2p, the default).
+using gathered =
+    mm::parallel::mapping<mm::parallel::tp<mm::dynamic>, mm::parallel::cp<mm::dynamic>,
+                          mm::parallel::pp<mm::dynamic>, mm::parallel::etp<mm::dynamic>,
+                          mm::parallel::ep<mm::dynamic>,
+                          mm::parallel::cp_comm<mm::parallel::cp_comm_type::all_gather>>;
 using one_rank = mm::parallel::mapping<>;
 
 constexpr int seq = 8, micro = 2;
@@ -118,15 +125,15 @@ void compare(mm::testing::tally& result, std::string const& what, numbered_value
 /// fp64 steps through the trainer (clipping every step: losses, then parameters, 1e-9) and the
 /// fp32 first global batch (loss and reduced gradients, 1e-5) of the job against one rank, with
 /// `Router`.
-template <class Router>
+template <class Router, class Mapping = mapped>
 void against_one_rank(mm::parallel::process_groups const& groups, mt::byte_corpus const& corpus,
                       mm::context& ctx, mm::testing::tally& result, int steps,
                       std::string const& what) {
   int const DP = groups.dp().size(), CP = groups.cp().size();
   // fp64, whole steps through the trainer, clipping every step.
   {
-    using job_config =
-        config<mm::dispatch::all_to_all, mm::precision::fp64, mapped, mm::memory::keep_all, Router>;
+    using job_config = config<mm::dispatch::all_to_all, mm::precision::fp64, Mapping,
+                              mm::memory::keep_all, Router>;
     using one_config =
         config<mm::dispatch::local, mm::precision::fp64, one_rank, mm::memory::keep_all, Router>;
     mt::train_settings s = settings(steps, 1);
@@ -165,8 +172,8 @@ void against_one_rank(mm::parallel::process_groups const& groups, mt::byte_corpu
   }
   // fp32, the first global batch's gradients.
   {
-    using job_config =
-        config<mm::dispatch::all_to_all, mm::precision::fp32, mapped, mm::memory::keep_all, Router>;
+    using job_config = config<mm::dispatch::all_to_all, mm::precision::fp32, Mapping,
+                              mm::memory::keep_all, Router>;
     using one_config =
         config<mm::dispatch::local, mm::precision::fp32, one_rank, mm::memory::keep_all, Router>;
     mm::transformer<job_config> model(groups);
@@ -180,6 +187,21 @@ void against_one_rank(mm::parallel::process_groups const& groups, mt::byte_corpu
     corpus.training_batch(5, 1, static_cast<std::uint64_t>(groups.dp().rank() * micro), seq, micro,
                           tokens, targets);
     double const mine = model.forward(ctx, tokens, targets, seq, micro).cross_entropy;
+    // And computes only its part: each attention keeps its S/CP x B input rows, its 1/TP of the
+    // q k v and context columns and of the heads' log-sum-exp (and with all_gather the gathered
+    // keys and values of its groups).
+    {
+      auto const& m = model.model_settings();
+      int const TP = groups.tp().size(), H = model.hidden_size(), d = H / m.heads;
+      double const N = double(seq) / CP * micro, W = double(m.heads + 2 * m.query_groups) * d;
+      double const gathered = CP > 1 && Mapping::cp_comm == mm::parallel::cp_comm_type::all_gather
+                                  ? double(seq) * micro * 2 * m.query_groups * d / TP
+                                  : 0.0;
+      double const per_layer = N * H + N * W / TP + N * H / TP + N * m.heads / TP + gathered;
+      result.close(what + "attention's saved bytes",
+                   static_cast<double>(model.attention_saved_bytes()),
+                   per_layer * m.layers * sizeof(float), 1.0, 0.0);
+    }
     model.backward(ctx, 1.0f);
     mm::parallel::reduce_gradients(groups, model);
     std::vector<double> loss{mine / CP};  // a CP rank's mean is over its chunks
@@ -239,6 +261,8 @@ int main(int argc, char** argv) {
     if (groups.dp().size() == 1)
       against_one_rank<global_aux>(groups, corpus, ctx, result, steps, "global aux: ");
     against_one_rank<sigmoid_bias>(groups, corpus, ctx, result, steps, "sigmoid, expert bias: ");
+    if (CP > 1)
+      against_one_rank<softmax_aux, gathered>(groups, corpus, ctx, result, steps, "all_gather: ");
     // FP8 with the expert weights held as codes, against the same job keeping them in fp32.
     {
       using fp8 = mm::precision::fp8_tensorwise<mm::precision::current>;

@@ -278,6 +278,14 @@ class transformer {
                [&] { embedding_.backward(pool, all_rows(cmap(grad_), grad_whole_)); });
   }
 
+  /// Bytes the attention modules keep from the last forward to backward on this rank (their
+  /// input rows, this rank's q k v and context columns, log-sum-exp rows, gathered keys).
+  [[nodiscard]] std::size_t attention_saved_bytes() const noexcept {
+    std::size_t total = 0;
+    for (auto const& b : blocks_) total += b.attention.saved_bytes();
+    return total;
+  }
+
   /// Once per global batch: the MoE layers' expert-bias updates (collective on a job).
   void finish_global_batch() {
     for (auto& m : moe_) m->finish_global_batch();
