@@ -557,7 +557,7 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
     }
     traffic_report = group_traffic(groups, model, settings, decoder_bytes, expert_bytes,
                                    o.steps - first_step + 1);
-    if (root) {
+    if (root && !traffic_report.empty()) {
       std::string line = "megamoe-train: bytes per step sent by rank 0 (implied by the layout):";
       for (auto const& [name, value] : traffic_report.items()) {
         char part[120];
