@@ -138,6 +138,48 @@ TEST(RmsNorm, FusedResidualAddAndAccumulatingBackwardEqualTheSeparateSteps) {
                mm::input_error);
 }
 
+// The reference's padding: the vocabulary padded to a multiple of multiple x TP, cut into TP
+// equal parts; a part holds the real ids it covers (maybe none).
+TEST(VocabularyShard, PartsOfThePaddedVocabulary) {
+  for (int k = 0; k < 4; ++k) {
+    auto const p = mm::vocabulary_shard::part_of(256, 128, 4, k);
+    EXPECT_EQ(p.first, 128 * k);
+    EXPECT_EQ(p.rows, k < 2 ? 128 : 0);
+    EXPECT_EQ(p.part_rows, 128);
+    EXPECT_EQ(p.whole, 256);
+  }
+  auto const last = mm::vocabulary_shard::part_of(1000, 128, 2, 1);
+  EXPECT_EQ(last.first, 512);
+  EXPECT_EQ(last.rows, 488);
+  EXPECT_TRUE(last.holds(999) && !last.holds(511) && !last.holds(1000));
+  EXPECT_EQ(mm::vocabulary_shard::part_of(7, 128, 1, 0).rows, 7);
+}
+
+// A shard of the table gives its rows for its ids and zero rows for the others, and takes the
+// gradients of its ids only: two shards' outputs and gradients add up to the whole table's.
+TEST(TokenEmbedding, ShardsOfTheTableAddUpToTheWhole) {
+  mm::thread_pool pool(2);
+  int const V = 7, H = 3;
+  mm::token_embedding<double> whole(V, H), low({0, 4, V, 4}, H), high({4, 3, V, 4}, H);
+  matrix const table = random_matrix(V, H, 7);
+  parameters(whole).at("p.weight") = table;
+  parameters(low).at("p.weight") = table.topRows(4);
+  parameters(high).at("p.weight") = table.bottomRows(3);
+  std::vector<std::int32_t> const ids{6, 0, 3, 4, 4};
+  int const N = static_cast<int>(ids.size());
+  matrix y(N, H), y_low(N, H), y_high(N, H), R = random_matrix(N, H, 8);
+  whole.forward(pool, ids, out(y));
+  low.forward(pool, ids, out(y_low));
+  high.forward(pool, ids, out(y_high));
+  EXPECT_EQ(y, y_low + y_high);
+  whole.backward(pool, in(R));
+  low.backward(pool, in(R));
+  high.backward(pool, in(R));
+  matrix both(V, H);
+  both << gradients(low).at("p.weight"), gradients(high).at("p.weight");
+  EXPECT_EQ(both, gradients(whole).at("p.weight"));
+}
+
 TEST(TokenEmbedding, RowsOfTheTableAndGradientsAddPerId) {
   mm::thread_pool pool(2);
   int const V = 7, H = 4;

@@ -47,7 +47,7 @@ class token_embedding {
         weight_(row_matrix<T>::Zero(shard.rows, hidden)),
         grad_(row_matrix<T>::Zero(shard.rows, hidden)) {
     if (shard.whole < 1 || hidden < 1 || shard.rows < 0 || shard.first < 0 ||
-        shard.first + shard.rows > shard.whole)
+        (shard.rows > 0 && shard.first + shard.rows > shard.whole))
       throw input_error("token_embedding: vocabulary and hidden size must be positive");
   }
 
