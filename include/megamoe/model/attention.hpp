@@ -228,33 +228,34 @@ class causal_attention {
         }
     });
   }
-  /// The query heads (first 0, P per group) and the key heads (first P, one) through their norms,
-  /// in place in qkv_.
+  /// body(norm, first, count) for the query heads' norm (heads [0, P) of each group's block)
+  /// and the key heads' (head P).
+  template <class Body>
+  void for_each_qk_norm(Body&& body) {
+    int const per = heads_ / groups_;
+    body(qk_norm_.q, 0, per);
+    body(qk_norm_.k, per, 1);
+  }
+  /// The query and key heads through their norms, in place in qkv_.
   void normalize_heads(thread_pool& pool, int tokens) {
-    int const per = heads_ / groups_, d = head_size();
-    for (int which = 0; which < 2; ++which) {
-      auto& norm = which == 0 ? qk_norm_.q : qk_norm_.k;
-      int const first = which == 0 ? 0 : per, count = which == 0 ? per : 1;
-      int const rows = tokens * groups_ * count;
+    for_each_qk_norm([&](rms_norm<T>& norm, int first, int count) {
+      int const rows = tokens * groups_ * count, d = head_size();
       heads_in_.resize(rows, d);
       heads_out_.resize(rows, d);
       move_heads<false>(pool, qkv_.data(), heads_in_.data(), tokens, first, count);
       norm.forward(pool, {heads_in_.data(), rows, d}, map(heads_out_));
       move_heads<true>(pool, qkv_.data(), heads_out_.data(), tokens, first, count);
-    }
+    });
   }
   /// The normalized heads' gradients in grad_qkv_ become their inputs' (and the norm weights').
   void normalize_heads_backward(thread_pool& pool, int tokens) {
-    int const per = heads_ / groups_, d = head_size();
-    for (int which = 0; which < 2; ++which) {
-      auto& norm = which == 0 ? qk_norm_.q : qk_norm_.k;
-      int const first = which == 0 ? 0 : per, count = which == 0 ? per : 1;
-      int const rows = tokens * groups_ * count;
+    for_each_qk_norm([&](rms_norm<T>& norm, int first, int count) {
+      int const rows = tokens * groups_ * count, d = head_size();
       heads_in_.resize(rows, d);
       move_heads<false>(pool, grad_qkv_.data(), heads_in_.data(), tokens, first, count);
       norm.backward(pool, {heads_in_.data(), rows, d}, map(heads_in_));
       move_heads<true>(pool, grad_qkv_.data(), heads_in_.data(), tokens, first, count);
-    }
+    });
   }
 
   // ---- context parallelism ----
