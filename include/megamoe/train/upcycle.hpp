@@ -135,13 +135,16 @@ int upcycle(transformer<Config>& model, boost::mpi::communicator const& world,
         for (Eigen::Index e = value.rows() - 1; e >= 0; --e) value.row(e) = value.row(e / g);
         return;
       }
+      // The rest is copied: this rank's elements (a TP shard's by its place in the whole).
       auto const& d = source(name);
-      if (static_cast<std::int64_t>(d.values.size()) != value.size())
+      std::int64_t const whole = n.whole_rows(value.rows()) * n.global_cols;
+      if (static_cast<std::int64_t>(d.values.size()) != whole)
         throw input_error("upcycle: " + file.string() + " holds " + name + " with " +
                           std::to_string(d.values.size()) + " values, this model's has " +
-                          std::to_string(value.size()));
-      for (Eigen::Index i = 0; i < value.size(); ++i)
-        value.data()[i] = static_cast<scalar>(d.values[static_cast<std::size_t>(i)]);
+                          std::to_string(whole));
+      for (Eigen::Index r = 0; r < value.rows(); ++r)
+        for (Eigen::Index c = 0; c < value.cols(); ++c)
+          value(r, c) = static_cast<scalar>(d.values[static_cast<std::size_t>(n.global(r, c))]);
     });
   });
   if constexpr (transformer<Config>::moe_type::quantized_weights)
