@@ -92,6 +92,19 @@ class transformer {
   /// Tensor-parallel ranks of attention, the dense FFN, embedding and output layer (1 without).
   [[nodiscard]] int tensor_parallel() const noexcept { return values_.parallel.tp; }
 
+  /// R046 and R049 for a sequence length: throws the rule's config_error where this layout
+  /// cannot cut it (every rank is given the same length, so every rank throws alike).
+  void check_sequence(int seq) const {
+    int const cp = context_parallel(), tp = tensor_parallel();
+    if (cp > 1 && seq % (2 * cp) != 0)
+      throw config_error(rules::id::context_chunks_divide_sequence,
+                         "sequence length " + std::to_string(seq) + ", CP " + std::to_string(cp));
+    if (tp > 1 && (seq / cp) % tp != 0)
+      throw config_error(rules::id::tp_divides_sequence_shard,
+                         "sequence length " + std::to_string(seq) + ", CP " + std::to_string(cp) +
+                             ", TP " + std::to_string(tp));
+  }
+
   /// Forward of one micro-batch: tokens and targets [S*B] (t = s*B + b), the whole micro-batch
   /// on every rank of a TP x CP group (2 CP must divide S, R046; TP the S / CP positions a rank's
   /// sequences hold, R049). The cross-entropy is the mean over this rank's CP chunks (the same on
@@ -515,18 +528,6 @@ class transformer {
     parallel::reduce_scatter_v(groups_->tp(), parts_.data(), mine.data(),
                                std::span<std::int64_t const>(rows_per_tp_),
                                static_cast<int>(mine.cols()));
-  }
-
-  /// R046 and R049 for a sequence length (every rank is given the same).
-  void check_sequence(int seq) const {
-    int const cp = context_parallel(), tp = tensor_parallel();
-    if (cp > 1 && seq % (2 * cp) != 0)
-      throw config_error(rules::id::context_chunks_divide_sequence,
-                         "sequence length " + std::to_string(seq) + ", CP " + std::to_string(cp));
-    if (tp > 1 && (seq / cp) % tp != 0)
-      throw config_error(rules::id::tp_divides_sequence_shard,
-                         "sequence length " + std::to_string(seq) + ", CP " + std::to_string(cp) +
-                             ", TP " + std::to_string(tp));
   }
 
   static startup_values one_rank(startup_values given) {

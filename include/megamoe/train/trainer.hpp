@@ -226,14 +226,7 @@ class trainer {
       if (settings_.seq_length < 1 || settings_.micro_batch < 1 || settings_.micro_batches < 1 ||
           settings_.steps < 0)
         throw input_error("training: seq_length, micro_batch and micro_batches must be >= 1");
-      int const S = settings_.seq_length, CP = cp_size(), TP = tp_size();
-      if (CP > 1 && S % (2 * CP) != 0)
-        throw config_error(rules::id::context_chunks_divide_sequence,
-                           "sequence length " + std::to_string(S) + ", CP " + std::to_string(CP));
-      if (TP > 1 && (S / CP) % TP != 0)
-        throw config_error(rules::id::tp_divides_sequence_shard,
-                           "sequence length " + std::to_string(S) + ", CP " + std::to_string(CP) +
-                               ", TP " + std::to_string(TP));
+      model_.check_sequence(settings_.seq_length);
       corpus_.require_windows(settings_.seq_length);
     });
   }
