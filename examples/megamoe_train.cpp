@@ -85,8 +85,10 @@ namespace {
 
 struct options {
   int steps = 700, micro_batch = 16, global_batch = 0, seq_len = 128;
-  int tp = 1, cp = 1, etp = 0, ep = 0;    // etp, ep 0: their defaults
-  int eval_interval = 0, eval_iters = 0;  // 0: steps / 4, and every held-out window
+  int tp = 1, cp = 1, etp = 0, ep = 0;                  // etp, ep 0: their defaults
+  int pp = 1, vpp = 0, layers_per_virtual_stage = 0;    // vpp 0: 1, or from the layers per stage
+  int first_stage_layers = -1, last_stage_layers = -1;  // -1: an even split
+  int eval_interval = 0, eval_iters = 0;                // 0: steps / 4, and every held-out window
   double lr = 3e-3;
   std::uint64_t seed = 1234;
   std::string data = "/usr/share/games/fortunes", out = "megamoe-train-out", preset = "small";
@@ -105,34 +107,69 @@ extern "C" void request_termination(int) {
   terminate_requested = 1;
 }
 
-/// The job's degrees: TP and CP as given, ETP = --etp or TP, EP = --ep or every rank of the
-/// expert grid (world / ETP; 1 for the dense preset), PP = 1.
+/// The job's degrees: TP, CP and PP as given, ETP = --etp or TP, EP = --ep or every rank of a
+/// stage's expert grid (world / (ETP PP); 1 for the dense preset).
 mm::parallel::degrees job_degrees(int world_size, options const& o) {
   mm::parallel::degrees d;
   d.tp = o.tp;
   d.cp = o.cp;
+  d.pp = o.pp;
   d.etp = o.etp > 0 ? o.etp : o.tp;
-  int const grid = d.etp > 0 && world_size % d.etp == 0 ? world_size / d.etp : world_size;
+  int const per_stage = o.pp > 0 && world_size % o.pp == 0 ? world_size / o.pp : world_size;
+  int const grid = d.etp > 0 && per_stage % d.etp == 0 ? per_stage / d.etp : per_stage;
   d.ep = o.ep > 0 ? o.ep : (o.preset == "dense" ? 1 : grid);
   return d;
 }
 
-/// The start-up values of this job: its degrees and its world size.
-mm::startup_values job_values(mm::parallel::degrees const& d, int world_size) {
-  return {.tp = d.tp, .cp = d.cp, .pp = d.pp, .etp = d.etp, .ep = d.ep, .world_size = world_size};
+/// --num-layers-per-virtual-pipeline-stage n as V = layers / (PP n), the reference's conversion.
+template <class Config>
+options with_virtual_stages(options o) {
+  if (o.layers_per_virtual_stage == 0) return o;
+  int const layers = Config::model::value.layers;
+  if (o.vpp > 0)
+    throw mm::input_error(
+        "megamoe-train: give --vpp or --num-layers-per-virtual-pipeline-stage, not both");
+  if (o.layers_per_virtual_stage < 0 || o.pp < 1 ||
+      layers % (o.pp * o.layers_per_virtual_stage) != 0)
+    throw mm::config_error(mm::rules::id::pipeline_stages_divide_layers,
+                           std::to_string(layers) + " layers, PP " + std::to_string(o.pp) + ", " +
+                               std::to_string(o.layers_per_virtual_stage) +
+                               " layers per virtual stage");
+  o.vpp = layers / (o.pp * o.layers_per_virtual_stage);
+  return o;
+}
+
+/// The start-up values of this job: its degrees, its world size and its pipeline's split.
+mm::startup_values job_values(mm::parallel::degrees const& d, int world_size, options const& o) {
+  mm::startup_values v{
+      .tp = d.tp, .cp = d.cp, .pp = d.pp, .etp = d.etp, .ep = d.ep, .world_size = world_size};
+  if (o.vpp > 0) v.vpp = o.vpp;
+  if (o.first_stage_layers >= 0) v.first_stage_layers = o.first_stage_layers;
+  if (o.last_stage_layers >= 0) v.last_stage_layers = o.last_stage_layers;
+  return v;
 }
 
 /// --describe: the preset resolved for this job, with its size and cost, as one JSON line.
 template <class Config>
-int describe_job(mm::parallel::environment& env, options const& o) {
+int describe_job(mm::parallel::environment& env, options o) {
   auto const& world = env.world();
   mm::config_values values;
+  mm::parallel::pipeline_layout pipeline;
   mm::parallel::check_on_every_rank(world, [&] {
     if (o.seq_len < 2) throw mm::input_error("megamoe-train: --seq-len must be at least 2");
-    values = mm::resolve<Config>(job_values(job_degrees(world.size(), o), world.size()));
+    o = with_virtual_stages<Config>(o);
+    auto const given = job_values(job_degrees(world.size(), o), world.size(), o);
+    values = mm::resolve<Config>(given);
+    pipeline = mm::parallel::pipeline_layout::split(values.model.layers, values.parallel.pp,
+                                                    given.vpp.value_or(1), given.first_stage_layers,
+                                                    given.last_stage_layers);
   });
   if (world.rank() == 0) {
     auto json = mm::describe(values).flat;
+    json["num_virtual_stages_per_pipeline_rank"] = pipeline.vpp();
+    std::vector<int> layers;
+    for (int j = 0; j < pipeline.stages(); ++j) layers.push_back(pipeline.layers(j));
+    json["layers_per_virtual_stage"] = layers;
     json["preset"] = o.preset;
     json["seq_length"] = o.seq_len;
     json["num_parameters"] = mm::parameter_count(values);
@@ -159,9 +196,10 @@ std::string duration(double seconds) {
 }
 
 /// Continues `prompt` by sampling bytes (temperature 0.8) from the model, every rank alike.
-template <class Model>
-std::string generate(mm::context& ctx, Model& model, std::string const& prompt, int length,
+template <class Trainer>
+std::string generate(mm::context& ctx, Trainer& trainer, std::string const& prompt, int length,
                      int window, std::uint64_t seed) {
+  auto& model = trainer.model();
   std::vector<std::int32_t> tokens(prompt.begin(), prompt.end());
   ctx.step.mode = rt::pass::eval;
   std::string out = prompt;
@@ -175,8 +213,14 @@ std::string generate(mm::context& ctx, Model& model, std::string const& prompt, 
     int const padded = (n + multiple - 1) / multiple * multiple;
     context.assign(tokens.end() - n, tokens.end());
     context.resize(static_cast<std::size_t>(padded), 0);
-    model.forward(ctx, context, {}, padded, 1);
-    auto const logits = model.logits_at(n - 1, 0);
+    // Through the pipeline's stages; the last one's logits to every stage.
+    trainer.pipeline().run_forward_only(ctx, context, {}, padded, 1);
+    std::vector<double> logits(static_cast<std::size_t>(model.values().model.vocabulary));
+    int const last_chunk = model.pipeline().vpp() - 1;
+    if (model.chunk_has_head(last_chunk)) logits = model.logits_at(n - 1, 0);
+    if (model.pipelined())
+      boost::mpi::broadcast(trainer.groups()->pp(), logits.data(), static_cast<int>(logits.size()),
+                            model.pipeline().pp() - 1);
     Eigen::RowVectorXd const last = Eigen::Map<Eigen::RowVectorXd const>(
                                         logits.data(), static_cast<Eigen::Index>(logits.size())) /
                                     0.8;
@@ -199,12 +243,14 @@ std::string generate(mm::context& ctx, Model& model, std::string const& prompt, 
 /// from each rank); CP's key/value exchange, 2 (CP - 1) X per layer with all_gather and
 /// (3 CP - 2) X with p2p (X: a rank's keys and values); per step the gradients' all-reduce and
 /// the distributed optimizer's all-gather of the parameters, 3 (P - 1) / P of their bytes, over
-/// TP x DP x CP for the replicated ones (with the step's logged sums: 4 + experts x MoE layers
-/// doubles), DP x CP for the TP shards and EDP for the experts'. The expert-parallel exchange
-/// follows the routing and has no implied volume.
+/// TP x DP x CP for the replicated ones (with the step's logged sums: 5 + experts x MoE layers
+/// doubles), DP x CP for the TP shards and EDP for the experts'; PP's activations and gradients
+/// between the stages and the logged sums over them. All of it for this rank's layers (its
+/// pipeline chunks'). The expert-parallel exchange follows the routing and has no implied volume.
 template <class Model, std::size_t D, std::size_t E>
 nlohmann::ordered_json group_traffic(mm::parallel::process_groups const& groups, Model& model,
                                      mt::train_settings const& s,
+                                     std::span<mm::parallel::pipeline_op const> ops,
                                      std::array<double, D> const& decoder_bytes,
                                      std::array<double, E> const& expert_bytes, int steps) {
   using scalar = typename Model::scalar;
@@ -222,15 +268,45 @@ nlohmann::ordered_json group_traffic(mm::parallel::process_groups const& groups,
   double const x = rows * kv * bytes;
   bool const p2p = Model::cp_comm == mm::parallel::cp_comm_type::p2p;
   double const per_layer = p2p ? (3.0 * cp - 2.0) * x : 2.0 * (cp - 1.0) * x;
-  int dense_layers = 0;
-  for (int i = 0; i < m.layers; ++i) dense_layers += model.is_moe(i) ? 0 : 1;
-  double const sequence_ops = 4.0 * (m.layers + dense_layers) + 4.0;
-  double const tp_bytes =
-      sequence_ops * (tp - 1.0) * rows / tp * H * bytes + (tp - 1.0) * rows * 2.0 * sizeof(double);
+  // Over this rank's passes in the schedule (a backward that repeats its forward runs the
+  // forward's collectives again): per chunk pass, two sequence-parallel collectives per attention
+  // and dense FFN and one for the embedding and for the output layer each way, the output layer's
+  // row statistics in forward, and CP's exchange per layer, (CP - 1) X of it in forward.
+  auto const& pipeline = model.pipeline();
+  int const pp_rank = model.pipeline_rank(), V = pipeline.vpp();
+  std::vector<char> repeats;
+  mm::parallel::repeated_forwards(ops, V, repeats);
+  double sequence_ops = 0.0, head_forwards = 0.0, cp_bytes = 0.0;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    int const v = ops[i].chunk, stage = pipeline.stage(pp_rank, v);
+    int const first = pipeline.first_layer(stage), L = pipeline.layers(stage);
+    int dense = 0;
+    for (int l = first; l < first + L; ++l) dense += model.is_moe(l) ? 0 : 1;
+    bool const forward = ops[i].kind == mm::parallel::pipeline_op::forward;
+    double const passes = forward ? 1.0 : 1.0 + repeats[i];  // backward (and its repeat)
+    double const forwards = forward ? 1.0 : repeats[i];
+    bool const embeds = model.chunk_embeds(v), head = model.chunk_has_head(v);
+    sequence_ops += passes * (2.0 * (L + dense) + (embeds ? 1 : 0) + (head ? 1 : 0));
+    head_forwards += head ? forwards : 0.0;
+    double const cp_forward = (cp - 1.0) * x;
+    cp_bytes += L * (forwards * cp_forward + (forward ? 0.0 : per_layer - cp_forward));
+  }
+  double const tp_bytes = sequence_ops * (tp - 1.0) * rows / tp * H * bytes +
+                          head_forwards * (tp - 1.0) * rows * 2.0 * sizeof(double);
+  bool const embeds = model.chunk_embeds(0), has_head = model.chunk_has_head(V - 1);
   auto replicated = [&](double n, int ranks) { return 3.0 * n * bytes * (ranks - 1) / ranks; };
-  int const moe_layers = m.layers - dense_layers, P = groups.tp_dp_cp().size();
-  double const logged = 4.0 + static_cast<double>(model.values().shape.experts) * moe_layers;
-  double const logged_bytes = 2.0 * logged * sizeof(double) * (P - 1) / P;
+  int const P = groups.tp_dp_cp().size();
+  double const logged = 5.0 + static_cast<double>(model.values().shape.experts) *
+                                  static_cast<double>(model.moe_layer_count());
+  auto const all_reduced = [&](double n, int ranks) {
+    return 2.0 * n * sizeof(double) * (ranks - 1) / ranks;
+  };
+  double const logged_bytes = all_reduced(logged, P);
+  // PP: per micro-batch, an activation sent from every chunk but the last virtual stage and a
+  // gradient from every chunk but the first, N / TP rows each; the logged sums over the stages.
+  int const sends = V - (has_head ? 1 : 0) + V - (embeds ? 1 : 0);
+  double const pp_bytes =
+      sends * s.micro_batches * rows / tp * H * bytes + all_reduced(logged, groups.pp().size());
   nlohmann::ordered_json out;
   auto report = [&](char const* name, int ranks, double total, std::optional<double> implied) {
     if (ranks < 2) return;
@@ -242,8 +318,9 @@ nlohmann::ordered_json group_traffic(mm::parallel::process_groups const& groups,
   for (std::size_t g = 0; g < D; ++g) {
     auto const group = static_cast<dg>(g);
     std::optional<double> implied;
-    if (group == dg::tp) implied = tp_bytes * s.micro_batches;
-    if (group == dg::cp) implied = per_layer * m.layers * s.micro_batches;
+    if (group == dg::tp) implied = tp_bytes;
+    if (group == dg::cp) implied = cp_bytes;
+    if (group == dg::pp) implied = pp_bytes;
     if (group == dg::tp_dp_cp) implied = replicated(of(kind::dense), P) + logged_bytes;
     if (group == dg::dp_cp) implied = replicated(of(kind::tensor_parallel), groups.dp_cp().size());
     report(mm::parallel::process_groups::decoder_names[g], groups.get(group).size(),
@@ -295,6 +372,7 @@ int take_saved_settings(nlohmann::json const& state, options& o) {
 template <class Config>
 int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* resume) {
   auto const& world = env.world();
+  mm::parallel::check_on_every_rank(world, [&] { o = with_virtual_stages<Config>(o); });
   bool const root = world.rank() == 0;
   bool const resuming = resume != nullptr && !o.finetune;
   int saved_total = 0;
@@ -335,7 +413,7 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
   settings.steps = o.steps;
   settings.seed = o.seed;
   settings.schedule = {o.lr, o.lr / 10, std::max(1, o.steps / 20), o.steps};
-  mm::transformer<Config> model(groups, job_values(degrees, world.size()));
+  mm::transformer<Config> model(groups, job_values(degrees, world.size(), o));
   model.initialize(o.seed, 0.02);
   std::string upcycled_line;
   if (!o.upcycle.empty()) {
@@ -392,7 +470,7 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
   double const unigram = corpus.unigram_bits_per_byte(o.seq_len, eval_windows);
   mt::training_history history;
   history.unigram_bpb = unigram;
-  history.load.resize(model.moe_layers().size());
+  history.load.resize(static_cast<std::size_t>(model.moe_layer_count()));
   std::ofstream metrics;
   if (root) {
     // A resumed run keeps the lines of the steps it resumes after (a killed run may have written
@@ -423,8 +501,11 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
   if (root)
     std::cerr << "megamoe-train: preset " << o.preset << ", " << corpus.training().size()
               << " training bytes, " << corpus.heldout().size() << " held out (unigram " << unigram
-              << " bits/byte); " << world.size() << " rank(s), CP " << degrees.cp << ", EP "
-              << degrees.ep << ", global batch "
+              << " bits/byte); " << world.size() << " rank(s), TP " << degrees.tp << ", CP "
+              << degrees.cp << ", PP " << degrees.pp
+              << (model.pipeline().vpp() > 1 ? " x V " + std::to_string(model.pipeline().vpp())
+                                             : std::string())
+              << ", EP " << degrees.ep << ", global batch "
               << settings.micro_batch * settings.micro_batches * dp << " x " << o.seq_len
               << " bytes" << (resumed_line.empty() ? std::string() : "; " + resumed_line)
               << upcycled_line << "\n";
@@ -439,7 +520,7 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
   if (first_step > o.steps && root)
     std::fprintf(stderr, "megamoe-train: --steps %d already reached at iteration %d\n", o.steps,
                  first_step - 1);
-  double tokens_per_s = 0.0, elapsed = 0.0;
+  double tokens_per_s = 0.0, elapsed = 0.0, bubble = 0.0;
   bool terminated = false;
   // The step profile: seconds per stage over the steps run (this rank's).
   std::array<double, static_cast<std::size_t>(mm::layer_stage::count)> moe_seconds{};
@@ -464,6 +545,7 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
     for (std::size_t i = 0; i < step_seconds.size(); ++i)
       step_seconds[i] += ctx.step_stages.seconds[i];
     elapsed += m.seconds;
+    bubble += m.pipeline_bubble;
     tokens_per_s =
         static_cast<double>(trainer.global_batch_tokens()) * (step - first_step + 1) / elapsed;
     double const bpb = m.loss / std::log(2.0);
@@ -478,6 +560,7 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
     line["grad_norm"] = m.grad_norm;
     line["tokens_per_s"] = m.tokens_per_s;
     line["model_gflops_per_s"] = m.tokens_per_s * flops_per_token / 1e9;
+    if (model.pipelined()) line["pipeline_bubble"] = m.pipeline_bubble;
     if (m.skipped) {
       line["skipped_nonfinite"] = m.nonfinite_at;
       if (root)
@@ -543,6 +626,12 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
       share(mm::layer_stage_names[i], moe_seconds[i]);
     profile["rest"] = (elapsed - accounted) / elapsed;
     profile["seconds_per_step"] = elapsed / (o.steps - first_step + 1);
+    if (model.pipelined()) {
+      // The schedule's idle share with equal passes: (p - 1) / (m + p - 1), divided by V when
+      // interleaved.
+      double const p = model.pipeline().pp(), mb = settings.micro_batches;
+      profile["pipeline_bubble_analytical"] = (p - 1) / (mb + p - 1) / model.pipeline().vpp();
+    }
     if (root) {
       std::string line = "megamoe-train: step profile (rank 0, share of the step):";
       for (auto const& [name, value] : profile.items())
@@ -555,8 +644,8 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
       std::fprintf(stderr, "%s; %.4f s per step\n", line.c_str(),
                    profile["seconds_per_step"].get<double>());
     }
-    traffic_report = group_traffic(groups, model, settings, decoder_bytes, expert_bytes,
-                                   o.steps - first_step + 1);
+    traffic_report = group_traffic(groups, model, settings, trainer.schedule(), decoder_bytes,
+                                   expert_bytes, o.steps - first_step + 1);
     if (root && !traffic_report.empty()) {
       std::string line = "megamoe-train: bytes per step sent by rank 0 (implied by the layout):";
       for (auto const& [name, value] : traffic_report.items()) {
@@ -572,7 +661,7 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
       std::fprintf(stderr, "%s\n", line.c_str());
     }
   }
-  std::string const sample = generate(ctx, model, "The ", 200, o.seq_len, o.seed);
+  std::string const sample = generate(ctx, trainer, "The ", 200, o.seq_len, o.seed);
   if (root) {
     std::fprintf(stderr,
                  "megamoe-train: %d steps run, %.0f tokens/s, %.2f effective model GFLOP/s (%.3g "
@@ -653,6 +742,8 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
                       {"metrics_path", metrics_path.string()},
                       {"plot_path", plot_path.string()},
                       {"weights_path", weights_path.string()}};
+    int const steps_run = o.steps - first_step + 1;
+    if (model.pipelined() && steps_run > 0) final["final"]["pipeline_bubble"] = bubble / steps_run;
     if (!profile.empty()) final["final"]["profile"] = profile;
     if (!traffic_report.empty()) final["final"]["traffic"] = traffic_report;
     std::cout << final.dump() << std::endl;
@@ -693,7 +784,19 @@ int main(int argc, char** argv) {
     app.add_option("--etp,--expert-tensor-parallel-size", o.etp,
                    "expert tensor-parallel ranks (default: --tp)");
     app.add_option("--ep,--expert-model-parallel-size", o.ep,
-                   "expert-parallel ranks (default: every rank of the expert grid, world / ETP)");
+                   "expert-parallel ranks (default: every rank of a stage's expert grid, world / "
+                   "(ETP x PP))");
+    app.add_option("--pp,--pipeline-model-parallel-size", o.pp,
+                   "pipeline stages: the layers split over them (1F1B; interleaved with --vpp)")
+        ->capture_default_str();
+    app.add_option("--vpp,--num-virtual-stages-per-pipeline-rank", o.vpp,
+                   "model chunks per pipeline rank (interleaved 1F1B; default 1)");
+    app.add_option("--num-layers-per-virtual-pipeline-stage", o.layers_per_virtual_stage,
+                   "layers per model chunk (sets --vpp to layers / (PP x this))");
+    app.add_option("--decoder-first-pipeline-num-layers", o.first_stage_layers,
+                   "layers of the first pipeline stage (the rest split evenly)");
+    app.add_option("--decoder-last-pipeline-num-layers", o.last_stage_layers,
+                   "layers of the last pipeline stage (the rest split evenly)");
     app.add_option("--preset", o.preset, "model: tiny | small | fine | medium | dense")
         ->check(CLI::IsMember({"tiny", "small", "fine", "medium", "dense"}))
         ->capture_default_str();

@@ -317,10 +317,10 @@ TEST(RuleCatalog, NamedIdsAreTheCatalogueEntries) {
   EXPECT_EQ(mm::rule(mm::rules::id::shape_sizes_valid).name, "shape_sizes_valid");
   EXPECT_EQ(mm::rule(mm::rules::id::etp_divides_ffn).id, 38);
   EXPECT_EQ(mm::rule(mm::rules::id::moe_layer_pattern_valid).name, "moe_layer_pattern_valid");
-  EXPECT_EQ(static_cast<std::size_t>(mm::rules::id::tp_divides_sequence_shard),
+  EXPECT_EQ(static_cast<std::size_t>(mm::rules::id::pipeline_micro_batches),
             mm::rule_catalog.size());
-  mm::config_error const e(mm::rules::id::model_needs_pp_one, "TP 2");
+  mm::config_error const e(mm::rules::id::pipeline_stages_divide_layers, "PP 3");
   EXPECT_EQ(e.rule_id(), 36);
-  EXPECT_EQ(e.which(), mm::rules::id::model_needs_pp_one);
+  EXPECT_EQ(e.which(), mm::rules::id::pipeline_stages_divide_layers);
   EXPECT_EQ(std::string(e.what()).rfind("megamoe[R036]: ", 0), 0u);
 }

@@ -1,13 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 # Resharding: a checkpoint saved on one layout is loaded on the next and saved again at once, along
 # 4 ranks (EP 2, EDP 2) -> 2 (EP 2) -> 1 -> 4 (ETP 2, EP 2) -> 2 (EP 1, EDP 2) -> 4 (EP 4) -> 4
-# (TP 2, ETP 1, EP 2, EDP 2) -> 4 (TP 2, CP 2, ETP 1, EP 4) -> 2 (CP 2, EP 2) -> 1; each
+# (TP 2, ETP 1, EP 2, EDP 2) -> 4 (TP 2, CP 2, ETP 1, EP 4) -> 2 (CP 2, EP 2) -> 2 (PP 2) -> 4
+# (PP 4) -> 1 -> 4 (PP 2, TP 2, ETP 1, EP 2) -> 1; each
 # pair of checkpoints must hold the same bits, and the losses each layout continues with must agree
 # within RTOL. Arguments: MPIEXEC, PROGRAM, DIR, PRECISION, RTOL.
 file(REMOVE_RECURSE ${DIR})
 file(MAKE_DIRECTORY ${DIR})
 set(layouts "4|--ep|2" "2|--ep|2" "1" "4|--etp|2|--ep|2" "2|--ep|1" "4|--ep|4"
-    "4|--tp|2|--etp|1|--ep|2" "4|--tp|2|--cp|2|--etp|1|--ep|4" "2|--cp|2|--ep|2" "1")
+    "4|--tp|2|--etp|1|--ep|2" "4|--tp|2|--cp|2|--etp|1|--ep|4" "2|--cp|2|--ep|2"
+    "2|--pp|2|--ep|1" "4|--pp|4|--ep|1" "1" "4|--pp|2|--tp|2|--etp|1|--ep|2" "1")
 set(previous "")
 set(index 0)
 foreach(layout IN LISTS layouts)

@@ -61,10 +61,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using decoder = md::decoder<md::layers<2>, md::heads<2>, md::vocabulary<256>, md::dense_ffn<20>,
+using decoder = md::decoder<md::layers<4>, md::heads<2>, md::vocabulary<256>, md::dense_ffn<20>,
                             md::moe_layer_freq<2>>;
 using mapped = mm::parallel::mapping<mm::parallel::tp<mm::dynamic>, mm::parallel::cp<mm::dynamic>,
-                                     mm::parallel::etp<mm::dynamic>, mm::parallel::ep<mm::dynamic>>;
+                                     mm::parallel::pp<mm::dynamic>, mm::parallel::etp<mm::dynamic>,
+                                     mm::parallel::ep<mm::dynamic>>;
 template <class Router, class Precision, class Memory = mm::memory::keep_all, int Hidden = 16,
           int Ffn = 12, int Experts = 4>
 using config =
@@ -409,6 +410,8 @@ int main(int argc, char** argv) {
           a.degrees.cp = std::stoi(value);
         else if (key == "--etp")
           a.degrees.etp = std::stoi(value);
+        else if (key == "--pp")
+          a.degrees.pp = std::stoi(value);
         else if (key == "--mode")
           a.mode = value;
         else if (key == "--dir")

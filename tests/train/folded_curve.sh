@@ -1,8 +1,8 @@
 #!/bin/bash
 # SPDX-License-Identifier: Apache-2.0
 # megamoe-train on a folded layout follows the one-rank run: 20 steps of the `tiny` preset on the
-# same global batches (8 sequences of 32 bytes), alone and on RANKS ranks with the given degree
-# flags; every step's loss must agree within RTOL relative, model.safetensors must hold the same
+# same global batches (8 sequences of 32 bytes; FOLDED_SIZES replaces the preset and sizes), alone
+# and on RANKS ranks with the given degree flags; every step's loss must agree within RTOL relative, model.safetensors must hold the same
 # whole tensors, and the folded run ends with its sample and final line (the samples themselves may part: a byte drawn near a boundary of the sampling
 # distribution follows float rounding). The folded run's --profile reports the bytes each group
 # carried per step: where the layout implies a volume, the measured bytes must be it (within
@@ -14,7 +14,8 @@ shift 6
 rm -rf "$work"
 mkdir -p "$work"
 cd "$work"
-common=(--data "$corpus" --preset tiny --steps 20 --seq-len 32 --micro-batch 4 --global-batch 8)
+read -ra sizes <<<"${FOLDED_SIZES:---preset tiny --seq-len 32 --micro-batch 4 --global-batch 8}"
+common=(--data "$corpus" --steps 20 "${sizes[@]}")
 fail() { echo "FAILED: $*"; exit 1; }
 losses() { sed -E 's/^\{"step":([0-9]+),"loss":([^,]+),.*/\1 \2/' "$1"; }
 
@@ -37,6 +38,11 @@ cmp -s <(header one/model.safetensors) <(header folded/model.safetensors) ||
   fail "model.safetensors' tensors differ in name or shape from the one-rank run's"
 [ "$(stat -c %s one/model.safetensors)" = "$(stat -c %s folded/model.safetensors)" ] ||
   fail "model.safetensors differs in size from the one-rank run's"
+# A pipeline reports the share of the schedule its stages spent waiting.
+if [[ " $* " == *" --pp "* ]]; then
+  grep -a '^{"final"' folded.log | grep -q '"pipeline_bubble":0\.[0-9]' ||
+    fail "no pipeline_bubble in the final line"
+fi
 traffic=$(grep -a '^{"final"' folded.log | grep -o '"traffic":{.*}}}' || true)
 [ -n "$traffic" ] || fail "no traffic in the final line"
 echo "$traffic"

@@ -94,9 +94,9 @@
 #define MEGAMOE_RULE_R034                                                                      \
   "megamoe[R034]: MEGAMOE_RANKS_PER_NODE must be a positive integer dividing the world size, " \
   "and every node must hold the same number of ranks of each EP group"
-#define MEGAMOE_RULE_R036                                                                        \
-  "megamoe[R036]: the transformer runs with PP = 1 for now (TP, CP and the MoE layers' EP, ETP " \
-  "and EDP may be above 1)"
+#define MEGAMOE_RULE_R036                                                                      \
+  "megamoe[R036]: the pipeline's PP x V virtual stages must split the layers: evenly, or the " \
+  "first and last stages' given counts with the rest even over the others"
 #define MEGAMOE_RULE_R037                                                                 \
   "megamoe[R037]: expert::amx and expert::avx512_bf16 need a bf16, FP8 or FP4 precision " \
   "recipe (they multiply BF16 values); fp32 and fp64 run on expert::grouped, per_expert " \
@@ -137,6 +137,9 @@
 #define MEGAMOE_RULE_R049                                                                          \
   "megamoe[R049]: with sequence parallelism TP must divide the positions a rank's sequences hold " \
   "(the sequence length / CP)"
+#define MEGAMOE_RULE_R050                                                                        \
+  "megamoe[R050]: a pipeline schedule needs at least PP micro-batches per step, and a multiple " \
+  "of PP when interleaved (V > 1)"
 
 namespace megamoe {
 
@@ -178,7 +181,7 @@ enum class id : int {
   overlap_needs_etp_one = 33,
   ranks_per_node_valid = 34,
   watchdog_seconds_valid = 35,
-  model_needs_pp_one = 36,
+  pipeline_stages_divide_layers = 36,
   bf16_backends_need_a_recipe = 37,
   etp_divides_ffn = 38,
   model_sizes_valid = 39,
@@ -192,6 +195,7 @@ enum class id : int {
   tp_divides_query_groups = 47,
   tp_divides_dense_ffn = 48,
   tp_divides_sequence_shard = 49,
+  pipeline_micro_batches = 50,
 };
 }  // namespace rules
 
@@ -204,7 +208,7 @@ struct rule_info {
 };
 
 /// Every rule megamoe checks, in id order. `rule_catalog[i].id == i + 1`.
-inline constexpr std::array<rule_info, 49> rule_catalog{{
+inline constexpr std::array<rule_info, 50> rule_catalog{{
     {1, "shape_sizes_valid", MEGAMOE_RULE_R001},
     {2, "top_k_within_experts", MEGAMOE_RULE_R002},
     {3, "ep_divides_experts", MEGAMOE_RULE_R003},
@@ -240,7 +244,7 @@ inline constexpr std::array<rule_info, 49> rule_catalog{{
     {33, "overlap_needs_etp_one", MEGAMOE_RULE_R033},
     {34, "ranks_per_node_valid", MEGAMOE_RULE_R034},
     {35, "watchdog_seconds_valid", MEGAMOE_RULE_R035},
-    {36, "model_needs_pp_one", MEGAMOE_RULE_R036},
+    {36, "pipeline_stages_divide_layers", MEGAMOE_RULE_R036},
     {37, "bf16_backends_need_a_recipe", MEGAMOE_RULE_R037},
     {38, "etp_divides_ffn", MEGAMOE_RULE_R038},
     {39, "model_sizes_valid", MEGAMOE_RULE_R039},
@@ -254,6 +258,7 @@ inline constexpr std::array<rule_info, 49> rule_catalog{{
     {47, "tp_divides_query_groups", MEGAMOE_RULE_R047},
     {48, "tp_divides_dense_ffn", MEGAMOE_RULE_R048},
     {49, "tp_divides_sequence_shard", MEGAMOE_RULE_R049},
+    {50, "pipeline_micro_batches", MEGAMOE_RULE_R050},
 }};
 
 /// The catalogue entry of rule `id` (1-based).

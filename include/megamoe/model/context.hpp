@@ -28,7 +28,8 @@ namespace megamoe {
 
 /// Settings of the current step, read by every layer.
 struct step_settings {
-  /// training, recompute (never set by hand: layers use it internally) or eval.
+  /// training, recompute (a training forward repeated for its backward, as the pipeline repeats
+  /// a chunk's: counts and running statistics are not taken twice) or eval.
   router::pass mode = router::pass::training;
   /// The gradient scale of the attached router losses (router::loss_backward_scale).
   double loss_backward_scale = 1.0;

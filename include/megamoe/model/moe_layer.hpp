@@ -190,9 +190,6 @@ class moe_layer {
             ", expected " +
             router::detail::shape_text(std::int64_t{seq_length} * micro_batch_size, H) +
             " (S*B tokens x hidden size)");
-      if (mode == router::pass::recompute)
-        throw input_error(
-            "moe_layer: pass::recompute is the layer's own; forward in training or eval");
       if constexpr (quantized_weights)
         if (!experts_.holds_weight_codes())
           throw input_error(
@@ -215,7 +212,7 @@ class moe_layer {
         experts_.add_shared(ctx.executor<scalar>(), output);
       });
     experts_.forget_scratch();
-    awaiting_backward_ = mode == router::pass::training;
+    awaiting_backward_ = mode != router::pass::eval;
     return {const_row_matrix_map<scalar>(output_.data(), tokens_, H), routing_.output().losses};
   }
 
@@ -264,6 +261,7 @@ class moe_layer {
                                              first, last);
                          });
     routing_.backward(ctx, input(), grad_input);
+    routing_.release_global_aux(jitter_key_);
     if (has_shared_expert())
       ctx.stages.time(layer_stage::shared_expert,
                       [&] { experts_.shared_backward(ctx, f, input(), dy.data(), grad_input); });

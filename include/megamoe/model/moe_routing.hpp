@@ -62,6 +62,41 @@ class routing_stage {
   /// rank missing from a collective.
   std::exception_ptr forward(context& ctx, const_row_matrix_map<scalar> x,
                              router::batch_shape batch, router::route_options const& options) {
+    // The global aux loss reads the running mean of the counts: a recompute reads it as the
+    // training forward it repeats left it, even after later micro-batches added to it (a
+    // pipeline runs several forwards before their backwards).
+    auto& state = router_.state();
+    bool const global_aux = router_.config().global_aux_loss_coeff.value_or(0.0) > 0.0;
+    global_aux_snapshot* earlier = nullptr;
+    if (global_aux && options.mode == router::pass::recompute)
+      for (std::size_t i = 0; i < snapshots_used_; ++i)
+        if (global_aux_snapshots_[i].key == options.jitter_key) earlier = &global_aux_snapshots_[i];
+    if (earlier != nullptr) swap_global_aux(*earlier);
+    auto const failure = route(ctx, x, batch, options);
+    if (earlier != nullptr) swap_global_aux(*earlier);
+    if (global_aux && options.mode == router::pass::training) {
+      if (snapshots_used_ == global_aux_snapshots_.size()) global_aux_snapshots_.emplace_back();
+      auto& snapshot = global_aux_snapshots_[snapshots_used_++];
+      snapshot.key = options.jitter_key;
+      snapshot.tokens.assign(state.global_tokens_per_expert.begin(),
+                             state.global_tokens_per_expert.end());
+      snapshot.steps = state.global_aux_steps;
+    }
+    return failure;
+  }
+
+ private:
+  struct global_aux_snapshot {
+    std::uint64_t key = 0;
+    std::vector<double> tokens;
+    int steps = 0;
+  };
+  void swap_global_aux(global_aux_snapshot& s) {
+    std::swap(router_.state().global_tokens_per_expert, s.tokens);
+    std::swap(router_.state().global_aux_steps, s.steps);
+  }
+  std::exception_ptr route(context& ctx, const_row_matrix_map<scalar> x, router::batch_shape batch,
+                           router::route_options const& options) {
     std::exception_ptr failure;
     ctx.stages.time(layer_stage::router, [&] {
       try {
@@ -84,6 +119,7 @@ class routing_stage {
     return failure;
   }
 
+ public:
   /// The probs' gradient [T,E] the dispatcher's backward fills (entries set), zeroed.
   row_matrix<logit>& grad_probs(int tokens) {
     grad_probs_.setZero(tokens, router_.num_experts());
@@ -116,7 +152,18 @@ class routing_stage {
 
   /// Once per global batch: the expert-bias update from the counts summed over TPxDPxCP
   /// (collective over that group on a job).
-  void finish_global_batch() { router_.state().finish_global_batch(groups_); }
+  void finish_global_batch() {
+    router_.state().finish_global_batch(groups_);
+    snapshots_used_ = 0;
+  }
+  /// The backward of the forward with this key is done: its global-aux snapshot is not needed.
+  void release_global_aux(std::uint64_t key) {
+    for (std::size_t i = 0; i < snapshots_used_; ++i)
+      if (global_aux_snapshots_[i].key == key) {
+        std::swap(global_aux_snapshots_[i], global_aux_snapshots_[--snapshots_used_]);
+        return;
+      }
+  }
 
   void zero_grad() { weight_grad_.setZero(); }
 
@@ -169,6 +216,8 @@ class routing_stage {
   std::string name_;
   groups_type groups_{};
   row_matrix<logit> logits_, grad_probs_;
+  std::vector<global_aux_snapshot> global_aux_snapshots_;  // [0, snapshots_used_) in flight
+  std::size_t snapshots_used_ = 0;
   std::vector<expert::gemm_problem<scalar>> problem_;
 };
 

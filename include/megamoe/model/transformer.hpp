@@ -7,12 +7,14 @@
 // Every size comes from the configuration type: `Config::model` (layers, heads, vocabulary, dense
 // FFN width, the MoE layer pattern, norm epsilon, RoPE base) and `Config::shape`; what the type
 // leaves `dynamic` is given at start-up (startup_values), where the same rules run with the same
-// ids. The model runs with PP = 1 (R036) and any TP (with sequence parallelism) and CP; the MoE
-// layers may use EP, ETP and EDP (the process-groups constructor). Tokens of a micro-batch are S
-// positions x B sequences, flattened t = s*B + b. Under context parallelism every rank of a CP
-// group is given the whole micro-batch and keeps its two of the 2 CP chunks of each sequence
-// (chunks r and 2 CP - 1 - r, the reference's load balancing): the rank's rows are S / CP
-// positions, its chunks in that order, t = s*B + b over them.
+// ids. The model runs with any TP (with sequence parallelism), CP and PP; the MoE layers may use
+// EP, ETP and EDP (the process-groups constructor). Under PP (parallel/pipeline.hpp) a rank holds
+// the layers of its chunks only (the embedding on virtual stage 0, the final norm and output
+// layer on the last), and a schedule runs them chunk by chunk (forward_chunk, backward_chunk).
+// Tokens of a micro-batch are S positions x B sequences, flattened t = s*B + b. Under context
+// parallelism every rank of a CP group is given the whole micro-batch and keeps its two of the 2 CP
+// chunks of each sequence (chunks r and 2 CP - 1 - r, the reference's load balancing): the rank's
+// rows are S / CP positions, its chunks in that order, t = s*B + b over them.
 #pragma once
 
 #include <megamoe/config/error.hpp>
@@ -29,6 +31,7 @@
 #include <megamoe/model/lm_head.hpp>
 #include <megamoe/model/moe_layer.hpp>
 #include <megamoe/model/norm.hpp>
+#include <megamoe/parallel/pipeline.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 
 #include <boost/mpi/collectives/broadcast.hpp>
@@ -40,6 +43,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace megamoe {
@@ -83,8 +87,15 @@ class transformer {
   [[nodiscard]] int layers() const noexcept { return values_.model.layers; }
   [[nodiscard]] int hidden_size() const noexcept { return values_.shape.hidden; }
   [[nodiscard]] bool is_moe(int layer) const { return values_.model.is_moe(layer); }
+  /// This rank's MoE layers (all of them without PP), and each one's place among all the model's.
   [[nodiscard]] std::vector<std::unique_ptr<moe_type>> const& moe_layers() const noexcept {
     return moe_;
+  }
+  [[nodiscard]] std::vector<int> const& moe_ordinals() const noexcept { return moe_ordinals_; }
+  [[nodiscard]] int moe_layer_count() const {
+    int n = 0;
+    for (int i = 0; i < layers(); ++i) n += is_moe(i) ? 1 : 0;
+    return n;
   }
 
   /// Context-parallel ranks (the CP degree; 1 without).
@@ -112,89 +123,88 @@ class transformer {
   /// the micro-batch's). Training mode (the context's step) keeps what backward needs.
   transformer_output forward(context& ctx, std::span<std::int32_t const> tokens,
                              std::span<std::int32_t const> targets, int seq, int batch) {
-    if (seq < 1 || batch < 1 || std::ssize(tokens) != std::int64_t{seq} * batch ||
-        (!targets.empty() && targets.size() != tokens.size()))
-      throw input_error("transformer: " + std::to_string(tokens.size()) + " tokens and " +
-                        std::to_string(targets.size()) + " targets for S = " + std::to_string(seq) +
-                        ", B = " + std::to_string(batch));
-    check_sequence(seq);
-    int const cp = context_parallel();
-    if (cp > 1) {
-      keep_my_chunks(tokens, seq, batch, local_tokens_);
-      tokens = local_tokens_;
-      if (!targets.empty()) {
-        keep_my_chunks(targets, seq, batch, local_targets_);
-        targets = local_targets_;
-      }
-      seq /= cp;
-    }
-    // This rank's rows: its CP chunks' N = S/CP * B tokens, of which it keeps N / TP in the
-    // residual stream (sequence parallelism); attention, the dense FFN and the output layer see
-    // all N, gathered over TP.
-    int const tp = tensor_parallel(), N = seq * batch, rows = N / tp, H = hidden_size();
-    auto& pool = ctx.pool();
-    seq_ = seq;
-    batch_ = batch;
-    residual_.resize(rows, H);
-    normed_.resize(rows, H);
-    branch_.resize(rows, H);
-    rows_per_tp_.assign(static_cast<std::size_t>(tp), rows);
-    auto& times = ctx.step_stages;
-    using stage = step_stage;
-    times.time(stage::embedding_output_loss, [&] {
-      embedding_.forward(pool, tokens, whole_output(map(residual_), N));
-      sum_to_my_rows(map(residual_));
-    });
+    if (pipelined())
+      throw input_error("transformer: with PP above 1 the model runs chunk by chunk (a schedule)");
+    begin_micro_batch(tokens, targets, seq, batch);
     transformer_output out;
-    // Each FFN's output joins the residual stream in the next norm's pass (add_forward).
-    scalar const* pending = nullptr;
-    auto norm_of_residual = [&](rms_norm<scalar>& norm) {
-      times.time(stage::norms_residuals, [&] {
-        if (pending == nullptr)
-          norm.forward(pool, cmap(residual_), map(normed_));
-        else
-          norm.add_forward(pool, map(residual_), const_row_matrix_map<scalar>(pending, rows, H),
-                           map(normed_));
-      });
-    };
-    for (int i = 0; i < layers(); ++i) {
-      auto& b = blocks_[static_cast<std::size_t>(i)];
-      norm_of_residual(b.input_norm);
-      times.time(stage::attention, [&] {
-        b.attention.forward(ctx.executor<scalar>(), all_rows(cmap(normed_), whole_), seq, batch,
-                            whole_output(map(branch_), N));
-        sum_to_my_rows(map(branch_));
-      });
-      times.time(stage::norms_residuals, [&] {
-        b.pre_mlp_norm.add_forward(pool, map(residual_), cmap(branch_), map(normed_));
-      });
-      if (b.moe >= 0) {
-        auto const result =
-            moe_[static_cast<std::size_t>(b.moe)]->forward(ctx, normed_, seq / tp, batch);
-        pending = result.y.data();
-        for (auto const& l :
-             {result.losses.aux_loss, result.losses.seq_aux_loss, result.losses.global_aux_loss})
-          if (l) out.aux_loss += static_cast<double>(l->value);
-        if (result.losses.z_loss) out.z_loss += static_cast<double>(result.losses.z_loss->value);
-        out.router_losses = out.aux_loss + out.z_loss;
-      } else {
-        times.time(stage::dense_ffn, [&] {
-          dense_[static_cast<std::size_t>(b.dense)].forward(ctx.executor<scalar>(),
-                                                            all_rows(cmap(normed_), whole_),
-                                                            whole_output(map(branch_), N));
-          sum_to_my_rows(map(branch_));
-        });
-        pending = branch_.data();
-      }
-    }
-    norm_of_residual(final_norm_);
-    times.time(stage::embedding_output_loss, [&] {
-      auto const hidden = all_rows(cmap(normed_), whole_);
-      final_hidden_ = hidden.data();  // for logits()
-      if (!targets.empty())
-        out.cross_entropy = head_.forward(ctx.executor<scalar>(), hidden, targets);
-    });
+    embed(ctx);
+    run_blocks(ctx, 0, static_cast<int>(blocks_.size()), out);
+    finish_with_head(ctx, out);
     return out;
+  }
+
+  // ---- the pipeline: one chunk (virtual stage) of a micro-batch at a time ----
+  /// Pipeline ranks (PP) and chunks per rank (V); this rank's place.
+  [[nodiscard]] parallel::pipeline_layout const& pipeline() const noexcept { return pipeline_; }
+  [[nodiscard]] bool pipelined() const noexcept { return pipeline_.stages() > 1; }
+  [[nodiscard]] int pipeline_rank() const noexcept { return pp_rank_; }
+  /// Whether chunk v holds the embedding (virtual stage 0) or the output layer (the last).
+  [[nodiscard]] bool chunk_embeds(int v) const noexcept {
+    return pipeline_.stage(pp_rank_, v) == 0;
+  }
+  [[nodiscard]] bool chunk_has_head(int v) const noexcept {
+    return pipeline_.stage(pp_rank_, v) == pipeline_.stages() - 1;
+  }
+  /// The rows a chunk sends or receives: this rank's residual-stream rows [N / TP, H].
+  [[nodiscard]] std::int64_t boundary_rows(int seq, int batch) const noexcept {
+    return std::int64_t{seq / context_parallel()} * batch / tensor_parallel();
+  }
+
+  /// Forward of chunk v of a micro-batch: tokens and targets as forward() takes them (every
+  /// chunk is given them; the embedding's and the output layer's chunks read them), `input` the
+  /// previous virtual stage's output rows (unused by the embedding's chunk). Returns the chunk's
+  /// router losses and, on the output layer's chunk, the cross-entropy; any other chunk leaves
+  /// its output rows in chunk_output(). `ctx.step.mode` may be recompute: the same forward again
+  /// (the MoE layers do not count it twice), so that backward finds its saved values.
+  transformer_output forward_chunk(context& ctx, int v, std::span<std::int32_t const> tokens,
+                                   std::span<std::int32_t const> targets, int seq, int batch,
+                                   const_row_matrix_map<scalar> input) {
+    begin_micro_batch(tokens, targets, seq, batch);
+    transformer_output out;
+    if (chunk_embeds(v)) {
+      embed(ctx);
+    } else {
+      if (input.rows() != residual_.rows() || input.cols() != residual_.cols())
+        throw input_error("transformer: chunk input of " + std::to_string(input.rows()) + " x " +
+                          std::to_string(input.cols()) + " rows, expected " +
+                          std::to_string(residual_.rows()) + " x " +
+                          std::to_string(residual_.cols()));
+      residual_ = input;
+    }
+    auto const [first, last] = chunk_blocks_[static_cast<std::size_t>(v)];
+    run_blocks(ctx, first, last, out);
+    if (chunk_has_head(v)) {
+      finish_with_head(ctx, out);
+    } else if (pending_ != nullptr) {  // the last FFN's output joins the stream before it leaves
+      residual_ += const_row_matrix_map<scalar>(pending_, residual_.rows(), residual_.cols());
+      pending_ = nullptr;
+    }
+    return out;
+  }
+  /// The rows the last forward_chunk of a chunk without the output layer produced.
+  [[nodiscard]] row_matrix<scalar>& chunk_output() noexcept { return residual_; }
+  /// Where the gradient of a chunk's output rows is received before backward_chunk.
+  row_matrix<scalar>& chunk_output_gradient(std::int64_t rows) {
+    grad_.resize(rows, hidden_size());
+    return grad_;
+  }
+  /// Backward of chunk v's last forward: from the cross-entropy (times `scale`) on the output
+  /// layer's chunk, otherwise from chunk_output_gradient(). Leaves the gradient of the chunk's
+  /// input rows in chunk_input_gradient() (the embedding's chunk: in the embedding's weights).
+  void backward_chunk(context& ctx, int v, scalar scale) {
+    if (chunk_has_head(v)) head_backward(ctx, scale);
+    auto const [first, last] = chunk_blocks_[static_cast<std::size_t>(v)];
+    backward_blocks(ctx, first, last);
+    if (chunk_embeds(v)) embed_backward(ctx);
+  }
+  [[nodiscard]] row_matrix<scalar>& chunk_input_gradient() noexcept { return grad_; }
+  /// Chunk v's MoE layers: indices [first, last) into moe_layers().
+  [[nodiscard]] std::pair<int, int> chunk_moe_layers(int v) const {
+    auto const [first, last] = chunk_blocks_[static_cast<std::size_t>(v)];
+    int before = 0, in = 0;
+    for (int i = 0; i < last; ++i)
+      (i < first ? before : in) += blocks_[static_cast<std::size_t>(i)].moe >= 0 ? 1 : 0;
+    return {before, before + in};
   }
 
   /// Model FLOPs of one token's forward + backward in a sequence of `seq` (megamoe::
@@ -250,45 +260,9 @@ class transformer {
   /// Backward of the last forward: the cross-entropy's gradient times `scale`; the MoE layers add
   /// their router losses' gradients times ctx.step.loss_backward_scale. Adds to every gradient.
   void backward(context& ctx, scalar scale) {
-    auto& pool = ctx.pool();
-    int const N = seq_ * batch_, rows = N / tensor_parallel(), H = hidden_size();
-    grad_.resize(rows, H);
-    grad_normed_.resize(rows, H);
-    auto& times = ctx.step_stages;
-    using stage = step_stage;
-    times.time(stage::embedding_output_loss, [&] {
-      head_.backward(ctx.executor<scalar>(), scale, whole_output(map(grad_normed_), N));
-      sum_to_my_rows(map(grad_normed_));
-    });
-    times.time(stage::norms_residuals,
-               [&] { final_norm_.backward(pool, cmap(grad_normed_), map(grad_)); });
-    for (int i = layers() - 1; i >= 0; --i) {
-      auto& b = blocks_[static_cast<std::size_t>(i)];
-      // The norms' input gradients add into the residual stream's (backward's accumulate).
-      if (b.moe >= 0) {
-        auto const dx = moe_[static_cast<std::size_t>(b.moe)]->backward(ctx, grad_);
-        times.time(stage::norms_residuals,
-                   [&] { b.pre_mlp_norm.backward(pool, dx, map(grad_), true); });
-      } else {
-        times.time(stage::dense_ffn, [&] {
-          dense_[static_cast<std::size_t>(b.dense)].backward(ctx.executor<scalar>(),
-                                                             all_rows(cmap(grad_), grad_whole_),
-                                                             whole_output(map(grad_normed_), N));
-          sum_to_my_rows(map(grad_normed_));
-        });
-        times.time(stage::norms_residuals,
-                   [&] { b.pre_mlp_norm.backward(pool, cmap(grad_normed_), map(grad_), true); });
-      }
-      times.time(stage::attention, [&] {
-        b.attention.backward(ctx.executor<scalar>(), all_rows(cmap(grad_), grad_whole_),
-                             whole_output(map(grad_normed_), N));
-        sum_to_my_rows(map(grad_normed_));
-      });
-      times.time(stage::norms_residuals,
-                 [&] { b.input_norm.backward(pool, cmap(grad_normed_), map(grad_), true); });
-    }
-    times.time(stage::embedding_output_loss,
-               [&] { embedding_.backward(pool, all_rows(cmap(grad_), grad_whole_)); });
+    head_backward(ctx, scale);
+    backward_blocks(ctx, 0, static_cast<int>(blocks_.size()));
+    embed_backward(ctx);
   }
 
   /// Bytes the attention modules keep from the last forward to backward on this rank (their
@@ -332,10 +306,9 @@ class transformer {
                      row_matrix_map<scalar> grad) {
       f(std::string_view(name), value, grad, kind_of(name));
     };
-    embedding_.for_each_parameter("embedding.word_embeddings", split);
-    for (int i = 0; i < layers(); ++i) {
-      auto& b = blocks_[static_cast<std::size_t>(i)];
-      std::string const prefix = "decoder.layers." + std::to_string(i);
+    if (holds_embedding_) embedding_.for_each_parameter("embedding.word_embeddings", split);
+    for (auto& b : blocks_) {
+      std::string const prefix = "decoder.layers." + std::to_string(b.layer);
       b.input_norm.for_each_parameter(prefix + ".input_layernorm", dense);
       b.attention.for_each_parameter(prefix + ".self_attention", split);
       b.pre_mlp_norm.for_each_parameter(prefix + ".pre_mlp_layernorm", dense);
@@ -344,6 +317,7 @@ class transformer {
       else
         dense_[static_cast<std::size_t>(b.dense)].for_each_parameter(prefix + ".mlp", split);
     }
+    if (!holds_head_) return;
     final_norm_.for_each_parameter("decoder.final_layernorm", dense);
     head_.for_each_parameter("output_layer", split);
   }
@@ -385,17 +359,26 @@ class transformer {
   /// from layer_seed + n inside layer i (layer_seed = seed + 1000003 (i + 1)); an MoE layer numbers
   /// its own from layer_seed + 500000, far from any n, so no two parameters share a seed.
   void initialize(std::uint64_t seed, double std = 0.02) {
+    // n counts the tensors drawn before, in the whole model's order (embedding; per layer
+    // linear_qkv, linear_proj and a dense FFN's fc1, fc2; output layer), whichever stage holds
+    // them.
+    auto drawn_before = [&](int layer) {
+      std::uint64_t n = 1;
+      for (int j = 0; j < layer; ++j) n += is_moe(j) ? 2 : 4;
+      return n;
+    };
     std::uint64_t index = 0;
     auto fill_whole = [&](std::string const& name, row_matrix_map<scalar> value,
                           std::uint64_t from) {
       fill(value, numbering_of(name, value.rows(), value.cols()), from, ++index, std);
     };
-    embedding_.for_each_parameter(
-        "embedding.word_embeddings",
-        [&](std::string const& name, auto value, auto) { fill_whole(name, value, seed); });
-    for (int i = 0; i < layers(); ++i) {
-      auto& b = blocks_[static_cast<std::size_t>(i)];
-      std::uint64_t const layer_seed = seed + 1000003ULL * static_cast<std::uint64_t>(i + 1);
+    if (holds_embedding_)
+      embedding_.for_each_parameter(
+          "embedding.word_embeddings",
+          [&](std::string const& name, auto value, auto) { fill_whole(name, value, seed); });
+    for (auto& b : blocks_) {
+      index = drawn_before(b.layer);
+      std::uint64_t const layer_seed = seed + 1000003ULL * static_cast<std::uint64_t>(b.layer + 1);
       b.attention.for_each_parameter("self_attention",
                                      [&](std::string const& name, auto value, auto) {
                                        if (name.ends_with("layernorm.weight"))
@@ -411,9 +394,11 @@ class transformer {
               fill_whole(name, value, layer_seed);
             });
     }
-    head_.for_each_parameter("output_layer", [&](std::string const& name, auto value, auto) {
-      fill_whole(name, value, seed);
-    });
+    index = drawn_before(layers());
+    if (holds_head_)
+      head_.for_each_parameter("output_layer", [&](std::string const& name, auto value, auto) {
+        fill_whole(name, value, seed);
+      });
   }
 
   /// With memory::quantized_weights, for an optimizer holding the MoE layers' fp32 masters
@@ -427,6 +412,163 @@ class transformer {
   }
 
  private:
+  // ---- the passes forward(), backward() and the chunks are made of ----
+  /// Checks the micro-batch, keeps this rank's CP chunks of it and sizes the residual stream.
+  void begin_micro_batch(std::span<std::int32_t const> tokens,
+                         std::span<std::int32_t const> targets, int seq, int batch) {
+    if (seq < 1 || batch < 1 || std::ssize(tokens) != std::int64_t{seq} * batch ||
+        (!targets.empty() && targets.size() != tokens.size()))
+      throw input_error("transformer: " + std::to_string(tokens.size()) + " tokens and " +
+                        std::to_string(targets.size()) + " targets for S = " + std::to_string(seq) +
+                        ", B = " + std::to_string(batch));
+    check_sequence(seq);
+    int const cp = context_parallel();
+    if (cp > 1) {
+      keep_my_chunks(tokens, seq, batch, local_tokens_);
+      tokens = local_tokens_;
+      if (!targets.empty()) {
+        keep_my_chunks(targets, seq, batch, local_targets_);
+        targets = local_targets_;
+      }
+      seq /= cp;
+    }
+    tokens_ = tokens;
+    targets_ = targets;
+    // This rank's rows: its CP chunks' N = S/CP * B tokens, of which it keeps N / TP in the
+    // residual stream (sequence parallelism); attention, the dense FFN and the output layer see
+    // all N, gathered over TP.
+    int const tp = tensor_parallel(), rows = seq * batch / tp, H = hidden_size();
+    seq_ = seq;
+    batch_ = batch;
+    residual_.resize(rows, H);
+    normed_.resize(rows, H);
+    branch_.resize(rows, H);
+    rows_per_tp_.assign(static_cast<std::size_t>(tp), rows);
+    pending_ = nullptr;
+  }
+
+  void embed(context& ctx) {
+    int const N = seq_ * batch_;
+    ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
+      embedding_.forward(ctx.pool(), tokens_, whole_output(map(residual_), N));
+      sum_to_my_rows(map(residual_));
+    });
+  }
+
+  /// The norm of the residual stream, to which the last FFN's output (pending_) is added first.
+  void norm_of_residual(context& ctx, rms_norm<scalar>& norm) {
+    ctx.step_stages.time(step_stage::norms_residuals, [&] {
+      if (pending_ == nullptr)
+        norm.forward(ctx.pool(), cmap(residual_), map(normed_));
+      else
+        norm.add_forward(ctx.pool(), map(residual_),
+                         const_row_matrix_map<scalar>(pending_, residual_.rows(), residual_.cols()),
+                         map(normed_));
+      pending_ = nullptr;
+    });
+  }
+
+  /// Forward of blocks [first, last): each FFN's output joins the residual stream in the next
+  /// norm's pass (add_forward), so the last one's is left in pending_.
+  void run_blocks(context& ctx, int first, int last, transformer_output& out) {
+    int const tp = tensor_parallel(), seq = seq_, batch = batch_, N = seq * batch;
+    auto& times = ctx.step_stages;
+    using stage = step_stage;
+    for (int i = first; i < last; ++i) {
+      auto& b = blocks_[static_cast<std::size_t>(i)];
+      norm_of_residual(ctx, b.input_norm);
+      times.time(stage::attention, [&] {
+        b.attention.forward(ctx.executor<scalar>(), all_rows(cmap(normed_), whole_), seq, batch,
+                            whole_output(map(branch_), N));
+        sum_to_my_rows(map(branch_));
+      });
+      times.time(stage::norms_residuals, [&] {
+        b.pre_mlp_norm.add_forward(ctx.pool(), map(residual_), cmap(branch_), map(normed_));
+      });
+      if (b.moe >= 0) {
+        auto const result =
+            moe_[static_cast<std::size_t>(b.moe)]->forward(ctx, normed_, seq / tp, batch);
+        pending_ = result.y.data();
+        for (auto const& l :
+             {result.losses.aux_loss, result.losses.seq_aux_loss, result.losses.global_aux_loss})
+          if (l) out.aux_loss += static_cast<double>(l->value);
+        if (result.losses.z_loss) out.z_loss += static_cast<double>(result.losses.z_loss->value);
+        out.router_losses = out.aux_loss + out.z_loss;
+      } else {
+        times.time(stage::dense_ffn, [&] {
+          dense_[static_cast<std::size_t>(b.dense)].forward(ctx.executor<scalar>(),
+                                                            all_rows(cmap(normed_), whole_),
+                                                            whole_output(map(branch_), N));
+          sum_to_my_rows(map(branch_));
+        });
+        pending_ = branch_.data();
+      }
+    }
+  }
+
+  void finish_with_head(context& ctx, transformer_output& out) {
+    norm_of_residual(ctx, final_norm_);
+    ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
+      auto const hidden = all_rows(cmap(normed_), whole_);
+      final_hidden_ = hidden.data();  // for logits()
+      if (!targets_.empty())
+        out.cross_entropy = head_.forward(ctx.executor<scalar>(), hidden, targets_);
+    });
+  }
+
+  /// The output layer's and final norm's backward into grad_ (the residual stream's gradient).
+  void head_backward(context& ctx, scalar scale) {
+    int const N = seq_ * batch_, rows = N / tensor_parallel(), H = hidden_size();
+    grad_.resize(rows, H);
+    grad_normed_.resize(rows, H);
+    ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
+      head_.backward(ctx.executor<scalar>(), scale, whole_output(map(grad_normed_), N));
+      sum_to_my_rows(map(grad_normed_));
+    });
+    ctx.step_stages.time(step_stage::norms_residuals,
+                         [&] { final_norm_.backward(ctx.pool(), cmap(grad_normed_), map(grad_)); });
+  }
+
+  /// Backward of blocks [first, last) from grad_, last first; the norms' input gradients add into
+  /// grad_ (backward's accumulate).
+  void backward_blocks(context& ctx, int first, int last) {
+    auto& pool = ctx.pool();
+    int const N = seq_ * batch_;
+    grad_normed_.resize(grad_.rows(), grad_.cols());
+    auto& times = ctx.step_stages;
+    using stage = step_stage;
+    for (int i = last - 1; i >= first; --i) {
+      auto& b = blocks_[static_cast<std::size_t>(i)];
+      if (b.moe >= 0) {
+        auto const dx = moe_[static_cast<std::size_t>(b.moe)]->backward(ctx, grad_);
+        times.time(stage::norms_residuals,
+                   [&] { b.pre_mlp_norm.backward(pool, dx, map(grad_), true); });
+      } else {
+        times.time(stage::dense_ffn, [&] {
+          dense_[static_cast<std::size_t>(b.dense)].backward(ctx.executor<scalar>(),
+                                                             all_rows(cmap(grad_), grad_whole_),
+                                                             whole_output(map(grad_normed_), N));
+          sum_to_my_rows(map(grad_normed_));
+        });
+        times.time(stage::norms_residuals,
+                   [&] { b.pre_mlp_norm.backward(pool, cmap(grad_normed_), map(grad_), true); });
+      }
+      times.time(stage::attention, [&] {
+        b.attention.backward(ctx.executor<scalar>(), all_rows(cmap(grad_), grad_whole_),
+                             whole_output(map(grad_normed_), N));
+        sum_to_my_rows(map(grad_normed_));
+      });
+      times.time(stage::norms_residuals,
+                 [&] { b.input_norm.backward(pool, cmap(grad_normed_), map(grad_), true); });
+    }
+  }
+
+  void embed_backward(context& ctx) {
+    ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
+      embedding_.backward(ctx.pool(), all_rows(cmap(grad_), grad_whole_));
+    });
+  }
+
   /// This rank's two chunks of each sequence of `all` [S*B] into `mine` [S/CP * B].
   void keep_my_chunks(std::span<std::int32_t const> all, int seq, int batch,
                       std::vector<std::int32_t>& mine) const {
@@ -444,6 +586,7 @@ class transformer {
     rms_norm<scalar> input_norm;
     attention_type attention;
     rms_norm<scalar> pre_mlp_norm;
+    int layer = 0;             // in the whole model
     int moe = -1, dense = -1;  // index into moe_ or dense_
   };
 
@@ -541,9 +684,6 @@ class transformer {
   }
 
   static config_values checked_values(startup_values const& given) {
-    // The model's own limit first: a pipeline it cannot run is R036, whatever the type says.
-    if (given.pp && *given.pp != 1)
-      throw config_error(rules::id::model_needs_pp_one, "PP " + std::to_string(*given.pp));
     config_values v = resolve<Config>(given);
     if (!rules::model_resolved(v.model)) {
       std::string missing;
@@ -559,8 +699,9 @@ class transformer {
       throw config_error(rules::id::values_resolved,
                          "the transformer's model sizes left to start-up: " + missing);
     }
-    if (v.parallel.pp != 1)
-      throw config_error(rules::id::model_needs_pp_one, "PP " + std::to_string(v.parallel.pp));
+    // R036: the layers split over the pipeline's virtual stages.
+    (void)parallel::pipeline_layout::split(v.model.layers, v.parallel.pp, given.vpp.value_or(1),
+                                           given.first_stage_layers, given.last_stage_layers);
     return v;
   }
   static config_values agreed_values(parallel::process_groups const& groups,
@@ -574,25 +715,44 @@ class transformer {
     groups_ = groups;
     auto const& m = values_.model;
     int const H = hidden_size();
-    for (int i = 0; i < m.layers; ++i) {
+    pipeline_ =
+        parallel::pipeline_layout::split(m.layers, values_.parallel.pp, given_.vpp.value_or(1),
+                                         given_.first_stage_layers, given_.last_stage_layers);
+    pp_rank_ = pipeline_.pp() > 1 ? groups->pp().rank() : 0;
+    // This rank's layers: chunk v's are virtual stage v PP + p's, in order.
+    std::vector<int> mine;
+    for (int v = 0; v < pipeline_.vpp(); ++v) {
+      int const stage = pipeline_.stage(pp_rank_, v), first = pipeline_.first_layer(stage);
+      chunk_blocks_.push_back(
+          {static_cast<int>(mine.size()), static_cast<int>(mine.size()) + pipeline_.layers(stage)});
+      for (int i = first; i < first + pipeline_.layers(stage); ++i) mine.push_back(i);
+    }
+    for (int i : mine) {
       if (!is_moe(i)) continue;
       if (groups != nullptr) {
         moe_.push_back(std::make_unique<moe_type>(*groups, i, given_));
       } else {
         if constexpr (!moe_type::distributed) moe_.push_back(std::make_unique<moe_type>(i, given_));
       }
+      int ordinal = 0;
+      for (int j = 0; j < i; ++j) ordinal += is_moe(j) ? 1 : 0;
+      moe_ordinals_.push_back(ordinal);
     }
     int const tp = values_.parallel.tp, part = tp > 1 ? groups->tp().rank() : 0;
-    embedding_ = token_embedding<scalar>(vocabulary_part(part), H);
-    final_norm_ = rms_norm<scalar>(H, m.norm_epsilon);
-    head_ = lm_head<scalar>(H, vocabulary_part(part), tp > 1 ? &groups->tp() : nullptr);
+    holds_embedding_ = chunk_embeds(0);
+    holds_head_ = chunk_has_head(pipeline_.vpp() - 1);
+    if (holds_embedding_) embedding_ = token_embedding<scalar>(vocabulary_part(part), H);
+    if (holds_head_) {
+      final_norm_ = rms_norm<scalar>(H, m.norm_epsilon);
+      head_ = lm_head<scalar>(H, vocabulary_part(part), tp > 1 ? &groups->tp() : nullptr);
+    }
     int next_moe = 0, next_dense = 0;
-    blocks_.reserve(static_cast<std::size_t>(m.layers));
-    for (int i = 0; i < m.layers; ++i) {
+    blocks_.reserve(mine.size());
+    for (int i : mine) {
       blocks_.push_back(
           block{rms_norm<scalar>(H, m.norm_epsilon),
                 attention_type(H, m.heads, m.query_groups, m.rope_base, m.norm_epsilon, tp),
-                rms_norm<scalar>(H, m.norm_epsilon)});
+                rms_norm<scalar>(H, m.norm_epsilon), i});
       if (values_.parallel.cp > 1) blocks_.back().attention.set_context_parallel(groups->cp());
       if (is_moe(i)) {
         blocks_.back().moe = next_moe++;
@@ -618,6 +778,16 @@ class transformer {
   row_matrix<scalar> whole_, grad_whole_, parts_;
   std::vector<std::int64_t> rows_per_tp_;
   scalar const* final_hidden_ = nullptr;  // the last forward's final hidden states, all N rows
+  // The pipeline: the layout, this rank's place, its chunks' blocks [first, last), the ordinal
+  // among all the model's MoE layers of each of its own, and which ends of the model it holds.
+  parallel::pipeline_layout pipeline_;
+  int pp_rank_ = 0;
+  std::vector<std::pair<int, int>> chunk_blocks_;
+  std::vector<int> moe_ordinals_;
+  bool holds_embedding_ = true, holds_head_ = true;
+  // The micro-batch being run (this rank's CP chunks) and the last FFN output not yet added.
+  std::span<std::int32_t const> tokens_, targets_;
+  scalar const* pending_ = nullptr;
   row_matrix<scalar> residual_, normed_, branch_, grad_, grad_normed_;
 };
 

@@ -37,6 +37,9 @@ struct collective_record {
   char group[32] = {};
   int group_size = 0;
   std::int64_t elements = 0;  // elements this rank sends (or reduces)
+  // Where the training was when it started: the step (0: outside one), and the pipeline pass's
+  // micro-batch and virtual stage (-1: outside one).
+  int step = 0, micro_batch = -1, stage = -1;
   std::chrono::steady_clock::time_point started;
   bool running = false;
 };
@@ -84,6 +87,20 @@ class watchdog {
   [[nodiscard]] bool on() const noexcept { return on_.load(std::memory_order_relaxed); }
   [[nodiscard]] double limit_seconds() const { return limit_.count(); }
 
+  /// Where the training is: the collectives that start from now on are printed with it.
+  void set_step(int step) {
+    if (!on()) return;
+    std::lock_guard lock(mutex_);
+    step_ = step;
+    micro_batch_ = stage_ = -1;
+  }
+  void set_pass(int micro_batch, int stage) {
+    if (!on()) return;
+    std::lock_guard lock(mutex_);
+    micro_batch_ = micro_batch;
+    stage_ = stage;
+  }
+
   /// Records a collective on `comm` that starts now; returns its sequence number (0 when off).
   std::uint64_t begin(MPI_Comm comm, char const* operation, std::int64_t elements) {
     if (!on()) return 0;
@@ -99,6 +116,9 @@ class watchdog {
     copy_text(r.group, length > 0 ? name : "unnamed");
     r.group_size = size;
     r.elements = elements;
+    r.step = step_;
+    r.micro_batch = micro_batch_;
+    r.stage = stage_;
     r.started = std::chrono::steady_clock::now();
     r.running = true;
     return sequence;
@@ -128,17 +148,28 @@ class watchdog {
     to[i] = '\0';
   }
 
+  /// ", step k" and ", micro-batch m, virtual stage j" where the record has them.
+  static std::string where(collective_record const& r) {
+    std::string text;
+    if (r.step > 0) text += ", step " + std::to_string(r.step);
+    if (r.micro_batch >= 0)
+      text += ", micro-batch " + std::to_string(r.micro_batch) + ", virtual stage " +
+              std::to_string(r.stage);
+    return text;
+  }
+
   std::string ring_text_locked(std::chrono::steady_clock::time_point now) const {
     std::string text;
     for (std::size_t i = 1; i <= ring_size; ++i) {
       auto const& r = ring_[(issued_ + i) % ring_size];
       if (r.sequence == 0) continue;
-      char line[160];
+      char line[240];
       double const age = std::chrono::duration<double>(now - r.started).count();
       std::snprintf(line, sizeof line,
-                    "  #%llu %s on %s (%d ranks), %lld elements, %s, %.3f s ago\n",
+                    "  #%llu %s on %s (%d ranks), %lld elements%s, %s, %.3f s ago\n",
                     static_cast<unsigned long long>(r.sequence), r.operation, r.group, r.group_size,
-                    static_cast<long long>(r.elements), r.running ? "WAITING" : "done", age);
+                    static_cast<long long>(r.elements), where(r).c_str(),
+                    r.running ? "WAITING" : "done", age);
       text += line;
     }
     return text;
@@ -161,12 +192,12 @@ class watchdog {
   /// in MPI), so it does not call MPI.
   [[noreturn]] void fire(collective_record const& stuck,
                          std::chrono::steady_clock::time_point now) {
-    char head[256];
+    char head[320];
     std::snprintf(head, sizeof head,
-                  "megamoe: rank %d of %d: watchdog: collective #%llu %s on %s (%d ranks) has not "
-                  "completed after %.3g s; this rank's last collectives, oldest first:\n",
+                  "megamoe: rank %d of %d: watchdog: collective #%llu %s on %s (%d ranks)%s has "
+                  "not completed after %.3g s; this rank's last collectives, oldest first:\n",
                   rank_, size_, static_cast<unsigned long long>(stuck.sequence), stuck.operation,
-                  stuck.group, stuck.group_size, limit_.count());
+                  stuck.group, stuck.group_size, where(stuck).c_str(), limit_.count());
     std::string const text = head + ring_text_locked(now);
     std::fwrite(text.data(), 1, text.size(), stderr);
     std::fflush(stderr);
@@ -183,6 +214,7 @@ class watchdog {
   bool stopping_ = false;
   std::chrono::duration<double> limit_{0.0};
   int rank_ = 0, size_ = 1;
+  int step_ = 0, micro_batch_ = -1, stage_ = -1;
   std::uint64_t issued_ = 0;
   std::array<collective_record, ring_size> ring_{};
 };

@@ -15,8 +15,11 @@
 #include <megamoe/optim/adamw.hpp>
 #include <megamoe/parallel/collectives.hpp>
 #include <megamoe/parallel/gradients.hpp>
+#include <megamoe/parallel/pipeline.hpp>
 #include <megamoe/parallel/process_groups.hpp>
+#include <megamoe/parallel/watchdog.hpp>
 #include <megamoe/train/corpus.hpp>
+#include <megamoe/train/pipeline.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -50,8 +53,12 @@ struct step_metrics {
   double seconds = 0.0, tokens_per_s = 0.0;
   bool skipped = false;      // non-finite loss or gradient: no update
   std::string nonfinite_at;  // the first parameter with a non-finite gradient, when skipped
-  /// Per MoE layer, the tokens each expert received in this step (summed over the global batch).
+  /// Per MoE layer of the model, the tokens each expert received in this step (summed over the
+  /// global batch).
   std::vector<std::vector<double>> expert_load;
+  /// The mean over ranks of the share of the schedule's time (its passes and messages) spent
+  /// blocked on the pipeline's messages; 0 without PP.
+  double pipeline_bubble = 0.0;
 };
 
 template <class Config>
@@ -109,6 +116,7 @@ class trainer {
     int const S = settings_.seq_length, B = settings_.micro_batch, M = settings_.micro_batches;
     int const DP = dp_size(), CP = cp_size(), TP = tp_size();
     ++step_;
+    parallel::watchdog::instance().set_step(step_);
     // Every field back to its default; the expert loads keep their buffers.
     auto loads = std::move(metrics_.expert_load);
     metrics_ = {};
@@ -124,44 +132,72 @@ class trainer {
     gradients_zeroed_ = false;
     ctx.step.mode = router::pass::training;
     ctx.step.loss_backward_scale = router::loss_backward_scale(1.0, CP, M);
-    tokens_.resize(static_cast<std::size_t>(S) * B);
+    // Every micro-batch's tokens (every stage reads them; the embedding's and the output
+    // layer's chunks use them).
+    auto const per_batch = static_cast<std::size_t>(S) * static_cast<std::size_t>(B);
+    tokens_.resize(per_batch * static_cast<std::size_t>(M));
     targets_.resize(tokens_.size());
+    times.time(step_stage::batches, [&] {
+      for (int m = 0; m < M; ++m)
+        corpus_.training_batch(settings_.seed, static_cast<std::uint64_t>(step_), first_sequence(m),
+                               S, B, std::span(tokens_).subspan(m * per_batch, per_batch),
+                               std::span(targets_).subspan(m * per_batch, per_batch));
+    });
     auto const& moe = model_.moe_layers();
-    out.expert_load.resize(moe.size());
-    for (auto& layer : out.expert_load) std::fill(layer.begin(), layer.end(), 0.0);
+    auto const& ordinals = model_.moe_ordinals();
+    // Every layer's loads on every rank (a stage without the layer adds zeros), so the sums have
+    // one length on all ranks.
+    out.expert_load.resize(static_cast<std::size_t>(model_.moe_layer_count()));
+    for (auto& layer : out.expert_load)
+      layer.assign(static_cast<std::size_t>(model_.values().shape.experts), 0.0);
     double loss = 0.0, router_loss = 0.0, aux_loss = 0.0, z_loss = 0.0;
-    for (int m = 0; m < M; ++m) {
-      auto const first = static_cast<std::uint64_t>((m * DP + dp_rank()) * B);
-      times.time(step_stage::batches, [&] {
-        corpus_.training_batch(settings_.seed, static_cast<std::uint64_t>(step_), first, S, B,
-                               tokens_, targets_);
-      });
-      ctx.step.micro_batch_key = (static_cast<std::uint64_t>(step_) << 20) + first;
-      auto const result = model_.forward(ctx, tokens_, targets_, S, B);
-      loss += result.cross_entropy;
-      router_loss += result.router_losses;
-      aux_loss += result.aux_loss;
-      z_loss += result.z_loss;
-      for (std::size_t l = 0; l < moe.size(); ++l) {
-        auto const& counts = moe[l]->router().output().tokens_per_expert;
-        out.expert_load[l].resize(counts.size(), 0.0);
-        for (std::size_t e = 0; e < counts.size(); ++e)
-          out.expert_load[l][e] += static_cast<double>(counts[e]);
-      }
-      model_.backward(ctx, static_cast<scalar>(1.0 / M));
-    }
+    auto const schedule_start = std::chrono::steady_clock::now();
+    runner_.run(
+        ctx, M, S, B, static_cast<scalar>(1.0 / M),
+        [&](int m) {
+          return std::pair{
+              std::span<std::int32_t const>(tokens_).subspan(m * per_batch, per_batch),
+              std::span<std::int32_t const>(targets_).subspan(m * per_batch, per_batch)};
+        },
+        [&](int m) { return (static_cast<std::uint64_t>(step_) << 20) + first_sequence(m); },
+        [&](auto const& r) {
+          loss += r.output.cross_entropy;
+          router_loss += r.output.router_losses;
+          aux_loss += r.output.aux_loss;
+          z_loss += r.output.z_loss;
+          auto const [first, last] = model_.chunk_moe_layers(r.chunk);
+          for (int l = first; l < last; ++l) {
+            auto const& counts =
+                moe[static_cast<std::size_t>(l)]->router().output().tokens_per_expert;
+            auto& load =
+                out.expert_load[static_cast<std::size_t>(ordinals[static_cast<std::size_t>(l)])];
+            for (std::size_t e = 0; e < counts.size(); ++e)
+              load[e] += static_cast<double>(counts[e]);
+          }
+        });
+    double const schedule_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - schedule_start).count();
     // Logged values over the global batch (every rank the same): a CP rank's cross-entropy is
     // the mean over its chunks (the same on each TP rank), its router losses and expert loads
     // its share of the micro-batch's.
     std::vector<double>& sums = sums_;
-    sums.assign({loss, router_loss, aux_loss, z_loss});
+    // Under PP the output layer's stage alone has the cross-entropy, each stage its layers'
+    // router losses and loads (the others' entries zero): summed over the stages too. The
+    // pipeline's wait share is averaged over every rank.
+    sums.assign({loss, router_loss, aux_loss, z_loss,
+                 schedule_seconds > 0.0 ? runner_.wait_seconds() / schedule_seconds : 0.0});
     for (auto const& layer : out.expert_load) sums.insert(sums.end(), layer.begin(), layer.end());
-    if (groups_) parallel::all_reduce_sum(groups_->tp_dp_cp(), std::span<double>(sums));
+    if (groups_) {
+      parallel::all_reduce_sum(groups_->tp_dp_cp(), std::span<double>(sums));
+      parallel::all_reduce_sum(groups_->pp(), std::span<double>(sums));
+    }
+    int const ranks = groups_ ? groups_->layout().world_size : 1;
     out.loss = sums[0] / (M * DP * CP * TP);
     out.router_loss = sums[1] / (M * DP);
     out.aux_loss = sums[2] / (M * DP);
     out.z_loss = sums[3] / (M * DP);
-    std::size_t at = 4;
+    out.pipeline_bubble = sums[4] / ranks;
+    std::size_t at = 5;
     for (auto& layer : out.expert_load)
       for (double& v : layer) v = sums[at++];
     if (groups_) times.time(step_stage::gradient_reduction, [&] { gradients_(*groups_); });
@@ -181,6 +217,7 @@ class trainer {
             (out.nonfinite_at.empty() ? "" : " (first in " + out.nonfinite_at + ")"));
     }
     model_.finish_global_batch();
+    parallel::watchdog::instance().set_step(0);
     out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     out.tokens_per_s = static_cast<double>(global_batch_tokens()) / out.seconds;
     return out;
@@ -196,12 +233,14 @@ class trainer {
     ctx.step.mode = router::pass::eval;
     tokens_.resize(static_cast<std::size_t>(S) * B);
     targets_.resize(tokens_.size());
+    bool const has_losses = model_.chunk_has_head(model_.pipeline().vpp() - 1);
     std::vector<double> sums{0.0, 0.0};  // nats, tokens
     for (int r = 0; r < rounds; ++r) {
       int const first = (r * DP + dp_rank()) * B;
       for (int b = 0; b < B; ++b)
         corpus_.heldout_window(first + b < windows ? first + b : 0, S, B, b, tokens_, targets_);
-      model_.forward(ctx, tokens_, targets_, S, B);
+      runner_.run_forward_only(ctx, tokens_, targets_, S, B);
+      if (!has_losses) continue;
       auto const losses = model_.token_losses();  // this rank's S / CP positions
       int const positions = S / cp_size();
       for (int b = 0; b < B && first + b < windows; ++b) {
@@ -210,25 +249,56 @@ class trainer {
       }
     }
     ctx.step.mode = router::pass::training;
-    if (groups_) parallel::all_reduce_sum(groups_->dp_cp(), std::span<double>(sums));
+    if (groups_) {
+      parallel::all_reduce_sum(groups_->dp_cp(), std::span<double>(sums));
+      parallel::all_reduce_sum(groups_->pp(), std::span<double>(sums));
+    }
     return sums[0] / sums[1] / std::numbers::ln2;
   }
 
+  /// The schedule of every step from now on (the pipeline's, parallel/pipeline.hpp): by default
+  /// interleaved 1F1B with V chunks per rank, 1F1B otherwise (one stage: forward then backward of
+  /// each micro-batch in turn).
+  template <class Schedule>
+  void use_schedule() {
+    runner_.set_schedule(Schedule::ops(pipeline_shape()));
+  }
+  [[nodiscard]] std::vector<parallel::pipeline_op> const& schedule() const noexcept {
+    return runner_.schedule();
+  }
+  [[nodiscard]] pipeline_runner<model_type>& pipeline() noexcept { return runner_; }
+
  private:
-  void check() const {
+  void check() {
     auto agree = [&](auto&& body) {
       if (groups_)
         parallel::check_on_every_rank(groups_->tp_dp_cp(), body);
       else
         body();
     };
+    // Every stage checks the same values, so every rank of the job throws alike.
     agree([&] {
       if (settings_.seq_length < 1 || settings_.micro_batch < 1 || settings_.micro_batches < 1 ||
           settings_.steps < 0)
         throw input_error("training: seq_length, micro_batch and micro_batches must be >= 1");
       model_.check_sequence(settings_.seq_length);
       corpus_.require_windows(settings_.seq_length);
+      parallel::check_micro_batches(pipeline_shape());
     });
+    if (model_.pipeline().vpp() > 1)
+      use_schedule<parallel::interleaved_one_f_one_b>();
+    else
+      use_schedule<parallel::one_f_one_b>();
+  }
+
+  [[nodiscard]] parallel::pipeline_shape pipeline_shape() const {
+    auto const& layout = model_.pipeline();
+    return {layout.pp(), model_.pipeline_rank(), layout.vpp(), settings_.micro_batches};
+  }
+  /// The first of micro-batch m's sequences in the global batch (DP rank r's micro-batch m holds
+  /// sequences [(m DP + r) B, + B)).
+  [[nodiscard]] std::uint64_t first_sequence(int m) const {
+    return static_cast<std::uint64_t>((m * dp_size() + dp_rank()) * settings_.micro_batch);
   }
 
   std::string first_nonfinite() {
@@ -245,6 +315,7 @@ class trainer {
   parallel::process_groups const* groups_ = nullptr;
   optim::distributed_adamw<scalar> optimizer_;
   parallel::gradient_reduction<scalar> gradients_{model_};
+  pipeline_runner<model_type> runner_{groups_, model_};
   std::vector<std::int32_t> tokens_, targets_;
   step_metrics metrics_;
   std::vector<double> sums_;       // the logged values summed over DP

@@ -1,0 +1,193 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/parallel/pipeline.hpp — the pipeline's stages and schedules.
+//
+// PP ranks each hold V model chunks (virtual stages): virtual stage j = v * PP + p is chunk v of
+// pipeline rank p, so a micro-batch's activations visit ranks 0, 1, ..., PP - 1, 0, 1, ... (the
+// reference's interleaving). The embedding belongs to virtual stage 0, the final norm and output
+// layer to the last. A schedule is a type whose `ops` lists, for one rank, the forward and
+// backward passes of one step in order; the send and receive around each pass follow from its
+// virtual stage (forward: receive from the previous stage unless first, send to the next unless
+// last; backward the other way). Every rank of a stage runs the same list, so the collectives
+// inside a stage (TP, CP, EP, DP) are entered in the same order, and the sends each list implies
+// are exactly the receives its neighbours' lists imply.
+#pragma once
+
+#include <megamoe/config/error.hpp>
+#include <megamoe/core/error.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace megamoe::parallel {
+
+/// Which layers each virtual stage holds.
+class pipeline_layout {
+ public:
+  pipeline_layout() = default;
+
+  /// `layers` over PP x V virtual stages: evenly, or with the first and/or last virtual stage
+  /// holding the given counts and the rest even over the others (the reference's
+  /// decoder_first_pipeline_num_layers and decoder_last_pipeline_num_layers). R036 otherwise.
+  static pipeline_layout split(int layers, int pp, int vpp, std::optional<int> first = {},
+                               std::optional<int> last = {}) {
+    int const stages = pp * vpp;
+    auto broken = [&](std::string const& why) {
+      return config_error(rules::id::pipeline_stages_divide_layers,
+                          std::to_string(layers) + " layers, PP " + std::to_string(pp) + " x V " +
+                              std::to_string(vpp) + ": " + why);
+    };
+    if (pp < 1 || vpp < 1) throw broken("PP and V must be at least 1");
+    if (vpp > 1 && pp == 1) throw broken("virtual stages need PP above 1");
+    if ((first && *first < 0) || (last && *last < 0)) throw broken("negative stage layer count");
+    if ((first || last) && stages == 1) throw broken("first / last stage counts need PP above 1");
+    pipeline_layout out;
+    out.pp_ = pp;
+    out.vpp_ = vpp;
+    out.layers_.assign(static_cast<std::size_t>(stages), 0);
+    int rest = layers, others = stages;
+    if (first) {
+      out.layers_.front() = *first;
+      rest -= *first;
+      --others;
+    }
+    if (last) {
+      out.layers_.back() = *last;
+      rest -= *last;
+      --others;
+    }
+    if (rest < 0) throw broken("the first and last stages take more layers than there are");
+    if (others == 0 ? rest != 0 : rest % others != 0)
+      throw broken(std::to_string(rest) + " layers do not split evenly over " +
+                   std::to_string(others) + " stages");
+    for (int j = first ? 1 : 0; j < stages - (last ? 1 : 0); ++j)
+      out.layers_[static_cast<std::size_t>(j)] = rest / others;
+    return out;
+  }
+
+  [[nodiscard]] int pp() const noexcept { return pp_; }
+  [[nodiscard]] int vpp() const noexcept { return vpp_; }
+  [[nodiscard]] int stages() const noexcept { return pp_ * vpp_; }
+  /// Virtual stage of chunk v on pipeline rank p.
+  [[nodiscard]] int stage(int rank, int chunk) const noexcept { return chunk * pp_ + rank; }
+  [[nodiscard]] int layers(int stage) const { return layers_.at(static_cast<std::size_t>(stage)); }
+  [[nodiscard]] int first_layer(int stage) const {
+    int first = 0;
+    for (int j = 0; j < stage; ++j) first += layers_[static_cast<std::size_t>(j)];
+    return first;
+  }
+  [[nodiscard]] bool operator==(pipeline_layout const&) const = default;
+
+ private:
+  int pp_ = 1, vpp_ = 1;
+  std::vector<int> layers_{0};
+};
+
+/// One pass of a schedule on one rank.
+struct pipeline_op {
+  enum kind_type : std::uint8_t { forward, backward } kind = forward;
+  int micro_batch = 0;
+  int chunk = 0;
+  [[nodiscard]] bool operator==(pipeline_op const&) const = default;
+};
+
+/// One rank's place: PP ranks, this one's index, V chunks, M micro-batches per step.
+struct pipeline_shape {
+  int pp = 1, rank = 0, vpp = 1, micro_batches = 1;
+};
+
+/// R050: at least PP micro-batches, and a multiple of PP when interleaved (the interleaved order
+/// walks groups of PP micro-batches through each chunk).
+inline void check_micro_batches(pipeline_shape const& s) {
+  if (s.pp == 1) return;
+  if (s.micro_batches < s.pp || (s.vpp > 1 && s.micro_batches % s.pp != 0))
+    throw config_error(rules::id::pipeline_micro_batches,
+                       std::to_string(s.micro_batches) + " micro-batches per step, PP " +
+                           std::to_string(s.pp) + ", V " + std::to_string(s.vpp));
+}
+
+/// 1F1B (the reference's non-interleaved schedule): rank p runs PP - p - 1 warm-up forwards, then
+/// alternates one forward and one backward, then runs the remaining backwards; at most PP - p
+/// micro-batches are in flight on it. One chunk per rank.
+struct one_f_one_b {
+  static constexpr char const* name = "1f1b";
+  [[nodiscard]] static std::vector<pipeline_op> ops(pipeline_shape const& s) {
+    int const M = s.micro_batches, warmup = std::min(s.pp - s.rank - 1, M);
+    std::vector<pipeline_op> out;
+    out.reserve(2 * static_cast<std::size_t>(M));
+    int f = 0, b = 0;
+    for (; f < warmup; ++f) out.push_back({pipeline_op::forward, f, 0});
+    while (f < M) {
+      out.push_back({pipeline_op::forward, f++, 0});
+      out.push_back({pipeline_op::backward, b++, 0});
+    }
+    while (b < M) out.push_back({pipeline_op::backward, b++, 0});
+    return out;
+  }
+};
+
+/// Interleaved 1F1B with V chunks per rank (the reference's interleaved schedule): the k-th
+/// forward is chunk (k / PP) mod V of micro-batch (k / (PP V)) PP + k mod PP, the k-th backward
+/// the same micro-batch in chunk V - 1 - (k / PP) mod V; rank p runs 2 (PP - p - 1) + (V - 1) PP
+/// warm-up forwards (all of them when M = PP), then alternates, then drains. M must be a multiple
+/// of PP (R050).
+struct interleaved_one_f_one_b {
+  static constexpr char const* name = "interleaved_1f1b";
+  [[nodiscard]] static std::vector<pipeline_op> ops(pipeline_shape const& s) {
+    int const P = s.pp, V = s.vpp, total = s.micro_batches * V;
+    auto micro_batch = [&](int k) { return (k / (P * V)) * P + k % P; };
+    auto chunk = [&](int k) { return (k / P) % V; };
+    int const warmup =
+        s.micro_batches == P ? total : std::min(2 * (P - s.rank - 1) + (V - 1) * P, total);
+    std::vector<pipeline_op> out;
+    out.reserve(2 * static_cast<std::size_t>(total));
+    int f = 0, b = 0;
+    auto forward = [&] {
+      out.push_back({pipeline_op::forward, micro_batch(f), chunk(f)});
+      ++f;
+    };
+    auto backward = [&] {
+      out.push_back({pipeline_op::backward, micro_batch(b), V - 1 - chunk(b)});
+      ++b;
+    };
+    while (f < warmup) forward();
+    while (f < total) {
+      forward();
+      backward();
+    }
+    while (b < total) backward();
+    return out;
+  }
+};
+
+/// Which of `ops`' backwards repeat their forward first: a chunk's modules keep what backward
+/// needs for one micro-batch, the one of its last forward (the runner's recompute).
+inline void repeated_forwards(std::span<pipeline_op const> ops, int vpp, std::vector<char>& out) {
+  std::vector<int> last(static_cast<std::size_t>(vpp), -1);
+  out.assign(ops.size(), 0);
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    int& held = last[static_cast<std::size_t>(ops[i].chunk)];
+    if (ops[i].kind == pipeline_op::backward && held != ops[i].micro_batch) out[i] = 1;
+    held = ops[i].micro_batch;
+  }
+}
+
+/// What one rank did in a step, in order (the pipeline's trace, for tests and the watchdog).
+struct pipeline_event {
+  enum kind_type : std::uint8_t {
+    forward,
+    backward,
+    recv_activation,
+    send_activation,
+    recv_gradient,
+    send_gradient
+  } kind = forward;
+  int micro_batch = 0;
+  int chunk = 0;
+  [[nodiscard]] bool operator==(pipeline_event const&) const = default;
+};
+
+}  // namespace megamoe::parallel

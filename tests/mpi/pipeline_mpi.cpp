@@ -1,0 +1,359 @@
+// SPDX-License-Identifier: Apache-2.0
+// Run under mpiexec. Pipeline parallelism folded with TP, CP, DP, EP and ETP, against one rank on
+// the same global batches, on an 8-layer model (MoE on even layers, dense on odd ones, so with
+// 8 virtual stages every other stage has no MoE layer and the rest no dense layer):
+//   - fp64, clipping every step: every step's loss, router losses and expert loads, and after the
+//     last step every parameter this rank holds equal the one-rank run's (1e-9 relative);
+//     softmax with aux and z loss, the sequence aux loss, sigmoid scores with the expert-bias
+//     update, and (where DP is 1) the global aux loss;
+//   - with --hang 1 the last stage runs a schedule one micro-batch short of the others': the
+//     first stage waits for a gradient that never comes, and the watchdog must name the step,
+//     micro-batch and virtual stage of the wait (a failure test);
+//   - each rank's passes and messages in one step follow the schedule's definition, checked
+//     here by its properties (1F1B: micro-batches in order, PP - p in flight, strict alternation
+//     after the warm-up; interleaved: the reference's order of chunks and micro-batches), and a
+//     GPipe order and a non-interleaved order of virtual stages fail those checks.
+//
+//   mpiexec -n 4 megamoe_pipeline_mpi --pp 2 [--vpp 2] [--tp 2] [--cp 2] [--etp 1] [--ep 2]
+//                                     [--micro-batches 4] [--first 3 --last 3] [--steps 3]
+#include "support/tally.hpp"
+
+#include <megamoe/config/config.hpp>
+#include <megamoe/model/transformer.hpp>
+#include <megamoe/parallel/pipeline.hpp>
+#include <megamoe/parallel/process_groups.hpp>
+#include <megamoe/train/trainer.hpp>
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mm = megamoe;
+namespace mt = megamoe::train;
+namespace rt = megamoe::router;
+namespace mp = megamoe::parallel;
+
+namespace {
+
+namespace md = mm::model;
+using decoder = md::decoder<md::layers<8>, md::heads<4>, md::query_groups<2>, md::vocabulary<256>,
+                            md::dense_ffn<20>, md::moe_layer_freq<2>>;
+using softmax_aux = rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>;
+using seq_aux = rt::top_k<2, rt::seq_aux_loss<1e-2>>;
+using sigmoid_bias = rt::top_k<2, rt::sigmoid, rt::expert_bias<1e-2>>;
+using global_aux = rt::top_k<2, rt::global_aux_loss<1e-2>>;
+template <class Dispatch, class Parallel, class Router>
+using config = mm::make_config<mm::shape<mm::hidden<16>, mm::ffn<12>, mm::experts<8>>, Router,
+                               Dispatch, mm::expert::mlp<mm::expert::swiglu>, mm::precision::fp64,
+                               Parallel, mm::memory::keep_all, decoder>;
+using mapped = mp::mapping<mp::tp<mm::dynamic>, mp::cp<mm::dynamic>, mp::pp<mm::dynamic>,
+                           mp::etp<mm::dynamic>, mp::ep<mm::dynamic>>;
+
+constexpr int seq = 8, micro = 2;
+
+struct options {
+  mp::degrees degrees;
+  mm::startup_values pipeline;  // vpp, first and last stage layers
+  int micro_batches = 4, steps = 3;
+  bool hang = false;
+};
+
+/// 1F1B without the last micro-batch: stages that disagree on the schedule.
+struct one_micro_batch_short {
+  static std::vector<mp::pipeline_op> ops(mp::pipeline_shape s) {
+    --s.micro_batches;
+    return mp::one_f_one_b::ops(s);
+  }
+};
+
+template <class Model>
+std::map<std::string, mm::row_matrix<double>> tensors(Model& model) {
+  std::map<std::string, mm::row_matrix<double>> out;
+  model.for_each_parameter([&](std::string_view name, auto value, auto, mm::parameter_kind) {
+    out.emplace(std::string(name), value);
+  });
+  return out;
+}
+
+// ---- the schedules' definitions, as properties of one rank's events ----
+using event = mp::pipeline_event;
+
+/// Which virtual stage chunk v of rank p is, and whether it is the first / last.
+struct place {
+  int pp, rank, vpp;
+  [[nodiscard]] int stage(int v) const { return v * pp + rank; }
+  [[nodiscard]] bool first(int v) const { return stage(v) == 0; }
+  [[nodiscard]] bool last(int v) const { return stage(v) == pp * vpp - 1; }
+};
+
+/// Messages around each pass: a forward is preceded by its activation's receive (unless the
+/// first stage) and followed by its send (unless the last); a backward the other way. Returns the
+/// passes alone, or an empty optional with the reason in `why`.
+std::optional<std::vector<event>> passes_with_messages(std::vector<event> const& trace,
+                                                       place const& at, std::string& why) {
+  std::vector<event> passes;
+  std::size_t i = 0;
+  auto expect = [&](event::kind_type kind, int m, int v) {
+    if (i < trace.size() && trace[i] == event{kind, m, v}) {
+      ++i;
+      return true;
+    }
+    why = "event " + std::to_string(i) + " is not the expected message";
+    return false;
+  };
+  while (i < trace.size()) {
+    event const e = trace[i];
+    bool const forward = e.kind == event::forward || e.kind == event::recv_activation;
+    bool const backward = e.kind == event::backward || e.kind == event::recv_gradient;
+    if (!forward && !backward) {
+      why = "a send without its pass at event " + std::to_string(i);
+      return std::nullopt;
+    }
+    if (forward) {
+      if (!at.first(e.chunk) && !expect(event::recv_activation, e.micro_batch, e.chunk))
+        return std::nullopt;
+      if (!expect(event::forward, e.micro_batch, e.chunk)) return std::nullopt;
+      if (!at.last(e.chunk) && !expect(event::send_activation, e.micro_batch, e.chunk))
+        return std::nullopt;
+    } else {
+      if (!at.last(e.chunk) && !expect(event::recv_gradient, e.micro_batch, e.chunk))
+        return std::nullopt;
+      if (!expect(event::backward, e.micro_batch, e.chunk)) return std::nullopt;
+      if (!at.first(e.chunk) && !expect(event::send_gradient, e.micro_batch, e.chunk))
+        return std::nullopt;
+    }
+    passes.push_back({forward ? event::forward : event::backward, e.micro_batch, e.chunk});
+  }
+  return passes;
+}
+
+/// 1F1B on rank p of PP with M micro-batches: forwards and backwards each in micro-batch order,
+/// min(PP - p, M) forwards before the first backward, then backward and forward alternate until
+/// the forwards are done, never more than PP - p micro-batches in flight.
+std::string check_one_f_one_b(std::vector<event> const& passes, place const& at, int M) {
+  int f = 0, b = 0, in_flight = 0;
+  int const limit = std::min(at.pp - at.rank, M);
+  bool steady = false;
+  event::kind_type previous = event::forward;
+  for (std::size_t i = 0; i < passes.size(); ++i) {
+    auto const& e = passes[i];
+    if (e.chunk != 0) return "a chunk other than 0";
+    if (e.kind == event::forward) {
+      if (e.micro_batch != f++) return "forwards out of order";
+      ++in_flight;
+      if (steady && previous != event::backward) return "two forwards in the steady state";
+    } else {
+      if (e.micro_batch != b++) return "backwards out of order";
+      if (!steady && in_flight != limit) return "the first backward after the wrong warm-up";
+      steady = true;
+      --in_flight;
+      if (previous == event::backward && f < M) return "two backwards before the forwards end";
+    }
+    if (in_flight > limit) return "more than PP - p micro-batches in flight";
+    previous = e.kind;
+  }
+  return f == M && b == M ? "" : "not every micro-batch went forward and back";
+}
+
+/// Interleaved 1F1B (the reference's): the k-th forward is chunk (k / PP) mod V of micro-batch
+/// (k / (PP V)) PP + k mod PP, the k-th backward the same micro-batch in chunk V - 1 - (k / PP)
+/// mod V; the warm-up is 2 (PP - p - 1) + (V - 1) PP forwards (all when M = PP); then alternation.
+std::string check_interleaved(std::vector<event> const& passes, place const& at, int M) {
+  int const P = at.pp, V = at.vpp, total = M * V;
+  int const warmup = M == P ? total : std::min(2 * (P - at.rank - 1) + (V - 1) * P, total);
+  int f = 0, b = 0;
+  for (std::size_t i = 0; i < passes.size(); ++i) {
+    auto const& e = passes[i];
+    bool const want_forward = f < warmup || (f < total && (f - warmup) == b);
+    if ((e.kind == event::forward) != want_forward)
+      return "pass " + std::to_string(i) + " out of turn";
+    int const k = e.kind == event::forward ? f++ : b++;
+    int const group = k / (P * V), m = group * P + k % P, chunk = (k / P) % V;
+    if (e.micro_batch != m) return "micro-batch out of order at pass " + std::to_string(i);
+    if (e.chunk != (e.kind == event::forward ? chunk : V - 1 - chunk))
+      return "chunk out of order at pass " + std::to_string(i);
+  }
+  return f == total && b == total ? ""
+                                  : "not every chunk of every micro-batch went forward and back";
+}
+
+std::string check_schedule(std::vector<event> const& trace, place const& at, int M) {
+  std::string why;
+  auto const passes = passes_with_messages(trace, at, why);
+  if (!passes) return why;
+  return at.vpp == 1 ? check_one_f_one_b(*passes, at, M) : check_interleaved(*passes, at, M);
+}
+
+/// The checks must reject other orders: GPipe (every forward, then every backward) where 1F1B
+/// has a steady state, and with V chunks the virtual stages run one after the other.
+void checks_can_fail(mm::testing::tally& result, place const& at, int M) {
+  std::vector<event> gpipe;
+  for (int m = 0; m < M; ++m) gpipe.push_back({event::forward, m, 0});
+  for (int m = 0; m < M; ++m) gpipe.push_back({event::backward, m, 0});
+  if (std::min(at.pp - at.rank, M) < M)
+    result.close("a GPipe order fails the 1F1B check",
+                 check_one_f_one_b(gpipe, {at.pp, at.rank, 1}, M).empty() ? 1 : 0, 0, 1, 0);
+  if (at.vpp > 1) {
+    std::vector<event> serial;
+    for (int m = 0; m < M; ++m)
+      for (int v = 0; v < at.vpp; ++v) serial.push_back({event::forward, m, v});
+    for (int m = 0; m < M; ++m)
+      for (int v = at.vpp - 1; v >= 0; --v) serial.push_back({event::backward, m, v});
+    result.close("a non-interleaved order fails the interleaved check",
+                 check_interleaved(serial, at, M).empty() ? 1 : 0, 0, 1, 0);
+  }
+}
+
+template <class Router>
+void against_one_rank(mp::process_groups const& groups, options const& o,
+                      mt::byte_corpus const& corpus, mm::context& ctx, mm::testing::tally& result,
+                      std::string const& what) {
+  using job_config = config<mm::dispatch::all_to_all, mapped, Router>;
+  using one_config = config<mm::dispatch::local, mp::mapping<>, Router>;
+  int const DP = groups.dp().size();
+  mt::train_settings s;
+  s.seq_length = seq;
+  s.micro_batch = micro;
+  s.micro_batches = o.micro_batches;
+  s.steps = o.steps;
+  s.schedule = {1e-2, 1e-3, 1, o.steps};
+  s.optimizer.clip_grad = 1e-3;
+  mm::startup_values given = mp::with_layout(o.pipeline, groups.layout());
+  mm::transformer<job_config> model(groups, given);
+  model.initialize(9, 0.3);
+  mt::trainer<job_config> job(groups, model, corpus, s);
+  mt::train_settings s1 = s;
+  s1.micro_batches = s.micro_batches * DP;
+  mm::transformer<one_config> one;
+  one.initialize(9, 0.3);
+  mt::trainer<one_config> reference(one, corpus, s1);
+  auto const& layout = model.pipeline();
+  place const at{layout.pp(), model.pipeline_rank(), layout.vpp()};
+  for (int k = 1; k <= o.steps; ++k) {
+    job.pipeline().record_trace(k == 1);
+    auto const a = job.step(ctx);
+    auto const b = reference.step(ctx);
+    std::string const step = " of step " + std::to_string(k);
+    result.close(what + "loss" + step, a.loss, b.loss, 1.0, 1e-9);
+    result.close(what + "router loss" + step, a.router_loss, b.router_loss, 1.0, 1e-9);
+    result.close(what + "clipped" + step, a.clip_factor < 1 ? 1 : 0, 1, 1, 0);
+    result.close(what + "MoE layers with loads", static_cast<double>(a.expert_load.size()),
+                 static_cast<double>(b.expert_load.size()), 1, 0);
+    for (std::size_t l = 0; l < std::min(a.expert_load.size(), b.expert_load.size()); ++l)
+      for (std::size_t e = 0; e < b.expert_load[l].size(); ++e)
+        result.close(what + "expert load" + step,
+                     e < a.expert_load[l].size() ? a.expert_load[l][e] : -1.0, b.expert_load[l][e],
+                     1.0, 0.0);
+    if (k == 1) {
+      std::string const why = check_schedule(job.pipeline().trace(), at, o.micro_batches);
+      if (!why.empty()) {
+        std::string events;
+        for (auto const& e : job.pipeline().trace())
+          events += " " + std::to_string(int(e.kind)) + ":" + std::to_string(e.micro_batch) + "." +
+                    std::to_string(e.chunk);
+        std::printf("rank %d: the schedule: %s;%s\n", groups.pp().rank(), why.c_str(),
+                    events.c_str());
+      }
+      result.close(what + "passes and messages follow the schedule", why.empty() ? 1 : 0, 1, 1, 0);
+    }
+  }
+  auto const whole = tensors(one);
+  int held = 0;
+  model.for_each_numbered_parameter([&](std::string_view name, auto value, auto, mm::parameter_kind,
+                                        mm::element_numbering const& n) {
+    ++held;
+    auto const it = whole.find(std::string(name));
+    if (it == whole.end()) {
+      result.close(what + std::string(name) + " has no one-rank twin", 1, 0, 1, 0);
+      return;
+    }
+    for (Eigen::Index r = 0; r < value.rows(); ++r)
+      for (Eigen::Index c = 0; c < value.cols(); ++c) {
+        double const ref = it->second.data()[n.global(r, c)];
+        result.close(what + "parameter " + std::string(name), value(r, c), ref,
+                     std::max(1.0, std::abs(ref)), 1e-9);
+      }
+  });
+  result.close(what + "holds parameters", held > 0 ? 1 : 0, 1, 1, 0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return mp::run_main(argc, argv, [&](mp::environment& env) {
+    options o;
+    mp::check_on_every_rank(env.world(), [&] {
+      for (int i = 1; i + 1 < argc; i += 2) {
+        std::string const key = argv[i];
+        int const value = std::stoi(argv[i + 1]);
+        if (key == "--ep")
+          o.degrees.ep = value;
+        else if (key == "--tp")
+          o.degrees.tp = value;
+        else if (key == "--cp")
+          o.degrees.cp = value;
+        else if (key == "--pp")
+          o.degrees.pp = value;
+        else if (key == "--etp")
+          o.degrees.etp = value;
+        else if (key == "--vpp")
+          o.pipeline.vpp = value;
+        else if (key == "--first")
+          o.pipeline.first_stage_layers = value;
+        else if (key == "--last")
+          o.pipeline.last_stage_layers = value;
+        else if (key == "--micro-batches")
+          o.micro_batches = value;
+        else if (key == "--steps")
+          o.steps = value;
+        else if (key == "--hang")
+          o.hang = value != 0;
+        else
+          throw mm::input_error("unknown argument " + key);
+      }
+    });
+    auto const& world = env.world();
+    mp::process_groups const groups(world, o.degrees);
+    auto const corpus =
+        mt::byte_corpus::load(std::string(MEGAMOE_TEST_DATA) + "/corpus_sample.txt");
+    mm::context ctx(1);
+    mm::testing::tally result;
+    if (o.hang) {
+      using job_config = config<mm::dispatch::all_to_all, mapped, softmax_aux>;
+      mt::train_settings s;
+      s.seq_length = seq;
+      s.micro_batch = micro;
+      s.micro_batches = o.micro_batches;
+      mm::transformer<job_config> model(groups, mp::with_layout(o.pipeline, groups.layout()));
+      model.initialize(9, 0.3);
+      mt::trainer<job_config> job(groups, model, corpus, s);
+      if (groups.pp().rank() == groups.pp().size() - 1) job.use_schedule<one_micro_batch_short>();
+      job.step(ctx);
+      return 0;  // not reached: the watchdog ends the job
+    }
+    {
+      int const V = o.pipeline.vpp.value_or(1);
+      checks_can_fail(result, {groups.pp().size(), groups.pp().rank(), V}, o.micro_batches);
+    }
+    against_one_rank<softmax_aux>(groups, o, corpus, ctx, result, "");
+    against_one_rank<seq_aux>(groups, o, corpus, ctx, result, "seq aux: ");
+    against_one_rank<sigmoid_bias>(groups, o, corpus, ctx, result, "sigmoid, expert bias: ");
+    // The global aux loss's running mean is over the micro-batches a rank has seen, so DP ranks
+    // differ from one rank by design (as without PP): compared where DP is 1. A stage's repeated
+    // forward reads the mean its first forward read.
+    if (groups.dp().size() == 1)
+      against_one_rank<global_aux>(groups, o, corpus, ctx, result, "global aux: ");
+    return result.finish(world,
+                         "pipeline on " + std::to_string(world.size()) + " ranks (PP " +
+                             std::to_string(groups.pp().size()) + " x V " +
+                             std::to_string(o.pipeline.vpp.value_or(1)) + ", TP " +
+                             std::to_string(groups.tp().size()) + ", CP " +
+                             std::to_string(groups.cp().size()) + ", DP " +
+                             std::to_string(groups.dp().size()) + ", EP " +
+                             std::to_string(groups.ep().size()) + ", " +
+                             std::to_string(o.micro_batches) + " micro-batches)",
+                         "all equal one rank's");
+  });
+}
