@@ -22,6 +22,7 @@
 #include <megamoe/model/transformer.hpp>
 #include <megamoe/parallel/pipeline.hpp>
 #include <megamoe/parallel/process_groups.hpp>
+#include <megamoe/parallel/watchdog.hpp>
 #include <megamoe/train/trainer.hpp>
 
 #include <algorithm>
@@ -329,7 +330,12 @@ int main(int argc, char** argv) {
       mm::transformer<job_config> model(groups, mp::with_layout(o.pipeline, groups.layout()));
       model.initialize(9, 0.3);
       mt::trainer<job_config> job(groups, model, corpus, s);
-      if (groups.pp().rank() == groups.pp().size() - 1) job.use_schedule<one_micro_batch_short>();
+      // The short stage goes on to the step's reduction over the stages and waits there too; its
+      // watchdog waits longer, so the first stage's, which names the pass, fires first.
+      if (groups.pp().rank() == groups.pp().size() - 1) {
+        job.use_schedule<one_micro_batch_short>();
+        mp::watchdog::instance().start(60.0, world.rank(), world.size());
+      }
       job.step(ctx);
       return 0;  // not reached: the watchdog ends the job
     }
