@@ -88,6 +88,7 @@ struct options {
   int tp = 1, cp = 1, etp = 0, ep = 0;                  // etp, ep 0: their defaults
   int pp = 1, vpp = 0, layers_per_virtual_stage = 0;    // vpp 0: 1, or from the layers per stage
   int first_stage_layers = -1, last_stage_layers = -1;  // -1: an even split
+  std::string pipeline_layout;                          // the reference's layout text
   int eval_interval = 0, eval_iters = 0;                // 0: steps / 4, and every held-out window
   double lr = 3e-3;
   std::uint64_t seed = 1234;
@@ -146,6 +147,7 @@ mm::startup_values job_values(mm::parallel::degrees const& d, int world_size, op
   if (o.vpp > 0) v.vpp = o.vpp;
   if (o.first_stage_layers >= 0) v.first_stage_layers = o.first_stage_layers;
   if (o.last_stage_layers >= 0) v.last_stage_layers = o.last_stage_layers;
+  v.pipeline_layout = o.pipeline_layout;
   return v;
 }
 
@@ -160,9 +162,9 @@ int describe_job(mm::parallel::environment& env, options o) {
     o = with_virtual_stages<Config>(o);
     auto const given = job_values(job_degrees(world.size(), o), world.size(), o);
     values = mm::resolve<Config>(given);
-    pipeline = mm::parallel::pipeline_layout::split(values.model.layers, values.parallel.pp,
-                                                    given.vpp.value_or(1), given.first_stage_layers,
-                                                    given.last_stage_layers);
+    pipeline = mm::parallel::pipeline_layout::of(values.model.layers, values.parallel.pp,
+                                                 given.pipeline_layout, given.vpp,
+                                                 given.first_stage_layers, given.last_stage_layers);
   });
   if (world.rank() == 0) {
     auto json = mm::describe(values).flat;
@@ -797,6 +799,9 @@ int main(int argc, char** argv) {
                    "layers of the first pipeline stage (the rest split evenly)");
     app.add_option("--decoder-last-pipeline-num-layers", o.last_stage_layers,
                    "layers of the last pipeline stage (the rest split evenly)");
+    app.add_option("--pipeline-model-parallel-layout", o.pipeline_layout,
+                   "the virtual stages as text: 'E' embedding, 't' a layer, 'L' loss, '|' between "
+                   "stages, '*n' repeats (e.g. \"Et|(tt|)*2tL\"; V follows from it)");
     app.add_option("--preset", o.preset, "model: tiny | small | fine | medium | dense")
         ->check(CLI::IsMember({"tiny", "small", "fine", "medium", "dense"}))
         ->capture_default_str();

@@ -16,6 +16,7 @@
 //
 //   mpiexec -n 4 megamoe_pipeline_mpi --pp 2 [--vpp 2] [--tp 2] [--cp 2] [--etp 1] [--ep 2]
 //                                     [--micro-batches 4] [--first 3 --last 3] [--steps 3]
+//                                     [--layout "Et|ttt|ttt|tL"]
 #include "support/tally.hpp"
 
 #include <megamoe/config/config.hpp>
@@ -58,8 +59,51 @@ struct options {
   mp::degrees degrees;
   mm::startup_values pipeline;  // vpp, first and last stage layers
   int micro_batches = 4, steps = 3;
-  bool hang = false;
+  bool hang = false, bubble = false;
 };
+
+/// --bubble: the measured pipeline bubble (the mean over ranks of the schedule's time spent
+/// waiting on messages) with V = 2 below V = 1 on the same model and batches: fp32, hidden 128,
+/// 8 micro-batches per step, steps of the two alternating, medians compared.
+int compare_bubbles(mp::process_groups const& groups, options const& o,
+                    mt::byte_corpus const& corpus, mm::context& ctx) {
+  using wide =
+      mm::make_config<mm::shape<mm::hidden<128>, mm::ffn<128>, mm::experts<8>>, softmax_aux,
+                      mm::dispatch::all_to_all, mm::expert::mlp<mm::expert::swiglu>,
+                      mm::precision::fp32, mapped, mm::memory::keep_all, decoder>;
+  mt::train_settings s;
+  s.seq_length = 64;
+  s.micro_batch = 4;
+  s.micro_batches = 8;
+  s.steps = o.steps;
+  s.schedule = {1e-3, 1e-4, 1, o.steps};
+  auto given = mp::with_layout(o.pipeline, groups.layout());
+  given.vpp = 1;
+  mm::transformer<wide> plain(groups, given);
+  given.vpp = 2;
+  mm::transformer<wide> interleaved(groups, given);
+  plain.initialize(5);
+  interleaved.initialize(5);
+  mt::trainer<wide> a(groups, plain, corpus, s), b(groups, interleaved, corpus, s);
+  std::vector<double> one, two;
+  for (int k = 0; k < o.steps; ++k) {
+    one.push_back(a.step(ctx).pipeline_bubble);
+    two.push_back(b.step(ctx).pipeline_bubble);
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  double const p = groups.pp().size(), m = s.micro_batches;
+  bool const below = median(two) < median(one);
+  if (groups.pp().rank() == 0 && groups.tp_dp_cp().rank() == 0)
+    std::printf(
+        "pipeline bubble over %d steps (median): V 1 %.3f (analytical %.3f), V 2 %.3f "
+        "(analytical %.3f): %s\n",
+        o.steps, median(one), (p - 1) / (m + p - 1), median(two), (p - 1) / (m + p - 1) / 2,
+        below ? "interleaving shrinks it" : "NOT below");
+  return below ? 0 : 1;
+}
 
 /// 1F1B without the last micro-batch: stages that disagree on the schedule.
 struct one_micro_batch_short {
@@ -288,6 +332,10 @@ int main(int argc, char** argv) {
     mp::check_on_every_rank(env.world(), [&] {
       for (int i = 1; i + 1 < argc; i += 2) {
         std::string const key = argv[i];
+        if (key == "--layout") {
+          o.pipeline.pipeline_layout = argv[i + 1];
+          continue;
+        }
         int const value = std::stoi(argv[i + 1]);
         if (key == "--ep")
           o.degrees.ep = value;
@@ -311,6 +359,8 @@ int main(int argc, char** argv) {
           o.steps = value;
         else if (key == "--hang")
           o.hang = value != 0;
+        else if (key == "--bubble")
+          o.bubble = value != 0;
         else
           throw mm::input_error("unknown argument " + key);
       }
@@ -321,6 +371,7 @@ int main(int argc, char** argv) {
         mt::byte_corpus::load(std::string(MEGAMOE_TEST_DATA) + "/corpus_sample.txt");
     mm::context ctx(1);
     mm::testing::tally result;
+    if (o.bubble) return compare_bubbles(groups, o, corpus, ctx);
     if (o.hang) {
       using job_config = config<mm::dispatch::all_to_all, mapped, softmax_aux>;
       mt::train_settings s;
@@ -340,7 +391,10 @@ int main(int argc, char** argv) {
       return 0;  // not reached: the watchdog ends the job
     }
     {
-      int const V = o.pipeline.vpp.value_or(1);
+      int const V =
+          mp::pipeline_layout::of(8, groups.pp().size(), o.pipeline.pipeline_layout, o.pipeline.vpp,
+                                  o.pipeline.first_stage_layers, o.pipeline.last_stage_layers)
+              .vpp();
       checks_can_fail(result, {groups.pp().size(), groups.pp().rank(), V}, o.micro_batches);
     }
     against_one_rank<softmax_aux>(groups, o, corpus, ctx, result, "");
@@ -351,15 +405,16 @@ int main(int argc, char** argv) {
     // forward reads the mean its first forward read.
     if (groups.dp().size() == 1)
       against_one_rank<global_aux>(groups, o, corpus, ctx, result, "global aux: ");
-    return result.finish(world,
-                         "pipeline on " + std::to_string(world.size()) + " ranks (PP " +
-                             std::to_string(groups.pp().size()) + " x V " +
-                             std::to_string(o.pipeline.vpp.value_or(1)) + ", TP " +
-                             std::to_string(groups.tp().size()) + ", CP " +
-                             std::to_string(groups.cp().size()) + ", DP " +
-                             std::to_string(groups.dp().size()) + ", EP " +
-                             std::to_string(groups.ep().size()) + ", " +
-                             std::to_string(o.micro_batches) + " micro-batches)",
-                         "all equal one rank's");
+    return result.finish(
+        world,
+        "pipeline on " + std::to_string(world.size()) + " ranks (PP " +
+            std::to_string(groups.pp().size()) + " x V " +
+            (o.pipeline.pipeline_layout.empty() ? std::to_string(o.pipeline.vpp.value_or(1))
+                                                : "layout " + o.pipeline.pipeline_layout) +
+            ", TP " + std::to_string(groups.tp().size()) + ", CP " +
+            std::to_string(groups.cp().size()) + ", DP " + std::to_string(groups.dp().size()) +
+            ", EP " + std::to_string(groups.ep().size()) + ", " + std::to_string(o.micro_batches) +
+            " micro-batches)",
+        "all equal one rank's");
   });
 }

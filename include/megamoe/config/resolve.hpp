@@ -30,6 +30,7 @@ struct startup_values {
   // The pipeline's chunks per rank (V) and the first and last virtual stages' layer counts (the
   // rest split evenly; evenly over all without them).
   std::optional<int> vpp{}, first_stage_layers{}, last_stage_layers{};
+  std::string pipeline_layout{};  // the reference's --pipeline-model-parallel-layout, or empty
 };
 
 namespace detail {

@@ -683,6 +683,13 @@ class transformer {
     return parallel::with_layout(given, groups.layout());
   }
 
+  static parallel::pipeline_layout pipeline_of(config_values const& v,
+                                               startup_values const& given) {
+    return parallel::pipeline_layout::of(v.model.layers, v.parallel.pp, given.pipeline_layout,
+                                         given.vpp, given.first_stage_layers,
+                                         given.last_stage_layers);
+  }
+
   static config_values checked_values(startup_values const& given) {
     config_values v = resolve<Config>(given);
     if (!rules::model_resolved(v.model)) {
@@ -700,8 +707,7 @@ class transformer {
                          "the transformer's model sizes left to start-up: " + missing);
     }
     // R036: the layers split over the pipeline's virtual stages.
-    (void)parallel::pipeline_layout::split(v.model.layers, v.parallel.pp, given.vpp.value_or(1),
-                                           given.first_stage_layers, given.last_stage_layers);
+    (void)pipeline_of(v, given);
     return v;
   }
   static config_values agreed_values(parallel::process_groups const& groups,
@@ -715,9 +721,7 @@ class transformer {
     groups_ = groups;
     auto const& m = values_.model;
     int const H = hidden_size();
-    pipeline_ =
-        parallel::pipeline_layout::split(m.layers, values_.parallel.pp, given_.vpp.value_or(1),
-                                         given_.first_stage_layers, given_.last_stage_layers);
+    pipeline_ = pipeline_of(values_, given_);
     pp_rank_ = pipeline_.pp() > 1 ? groups->pp().rank() : 0;
     // This rank's layers: chunk v's are virtual stage v PP + p's, in order.
     std::vector<int> mine;

@@ -20,6 +20,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace megamoe::parallel {
@@ -65,6 +66,100 @@ class pipeline_layout {
                    std::to_string(others) + " stages");
     for (int j = first ? 1 : 0; j < stages - (last ? 1 : 0); ++j)
       out.layers_[static_cast<std::size_t>(j)] = rest / others;
+    return out;
+  }
+
+  /// The reference's --pipeline-model-parallel-layout: virtual stages separated by '|', holding
+  /// 'E' (the embedding: opens virtual stage 0), 't' (a decoder layer) and 'L' (the loss with the
+  /// output layer: closes the last virtual stage); "Xn" repeats: "t*3", "(tt|)*29"; commas and
+  /// spaces are cosmetic. PP x V stages (V = stages / PP) holding the model's layers, else R036.
+  static pipeline_layout parse(std::string_view text, int layers, int pp) {
+    auto broken = [&](std::string const& why) {
+      return config_error(rules::id::pipeline_stages_divide_layers,
+                          "--pipeline-model-parallel-layout \"" + std::string(text) + "\" (" +
+                              std::to_string(layers) + " layers, PP " + std::to_string(pp) +
+                              "): " + why);
+    };
+    std::size_t at = 0;
+    // A sequence of items up to `close` (')' or the end), each repeated by a following "*n".
+    auto sequence = [&](auto&& self, char close) -> std::string {
+      std::string out;
+      while (at < text.size() && text[at] != close) {
+        char const c = text[at++];
+        std::string item;
+        if (c == ',' || c == ' ') continue;
+        if (c == '(') {
+          item = self(self, ')');
+          if (at >= text.size()) throw broken("an unclosed '('");
+          ++at;
+        } else if (c == 'E' || c == 't' || c == 'L' || c == '|') {
+          item = std::string(1, c);
+        } else if (c == 'm') {
+          throw broken("'m' (multi-token prediction) is not part of this model");
+        } else {
+          throw broken(std::string("unexpected '") + c + "'");
+        }
+        int times = 1;
+        if (at < text.size() && text[at] == '*') {
+          std::size_t digits = ++at;
+          while (at < text.size() && text[at] >= '0' && text[at] <= '9') ++at;
+          if (at == digits || at - digits > 6) throw broken("'*' needs a count");
+          times = std::stoi(std::string(text.substr(digits, at - digits)));
+        }
+        for (int i = 0; i < times; ++i) out += item;
+      }
+      return out;
+    };
+    std::string const flat = sequence(sequence, '\0');
+    if (at < text.size()) throw broken("an unmatched ')'");
+    std::vector<std::string> stages(1);
+    for (char c : flat) {
+      if (c == '|')
+        stages.emplace_back();
+      else
+        stages.back() += c;
+    }
+    int const count = static_cast<int>(stages.size());
+    if (pp < 1 || count % pp != 0)
+      throw broken(std::to_string(count) + " stages are not a multiple of PP");
+    pipeline_layout out;
+    out.pp_ = pp;
+    out.vpp_ = count / pp;
+    out.layers_.clear();
+    int total = 0;
+    for (int j = 0; j < count; ++j) {
+      auto const& stage = stages[static_cast<std::size_t>(j)];
+      auto const e = stage.find('E'), l = stage.find('L');
+      if ((j == 0) != (e == 0) ||
+          stage.find('E', e == std::string::npos ? 0 : e + 1) != std::string::npos)
+        throw broken("'E' must open the first stage, once");
+      if ((j == count - 1) != (l != std::string::npos && l + 1 == stage.size()) ||
+          stage.find('L') != stage.rfind('L'))
+        throw broken("'L' must close the last stage, once");
+      int const t = static_cast<int>(std::count(stage.begin(), stage.end(), 't'));
+      out.layers_.push_back(t);
+      total += t;
+    }
+    if (total != layers)
+      throw broken("the stages hold " + std::to_string(total) + " layers, the model has " +
+                   std::to_string(layers));
+    return out;
+  }
+
+  /// The layout start-up asks for: the text layout if given (V must agree with a given V; no
+  /// first or last counts beside it), else split().
+  static pipeline_layout of(int layers, int pp, std::string_view text, std::optional<int> vpp,
+                            std::optional<int> first, std::optional<int> last) {
+    if (text.empty()) return split(layers, pp, vpp.value_or(1), first, last);
+    if (first || last)
+      throw config_error(rules::id::pipeline_stages_divide_layers,
+                         "--pipeline-model-parallel-layout goes without the first and last "
+                         "stages' layer counts");
+    auto out = parse(text, layers, pp);
+    if (vpp && *vpp != out.vpp())
+      throw config_error(rules::id::pipeline_stages_divide_layers,
+                         "V " + std::to_string(*vpp) + " but the layout has " +
+                             std::to_string(out.vpp()) + " stages per pipeline rank");
     return out;
   }
 
