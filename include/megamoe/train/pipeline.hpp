@@ -88,7 +88,7 @@ class pipeline_runner {
       int const m = op.micro_batch, v = op.chunk;
       if (!model_.chunk_has_head(v))
         receive(model_.chunk_output_gradient(rows_), parallel::pipeline_event::recv_gradient, m, v,
-                next_rank(v));
+                next_rank());
       if (repeats_[i] != 0) {
         ctx.step.mode = router::pass::recompute;
         model_.forward_chunk(ctx, v, tokens, targets, seq, batch_size, input_of(m, v));
@@ -98,7 +98,7 @@ class pipeline_runner {
       model_.backward_chunk(ctx, v, scale);
       if (!model_.chunk_embeds(v))
         send(model_.chunk_input_gradient(), parallel::pipeline_event::send_gradient, m, v,
-             previous_rank(v));
+             previous_rank());
       release_input(m, v);
     }
     watch.set_pass(-1, -1);
@@ -134,12 +134,12 @@ class pipeline_runner {
         spare_.pop_back();
       }
       input.resize(rows_, model_.hidden_size());
-      receive(input, parallel::pipeline_event::recv_activation, m, v, previous_rank(v));
+      receive(input, parallel::pipeline_event::recv_activation, m, v, previous_rank());
     }
     note(parallel::pipeline_event::forward, m, v);
     auto out = model_.forward_chunk(ctx, v, tokens, targets, seq, batch_size, input_of(m, v));
     if (!model_.chunk_has_head(v))
-      send(model_.chunk_output(), parallel::pipeline_event::send_activation, m, v, next_rank(v));
+      send(model_.chunk_output(), parallel::pipeline_event::send_activation, m, v, next_rank());
     return out;
   }
 
@@ -157,11 +157,10 @@ class pipeline_runner {
     input = row_matrix<scalar>();
   }
 
-  // Chunk v's neighbours: the next virtual stage is rank p + 1's chunk v, or rank 0's chunk v + 1.
-  [[nodiscard]] int next_rank(int) const { return (pp_->rank() + 1) % pp_->size(); }
-  [[nodiscard]] int previous_rank(int) const {
-    return (pp_->rank() + pp_->size() - 1) % pp_->size();
-  }
+  // Any chunk's neighbours: the next virtual stage is rank p + 1's chunk v, or rank 0's chunk
+  // v + 1; the previous one the other way round.
+  [[nodiscard]] int next_rank() const { return (pp_->rank() + 1) % pp_->size(); }
+  [[nodiscard]] int previous_rank() const { return (pp_->rank() + pp_->size() - 1) % pp_->size(); }
   /// The receiving virtual stage's (micro-batch, chunk) names a message: activations by the
   /// receiver's forward, gradients by its backward. Messages between two ranks in one direction
   /// are received in the order they are sent (every rank walks the same order), so tags may wrap.

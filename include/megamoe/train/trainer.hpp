@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // megamoe/train/trainer.hpp — the training loop: global batches of micro-batches over DP ranks,
 // gradient accumulation, the aux-loss backward scale, gradient reduction, the optimizer step,
-// the expert-bias update once per global batch, non-finite detection, held-out evaluation.
+// the expert-bias update once per global batch, non-finite detection, held-out evaluation. The
+// micro-batches' passes run in a pipeline schedule's order (train/pipeline.hpp; one stage
+// without PP: forward then backward of each in turn).
 //
 // Global batch = micro_batch x micro_batches x DP sequences; sequence g of step k is the corpus
 // window drawn from (seed, k, g), DP rank r's micro-batch m holding sequences
