@@ -89,6 +89,7 @@ struct options {
   int pp = 1, vpp = 0, layers_per_virtual_stage = 0;    // vpp 0: 1, or from the layers per stage
   int first_stage_layers = -1, last_stage_layers = -1;  // -1: an even split
   std::string pipeline_layout;                          // the reference's layout text
+  bool merged_schedule = false;                         // --overlap-moe-expert-parallel-comm
   int eval_interval = 0, eval_iters = 0;                // 0: steps / 4, and every held-out window
   double lr = 3e-3;
   std::uint64_t seed = 1234;
@@ -253,6 +254,7 @@ template <class Model, std::size_t D, std::size_t E>
 nlohmann::ordered_json group_traffic(mm::parallel::process_groups const& groups, Model& model,
                                      mt::train_settings const& s,
                                      std::span<mm::parallel::pipeline_op const> ops,
+                                     std::span<char const> repeats,
                                      std::array<double, D> const& decoder_bytes,
                                      std::array<double, E> const& expert_bytes, int steps) {
   using scalar = typename Model::scalar;
@@ -276,8 +278,6 @@ nlohmann::ordered_json group_traffic(mm::parallel::process_groups const& groups,
   // row statistics in forward, and CP's exchange per layer, (CP - 1) X of it in forward.
   auto const& pipeline = model.pipeline();
   int const pp_rank = model.pipeline_rank(), V = pipeline.vpp();
-  std::vector<char> repeats;
-  mm::parallel::repeated_forwards(ops, V, repeats);
   double sequence_ops = 0.0, head_forwards = 0.0, cp_bytes = 0.0;
   for (std::size_t i = 0; i < ops.size(); ++i) {
     int const v = ops[i].chunk, stage = pipeline.stage(pp_rank, v);
@@ -423,6 +423,9 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
     upcycled_line = "; upcycled from " + o.upcycle + " (granularity " + std::to_string(g) + ")";
   }
   mt::trainer<Config> trainer(groups, model, corpus, settings);
+  if (o.merged_schedule)
+    mm::parallel::check_on_every_rank(
+        world, [&] { trainer.template use_schedule<mm::parallel::merged_one_f_one_b>(); });
   mm::context ctx(env.num_threads());
   std::string resumed_line;
   if (resume != nullptr) {
@@ -646,7 +649,8 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
       std::fprintf(stderr, "%s; %.4f s per step\n", line.c_str(),
                    profile["seconds_per_step"].get<double>());
     }
-    traffic_report = group_traffic(groups, model, settings, trainer.schedule(), decoder_bytes,
+    traffic_report = group_traffic(groups, model, settings, trainer.schedule(),
+                                   trainer.pipeline().repeated_forwards(), decoder_bytes,
                                    expert_bytes, o.steps - first_step + 1);
     if (root && !traffic_report.empty()) {
       std::string line = "megamoe-train: bytes per step sent by rank 0 (implied by the layout):";
@@ -802,6 +806,10 @@ int main(int argc, char** argv) {
     app.add_option("--pipeline-model-parallel-layout", o.pipeline_layout,
                    "the virtual stages as text: 'E' embedding, 't' a layer, 'L' loss, '|' between "
                    "stages, '*n' repeats (e.g. \"Et|(tt|)*2tL\"; V follows from it)");
+    app.add_flag("--overlap-moe-expert-parallel-comm", o.merged_schedule,
+                 "the merged forward-backward schedule (the reference's combined 1F1B): "
+                 "steady-state forward and backward passes of two micro-batches run as one, "
+                 "layer by layer in turn; with --pp above 1 it needs --vpp above 1");
     app.add_option("--preset", o.preset, "model: tiny | small | fine | medium | dense")
         ->check(CLI::IsMember({"tiny", "small", "fine", "medium", "dense"}))
         ->capture_default_str();

@@ -2,7 +2,8 @@
 // Where EP ranks sit on nodes (dispatch/nodes.hpp) without MPI: MEGAMOE_RANKS_PER_NODE's parser
 // takes a positive integer that divides the world size and refuses anything else with R034, naming
 // the value and the world; node_layout itself is a collective over MPI communicators (shared-memory
-// split or the emulated node size, agreement over the world, the node and peer communicators) and
+// split or the emulated node size, agreement over the pipeline stage, the node and peer
+// communicators) and
 // runs under mpiexec in tests/mpi/dispatch_equivalence_mpi.cpp (1, 2 and 4 emulated nodes),
 // tests/mpi/moe_layer_mpi.cpp (4 nodes of 2) and the R034 failure test
 // mpi.hierarchical.ranks_per_node_not_dividing.
@@ -21,8 +22,8 @@ namespace md = megamoe::dispatch;
 
 namespace {
 
-static_assert(std::is_constructible_v<md::node_layout, boost::mpi::communicator const&>);
-static_assert(!std::is_convertible_v<boost::mpi::communicator const&, md::node_layout>);
+static_assert(std::is_constructible_v<md::node_layout, boost::mpi::communicator const&,
+                                      boost::mpi::communicator const&>);
 static_assert(!std::is_default_constructible_v<md::node_layout>);
 
 TEST(RanksPerNode, APositiveDivisorOfTheWorld) {

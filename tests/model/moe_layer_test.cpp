@@ -479,4 +479,79 @@ TEST(MoeLayerMemory, WholeLayerRecomputationCountsRouterStatisticsOnce) {
   EXPECT_EQ(state.global_aux_steps, 1);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Micro-batches set aside (park / restore, as a pipeline schedule runs them): several forwards
+// before their backwards give exactly what forward-backward in turn gives.
+
+template <class Config>
+void expect_parked_micro_batches_match_in_turn() {
+  using layer_type = mm::moe_layer<Config>;
+  using T = typename layer_type::scalar;
+  mm::context ctx(2);
+  layer_type in_turn(1), parked(1);
+  in_turn.initialize(11, 0.5);
+  parked.initialize(11, 0.5);
+  int const H = in_turn.hidden_size(), S = 6, B = 2, M = 3;
+  in_turn.zero_grad();
+  parked.zero_grad();
+  std::vector<mm::row_matrix<T>> xs, dys, y_in_turn, dx_in_turn, y_parked;
+  for (int m = 0; m < M; ++m) {
+    xs.push_back(random_matrix<T>(S * B, H, 300 + m));
+    dys.push_back(random_matrix<T>(S * B, H, 400 + m));
+  }
+  for (int m = 0; m < M; ++m) {
+    ctx.step.micro_batch_key = static_cast<std::uint64_t>(m);
+    y_in_turn.emplace_back(in_turn.forward(ctx, xs[m], S, B).y);
+    dx_in_turn.emplace_back(in_turn.backward(ctx, dys[m]));
+  }
+  for (int m = 0; m < M; ++m) {
+    ctx.step.micro_batch_key = static_cast<std::uint64_t>(m);
+    y_parked.emplace_back(parked.forward(ctx, xs[m], S, B).y);
+    parked.park(static_cast<std::uint64_t>(m));
+  }
+  EXPECT_THROW(parked.backward(ctx, dys[0]), mm::input_error);  // nothing live after park
+  EXPECT_THROW(parked.restore(7), mm::input_error);             // never parked
+  for (int m = 0; m < M; ++m) {
+    ctx.step.micro_batch_key = static_cast<std::uint64_t>(m);
+    parked.restore(static_cast<std::uint64_t>(m));
+    mm::row_matrix<T> const dx = parked.backward(ctx, dys[m]);
+    EXPECT_EQ((y_parked[m] - y_in_turn[m]).cwiseAbs().maxCoeff(), T(0)) << "y of " << m;
+    EXPECT_EQ((dx - dx_in_turn[m]).cwiseAbs().maxCoeff(), T(0)) << "dx of " << m;
+  }
+  std::map<std::string, mm::row_matrix<T>, std::less<>> grads;
+  in_turn.for_each_parameter([&](std::string_view name, auto, auto grad, mm::parameter_kind) {
+    grads[std::string(name)] = grad;
+  });
+  int checked = 0;
+  parked.for_each_parameter([&](std::string_view name, auto, auto grad, mm::parameter_kind) {
+    ++checked;
+    EXPECT_EQ((grad - grads.find(name)->second).cwiseAbs().maxCoeff(), T(0)) << name;
+  });
+  EXPECT_EQ(checked, static_cast<int>(grads.size()));
+  EXPECT_EQ(parked.router().state().local_tokens_per_expert,
+            in_turn.router().state().local_tokens_per_expert);
+}
+
+TEST(MoeLayerPark, SharedGateAuxAndZLoss) {
+  expect_parked_micro_batches_match_in_turn<swiglu_grouped_aux_z_shared_gate>();
+}
+TEST(MoeLayerPark, GroupLimitedSigmoidSeqAuxRecomputedActivation) {
+  expect_parked_micro_batches_match_in_turn<gelu_per_expert_bias_sigmoid_groups_moe_act>();
+}
+TEST(MoeLayerPark, WholeLayerRecomputed) {
+  expect_parked_micro_batches_match_in_turn<squared_relu_tensor_presoftmax_whole_layer>();
+}
+TEST(MoeLayerPark, DropAndPad) {
+  expect_parked_micro_batches_match_in_turn<swiglu_tensor_drop_and_pad>();
+}
+TEST(MoeLayerPark, DroppingRecomputedSharedExpert) {
+  expect_parked_micro_batches_match_in_turn<gelu_grouped_dropping_recompute_shared>();
+}
+TEST(MoeLayerPark, FloatExpertBiasGlobalAux) {
+  using counted = config<mm::shape<mm::hidden<8>, mm::ffn<6>, mm::experts<4>>,
+                         rt::top_k<2, rt::sigmoid, rt::expert_bias<>, rt::global_aux_loss<1e-2>>,
+                         local, ex::mlp<ex::swiglu, ex::grouped>>;
+  expect_parked_micro_batches_match_in_turn<counted>();
+}
+
 }  // namespace

@@ -60,6 +60,8 @@ struct options {
   mm::startup_values pipeline;  // vpp, first and last stage layers
   int micro_batches = 4, steps = 3;
   bool hang = false, bubble = false;
+  bool merged = false;        // the merged forward-backward schedule
+  bool hierarchical = false;  // the node-aware dispatcher (MEGAMOE_RANKS_PER_NODE sets the nodes)
 };
 
 /// --bubble: the measured pipeline bubble (the mean over ranks of the schedule's time spent
@@ -133,12 +135,19 @@ struct place {
   [[nodiscard]] bool last(int v) const { return stage(v) == pp * vpp - 1; }
 };
 
+/// A pass and whether it ran merged with the one after it.
+struct pass {
+  event e;
+  bool merged = false;
+};
+
 /// Messages around each pass: a forward is preceded by its activation's receive (unless the
-/// first stage) and followed by its send (unless the last); a backward the other way. Returns the
-/// passes alone, or an empty optional with the reason in `why`.
-std::optional<std::vector<event>> passes_with_messages(std::vector<event> const& trace,
-                                                       place const& at, std::string& why) {
-  std::vector<event> passes;
+/// first stage) and followed by its send (unless the last); a backward the other way. A merged
+/// pass (its marker, then a forward and a backward) receives both messages first and sends both
+/// after. Returns the passes alone, or an empty optional with the reason in `why`.
+std::optional<std::vector<pass>> passes_with_messages(std::vector<event> const& trace,
+                                                      place const& at, std::string& why) {
+  std::vector<pass> passes;
   std::size_t i = 0;
   auto expect = [&](event::kind_type kind, int m, int v) {
     if (i < trace.size() && trace[i] == event{kind, m, v}) {
@@ -150,6 +159,27 @@ std::optional<std::vector<event>> passes_with_messages(std::vector<event> const&
   };
   while (i < trace.size()) {
     event const e = trace[i];
+    if (e.kind == event::merged) {
+      ++i;
+      int const m = e.micro_batch, v = e.chunk;
+      if (!at.first(v) && !expect(event::recv_activation, m, v)) return std::nullopt;
+      std::optional<event> back;
+      if (i < trace.size() && trace[i].kind == event::recv_gradient) back = trace[i++];
+      if (!expect(event::forward, m, v)) return std::nullopt;
+      if (i >= trace.size() || trace[i].kind != event::backward ||
+          (back && (trace[i].micro_batch != back->micro_batch || trace[i].chunk != back->chunk)) ||
+          (!back && !at.last(trace[i].chunk))) {
+        why = "a merged pass without its backward at event " + std::to_string(i);
+        return std::nullopt;
+      }
+      event const b = trace[i++];
+      if (!at.last(v) && !expect(event::send_activation, m, v)) return std::nullopt;
+      if (!at.first(b.chunk) && !expect(event::send_gradient, b.micro_batch, b.chunk))
+        return std::nullopt;
+      passes.push_back({{event::forward, m, v}, true});
+      passes.push_back({{event::backward, b.micro_batch, b.chunk}});
+      continue;
+    }
     bool const forward = e.kind == event::forward || e.kind == event::recv_activation;
     bool const backward = e.kind == event::backward || e.kind == event::recv_gradient;
     if (!forward && !backward) {
@@ -169,7 +199,7 @@ std::optional<std::vector<event>> passes_with_messages(std::vector<event> const&
       if (!at.first(e.chunk) && !expect(event::send_gradient, e.micro_batch, e.chunk))
         return std::nullopt;
     }
-    passes.push_back({forward ? event::forward : event::backward, e.micro_batch, e.chunk});
+    passes.push_back({{forward ? event::forward : event::backward, e.micro_batch, e.chunk}});
   }
   return passes;
 }
@@ -177,13 +207,14 @@ std::optional<std::vector<event>> passes_with_messages(std::vector<event> const&
 /// 1F1B on rank p of PP with M micro-batches: forwards and backwards each in micro-batch order,
 /// min(PP - p, M) forwards before the first backward, then backward and forward alternate until
 /// the forwards are done, never more than PP - p micro-batches in flight.
-std::string check_one_f_one_b(std::vector<event> const& passes, place const& at, int M) {
+std::string check_one_f_one_b(std::vector<pass> const& passes, place const& at, int M) {
   int f = 0, b = 0, in_flight = 0;
   int const limit = std::min(at.pp - at.rank, M);
   bool steady = false;
   event::kind_type previous = event::forward;
   for (std::size_t i = 0; i < passes.size(); ++i) {
-    auto const& e = passes[i];
+    auto const& e = passes[i].e;
+    if (passes[i].merged) return "a merged pass";
     if (e.chunk != 0) return "a chunk other than 0";
     if (e.kind == event::forward) {
       if (e.micro_batch != f++) return "forwards out of order";
@@ -205,15 +236,21 @@ std::string check_one_f_one_b(std::vector<event> const& passes, place const& at,
 /// Interleaved 1F1B (the reference's): the k-th forward is chunk (k / PP) mod V of micro-batch
 /// (k / (PP V)) PP + k mod PP, the k-th backward the same micro-batch in chunk V - 1 - (k / PP)
 /// mod V; the warm-up is 2 (PP - p - 1) + (V - 1) PP forwards (all when M = PP); then alternation.
-std::string check_interleaved(std::vector<event> const& passes, place const& at, int M) {
+/// Merged (the reference's combined 1F1B): one more warm-up forward, and exactly the steady
+/// state's forwards merged with their backwards.
+std::string check_interleaved(std::vector<pass> const& passes, place const& at, int M,
+                              bool merged = false) {
   int const P = at.pp, V = at.vpp, total = M * V;
-  int const warmup = M == P ? total : std::min(2 * (P - at.rank - 1) + (V - 1) * P, total);
+  int const warmup =
+      M == P ? total : std::min(2 * (P - at.rank - 1) + (V - 1) * P + (merged ? 1 : 0), total);
   int f = 0, b = 0;
   for (std::size_t i = 0; i < passes.size(); ++i) {
-    auto const& e = passes[i];
+    auto const& e = passes[i].e;
     bool const want_forward = f < warmup || (f < total && (f - warmup) == b);
     if ((e.kind == event::forward) != want_forward)
       return "pass " + std::to_string(i) + " out of turn";
+    if (passes[i].merged != (merged && e.kind == event::forward && f >= warmup))
+      return "pass " + std::to_string(i) + (passes[i].merged ? " merged" : " not merged");
     int const k = e.kind == event::forward ? f++ : b++;
     int const group = k / (P * V), m = group * P + k % P, chunk = (k / P) % V;
     if (e.micro_batch != m) return "micro-batch out of order at pass " + std::to_string(i);
@@ -224,38 +261,50 @@ std::string check_interleaved(std::vector<event> const& passes, place const& at,
                                   : "not every chunk of every micro-batch went forward and back";
 }
 
-std::string check_schedule(std::vector<event> const& trace, place const& at, int M) {
+std::string check_schedule(std::vector<event> const& trace, place const& at, int M, bool merged) {
   std::string why;
   auto const passes = passes_with_messages(trace, at, why);
   if (!passes) return why;
+  if (merged) return check_interleaved(*passes, at, M, true);
   return at.vpp == 1 ? check_one_f_one_b(*passes, at, M) : check_interleaved(*passes, at, M);
 }
 
 /// The checks must reject other orders: GPipe (every forward, then every backward) where 1F1B
 /// has a steady state, and with V chunks the virtual stages run one after the other.
 void checks_can_fail(mm::testing::tally& result, place const& at, int M) {
-  std::vector<event> gpipe;
-  for (int m = 0; m < M; ++m) gpipe.push_back({event::forward, m, 0});
-  for (int m = 0; m < M; ++m) gpipe.push_back({event::backward, m, 0});
+  std::vector<pass> gpipe;
+  for (int m = 0; m < M; ++m) gpipe.push_back({{event::forward, m, 0}});
+  for (int m = 0; m < M; ++m) gpipe.push_back({{event::backward, m, 0}});
   if (std::min(at.pp - at.rank, M) < M)
     result.close("a GPipe order fails the 1F1B check",
                  check_one_f_one_b(gpipe, {at.pp, at.rank, 1}, M).empty() ? 1 : 0, 0, 1, 0);
   if (at.vpp > 1) {
-    std::vector<event> serial;
+    std::vector<pass> serial;
     for (int m = 0; m < M; ++m)
-      for (int v = 0; v < at.vpp; ++v) serial.push_back({event::forward, m, v});
+      for (int v = 0; v < at.vpp; ++v) serial.push_back({{event::forward, m, v}});
     for (int m = 0; m < M; ++m)
-      for (int v = at.vpp - 1; v >= 0; --v) serial.push_back({event::backward, m, v});
+      for (int v = at.vpp - 1; v >= 0; --v) serial.push_back({{event::backward, m, v}});
     result.close("a non-interleaved order fails the interleaved check",
                  check_interleaved(serial, at, M).empty() ? 1 : 0, 0, 1, 0);
   }
+  // The interleaved order itself, unmerged, is not the merged schedule (nor is it merged).
+  std::vector<pass> plain;
+  for (auto const& op : mp::interleaved_one_f_one_b::ops({at.pp, at.rank, at.vpp, M}))
+    plain.push_back({{op.kind == mp::pipeline_op::forward ? event::forward : event::backward,
+                      op.micro_batch, op.chunk}});
+  if (at.pp == 1 || at.vpp > 1) {
+    auto const merged = mp::merged_one_f_one_b::ops({at.pp, at.rank, at.vpp, M});
+    if (std::any_of(merged.begin(), merged.end(), [](auto const& op) { return op.merged; }))
+      result.close("an unmerged order fails the merged check",
+                   check_interleaved(plain, at, M, true).empty() ? 1 : 0, 0, 1, 0);
+  }
 }
 
-template <class Router>
+template <class Router, class Dispatch = mm::dispatch::all_to_all>
 void against_one_rank(mp::process_groups const& groups, options const& o,
                       mt::byte_corpus const& corpus, mm::context& ctx, mm::testing::tally& result,
                       std::string const& what) {
-  using job_config = config<mm::dispatch::all_to_all, mapped, Router>;
+  using job_config = config<Dispatch, mapped, Router>;
   using one_config = config<mm::dispatch::local, mp::mapping<>, Router>;
   int const DP = groups.dp().size();
   mt::train_settings s;
@@ -269,6 +318,7 @@ void against_one_rank(mp::process_groups const& groups, options const& o,
   mm::transformer<job_config> model(groups, given);
   model.initialize(9, 0.3);
   mt::trainer<job_config> job(groups, model, corpus, s);
+  if (o.merged) job.template use_schedule<mp::merged_one_f_one_b>();
   mt::train_settings s1 = s;
   s1.micro_batches = s.micro_batches * DP;
   mm::transformer<one_config> one;
@@ -292,7 +342,7 @@ void against_one_rank(mp::process_groups const& groups, options const& o,
                      e < a.expert_load[l].size() ? a.expert_load[l][e] : -1.0, b.expert_load[l][e],
                      1.0, 0.0);
     if (k == 1) {
-      std::string const why = check_schedule(job.pipeline().trace(), at, o.micro_batches);
+      std::string const why = check_schedule(job.pipeline().trace(), at, o.micro_batches, o.merged);
       if (!why.empty()) {
         std::string events;
         for (auto const& e : job.pipeline().trace())
@@ -361,6 +411,10 @@ int main(int argc, char** argv) {
           o.hang = value != 0;
         else if (key == "--bubble")
           o.bubble = value != 0;
+        else if (key == "--merged")
+          o.merged = value != 0;
+        else if (key == "--hierarchical")
+          o.hierarchical = value != 0;
         else
           throw mm::input_error("unknown argument " + key);
       }
@@ -397,6 +451,10 @@ int main(int argc, char** argv) {
               .vpp();
       checks_can_fail(result, {groups.pp().size(), groups.pp().rank(), V}, o.micro_batches);
     }
+    // Stages holding different numbers of MoE layers each agree on their own nodes.
+    if (o.hierarchical)
+      against_one_rank<softmax_aux, mm::dispatch::hierarchical<>>(groups, o, corpus, ctx, result,
+                                                                  "hierarchical: ");
     against_one_rank<softmax_aux>(groups, o, corpus, ctx, result, "");
     against_one_rank<seq_aux>(groups, o, corpus, ctx, result, "seq aux: ");
     against_one_rank<sigmoid_bias>(groups, o, corpus, ctx, result, "sigmoid, expert bias: ");
@@ -414,7 +472,7 @@ int main(int argc, char** argv) {
             ", TP " + std::to_string(groups.tp().size()) + ", CP " +
             std::to_string(groups.cp().size()) + ", DP " + std::to_string(groups.dp().size()) +
             ", EP " + std::to_string(groups.ep().size()) + ", " + std::to_string(o.micro_batches) +
-            " micro-batches)",
+            " micro-batches" + (o.merged ? ", merged schedule" : "") + ")",
         "all equal one rank's");
   });
 }

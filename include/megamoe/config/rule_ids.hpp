@@ -140,6 +140,9 @@
 #define MEGAMOE_RULE_R050                                                                        \
   "megamoe[R050]: a pipeline schedule needs at least PP micro-batches per step, and a multiple " \
   "of PP when interleaved (V > 1)"
+#define MEGAMOE_RULE_R051                                                                        \
+  "megamoe[R051]: the merged forward-backward schedule with PP above 1 needs interleaving (V > " \
+  "1), as the reference's overlap_moe_expert_parallel_comm does"
 
 namespace megamoe {
 
@@ -196,6 +199,7 @@ enum class id : int {
   tp_divides_dense_ffn = 48,
   tp_divides_sequence_shard = 49,
   pipeline_micro_batches = 50,
+  merged_schedule_needs_interleaving = 51,
 };
 }  // namespace rules
 
@@ -208,7 +212,7 @@ struct rule_info {
 };
 
 /// Every rule megamoe checks, in id order. `rule_catalog[i].id == i + 1`.
-inline constexpr std::array<rule_info, 50> rule_catalog{{
+inline constexpr std::array<rule_info, 51> rule_catalog{{
     {1, "shape_sizes_valid", MEGAMOE_RULE_R001},
     {2, "top_k_within_experts", MEGAMOE_RULE_R002},
     {3, "ep_divides_experts", MEGAMOE_RULE_R003},
@@ -259,6 +263,7 @@ inline constexpr std::array<rule_info, 50> rule_catalog{{
     {48, "tp_divides_dense_ffn", MEGAMOE_RULE_R048},
     {49, "tp_divides_sequence_shard", MEGAMOE_RULE_R049},
     {50, "pipeline_micro_batches", MEGAMOE_RULE_R050},
+    {51, "merged_schedule_needs_interleaving", MEGAMOE_RULE_R051},
 }};
 
 /// The catalogue entry of rule `id` (1-based).

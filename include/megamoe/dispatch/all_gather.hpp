@@ -11,6 +11,7 @@
 
 #include <megamoe/core/buffer.hpp>
 #include <megamoe/core/error.hpp>
+#include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
 #include <megamoe/dispatch/exchange.hpp>
@@ -64,6 +65,14 @@ class all_gather_dispatcher : public sequential_exchange<all_gather_dispatcher<T
     map_.resize(gathered_tokens_, E);
     parallel::all_gather_v(comm, map.data(), map_.data(), tokens_per_rank_, E);
     rows_.assign(map_, 0, groups_.first_expert(), groups_.local_experts());
+  }
+
+  /// Sets micro-batch `key`'s plan aside (core/stash.hpp), or brings it back.
+  void park(std::uint64_t key) {
+    stash_.park(key, tokens_per_rank_, gathered_tokens_, map_, rows_);
+  }
+  void restore(std::uint64_t key) {
+    stash_.restore(key, tokens_per_rank_, gathered_tokens_, map_, rows_);
   }
 
   [[nodiscard]] int expert_rows() const noexcept { return rows_.rows(); }
@@ -152,6 +161,7 @@ class all_gather_dispatcher : public sequential_exchange<all_gather_dispatcher<T
   buffer<T> gathered_, partial_, blocks_;
   std::vector<std::int64_t> mine_each_;
   row_matrix<P> probs_, grad_probs_;  // gathered, in the router's type
+  activation_stash<std::vector<std::int64_t>, std::int64_t, mask_matrix, token_rows> stash_;
 };
 
 }  // namespace megamoe::dispatch

@@ -17,6 +17,7 @@
 
 #include <megamoe/core/buffer.hpp>
 #include <megamoe/core/error.hpp>
+#include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
 #include <megamoe/dispatch/exchange.hpp>
@@ -121,6 +122,19 @@ class all_to_all_dispatcher {
     }
     received_ = etp_rows_[static_cast<std::size_t>(me_i)];  // what EP sends this ETP index
     build_datatypes();
+  }
+
+  /// Sets micro-batch `key`'s plan aside (core/stash.hpp), or brings it back; the exchange
+  /// buffers are the next pass's scratch.
+  void park(std::uint64_t key) {
+    stash_.park(key, send_rows_, counts_, send_splits_, recv_splits_, etp_rows_, local_counts_,
+                chunk_size_, source_start_, target_start_, chunk_order_, direct_, expert_start_,
+                pieces_, rows_, received_);
+  }
+  void restore(std::uint64_t key) {
+    stash_.restore(key, send_rows_, counts_, send_splits_, recv_splits_, etp_rows_, local_counts_,
+                   chunk_size_, source_start_, target_start_, chunk_order_, direct_, expert_start_,
+                   pieces_, rows_, received_);
   }
 
   [[nodiscard]] int expert_rows() const noexcept { return static_cast<int>(rows_); }
@@ -301,6 +315,13 @@ class all_to_all_dispatcher {
   };
   /// The in-place exchange of local experts [first, last): datatypes and both directions' sides.
   struct piece {
+    piece() = default;
+    piece(piece&&) noexcept = default;
+    piece& operator=(piece&&) noexcept = default;
+    piece(piece const&) = delete;  // owns its datatypes
+    piece& operator=(piece const&) = delete;
+    ~piece() = default;
+
     int first = 0, last = 0;
     std::vector<parallel::datatype> row_types;
     std::array<std::vector<parallel::datatype>, 2> chunk_types;
@@ -588,6 +609,10 @@ class all_to_all_dispatcher {
   std::int64_t rows_ = 0, received_ = 0;
   buffer<T> send_, send_probs_;
   std::array<lane_buffers, 2> lanes_;
+  using counts = std::vector<std::int64_t>;
+  activation_stash<token_rows, counts, counts, counts, counts, counts, counts, counts, counts,
+                   std::vector<int>, bool, counts, std::vector<piece>, std::int64_t, std::int64_t>
+      stash_;
 };
 
 }  // namespace megamoe::dispatch

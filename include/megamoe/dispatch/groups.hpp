@@ -22,6 +22,7 @@ class expert_groups {
       : tp_ep_(&groups.tp_ep()),
         ep_(&groups.ep()),
         etp_(&groups.expert_tp()),
+        stage_(&groups.tp_dp_cp()),
         experts_(num_experts) {
     if (num_experts % ep_->size() != 0)
       throw config_error(
@@ -32,6 +33,9 @@ class expert_groups {
   [[nodiscard]] boost::mpi::communicator const& tp_ep() const noexcept { return *tp_ep_; }
   [[nodiscard]] boost::mpi::communicator const& ep() const noexcept { return *ep_; }
   [[nodiscard]] boost::mpi::communicator const& etp() const noexcept { return *etp_; }
+  /// Every rank of this pipeline stage (TP x DP x CP): they build the same layers, so start-up
+  /// checks agree over it (another stage may hold another number of MoE layers).
+  [[nodiscard]] boost::mpi::communicator const& stage() const noexcept { return *stage_; }
   [[nodiscard]] int ep_size() const noexcept { return ep_->size(); }
   [[nodiscard]] int etp_size() const noexcept { return etp_->size(); }
   [[nodiscard]] int ep_rank() const noexcept { return ep_->rank(); }
@@ -44,6 +48,7 @@ class expert_groups {
   boost::mpi::communicator const* tp_ep_;
   boost::mpi::communicator const* ep_;
   boost::mpi::communicator const* etp_;
+  boost::mpi::communicator const* stage_;
   int experts_;
 };
 

@@ -20,6 +20,7 @@
 #include <megamoe/config/error.hpp>
 #include <megamoe/core/buffer.hpp>
 #include <megamoe/core/error.hpp>
+#include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
 #include <megamoe/dispatch/exchange.hpp>
@@ -59,7 +60,7 @@ template <class T, class P>
 class hierarchical_dispatcher : public sequential_exchange<hierarchical_dispatcher<T, P>, T, P> {
  public:
   hierarchical_dispatcher(expert_groups const& groups, int hidden)
-      : groups_(groups), nodes_(whole_experts(groups)), hidden_(hidden) {
+      : groups_(groups), nodes_(whole_experts(groups), groups.stage()), hidden_(hidden) {
     int const M = nodes_.nodes(), R = nodes_.ranks_per_node(), L = groups.local_experts();
     width_ = R * L;
     node_experts_.resize(static_cast<std::size_t>(M) * width_);
@@ -128,6 +129,16 @@ class hierarchical_dispatcher : public sequential_exchange<hierarchical_dispatch
     // The local experts' rows, by expert, in arrival order.
     expert_rows_.assign(mask_map(mask_b_.data(), static_cast<int>(rows_b_), L), 0);
     count_traffic();
+  }
+
+  /// Sets micro-batch `key`'s plan aside (core/stash.hpp), or brings it back.
+  void park(std::uint64_t key) {
+    stash_.park(key, source_, sent_map_, stage_a_, stage_b_, expert_rows_, send_a_, recv_a_,
+                send_b_, recv_b_, rows_a_, rows_b_, mask_a_, mask_b_);
+  }
+  void restore(std::uint64_t key) {
+    stash_.restore(key, source_, sent_map_, stage_a_, stage_b_, expert_rows_, send_a_, recv_a_,
+                   send_b_, recv_b_, rows_a_, rows_b_, mask_a_, mask_b_);
   }
 
   [[nodiscard]] int expert_rows() const noexcept { return expert_rows_.rows(); }
@@ -311,6 +322,11 @@ class hierarchical_dispatcher : public sequential_exchange<hierarchical_dispatch
   std::array<buffer<std::uint8_t>, 2> masks_;
   std::array<buffer<T>, 4> rows_, probs_;
   node_traffic traffic_;
+  using counts = std::vector<std::int64_t>;
+  using mask = std::vector<std::uint8_t>;
+  activation_stash<token_rows, mask, token_rows, token_rows, token_rows, counts, counts, counts,
+                   counts, std::int64_t, std::int64_t, mask, mask>
+      stash_;
 };
 
 }  // namespace megamoe::dispatch

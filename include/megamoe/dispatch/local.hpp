@@ -16,6 +16,7 @@
 // token; the others by token.
 #pragma once
 
+#include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
 #include <megamoe/dispatch/exchange.hpp>
@@ -62,12 +63,17 @@ class local_dispatcher : public sequential_exchange<local_dispatcher<T, P>, T, P
     rows_.combine(pool, grad_rows, hidden_, dx, true);
   }
 
+  /// Sets micro-batch `key`'s plan aside (core/stash.hpp), or brings it back.
+  void park(std::uint64_t key) { stash_.park(key, rows_); }
+  void restore(std::uint64_t key) { stash_.restore(key, rows_); }
+
   /// Bookkeeping kept from forward to backward.
   [[nodiscard]] std::size_t saved_bytes() const noexcept { return rows_.bytes(); }
 
  private:
   int hidden_;
   token_rows rows_;
+  activation_stash<token_rows> stash_;
 };
 
 }  // namespace megamoe::dispatch

@@ -43,23 +43,24 @@ inline int parse_ranks_per_node(std::string const& text, int world_size) {
 /// members with this rank's index, one per node, ordered by node).
 class node_layout {
  public:
-  /// Collective over the world (every rank builds the layout of its own group at the same point).
-  /// Reads MEGAMOE_RANKS_PER_NODE; a bad value or unequal nodes in any group are an
-  /// `agreed_config_error` (R034) on every rank.
-  explicit node_layout(boost::mpi::communicator const& group) {
+  /// Collective over `stage`, which holds `group` (the pipeline stage: every rank of it builds the
+  /// layout of its own group at the same point, and another stage may build none). Reads
+  /// MEGAMOE_RANKS_PER_NODE; a bad value or unequal nodes in any group of the stage are an
+  /// `agreed_config_error` (R034) on every rank of it.
+  node_layout(boost::mpi::communicator const& group, boost::mpi::communicator const& stage) {
     int const n = group.size();
     boost::mpi::communicator const world;
     long key = 0;
     // Emulated node size (0: shared memory), the same on every rank.
     int per_node = 0;
-    parallel::check_on_every_rank(world, [&] {
+    parallel::check_on_every_rank(stage, [&] {
       if (char const* text = std::getenv("MEGAMOE_RANKS_PER_NODE"))
         per_node = parse_ranks_per_node(text, world.size());
     });
     int range[2] = {per_node, -per_node};
     {
-      parallel::watched_collective const watch(MPI_Comm(world), "agree_ranks_per_node", 2);
-      MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_INT, MPI_MIN, MPI_Comm(world));
+      parallel::watched_collective const watch(MPI_Comm(stage), "agree_ranks_per_node", 2);
+      MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_INT, MPI_MIN, MPI_Comm(stage));
     }
     if (range[0] != -range[1])
       throw parallel::agreed_config_error(
@@ -104,7 +105,7 @@ class node_layout {
     }
     nodes_ = static_cast<int>(seen.size());
     per_node_ = n / nodes_;
-    parallel::check_on_every_rank(world, [&] {
+    parallel::check_on_every_rank(stage, [&] {
       if (std::any_of(filled.begin(), filled.end(), [&](int c) { return c != per_node_; })) {
         std::string counts;
         for (int c : filled) counts += (counts.empty() ? "" : ", ") + std::to_string(c);

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <megamoe/core/error.hpp>
+#include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
 #include <megamoe/model/flash_attention.hpp>
@@ -167,6 +168,22 @@ class causal_attention {
     if constexpr (QkLayernorm) {
       qk_norm_.q.for_each_parameter(prefix + ".q_layernorm", f);
       qk_norm_.k.for_each_parameter(prefix + ".k_layernorm", f);
+    }
+  }
+
+  /// Sets micro-batch `key`'s kept values aside (core/stash.hpp), or brings them back.
+  void park(std::uint64_t key) {
+    stash_.park(key, seq_, batch_, x_, qkv_, context_, lse_, kv_local_, kv_sequence_);
+    if constexpr (QkLayernorm) {
+      qk_norm_.q.park(key);
+      qk_norm_.k.park(key);
+    }
+  }
+  void restore(std::uint64_t key) {
+    stash_.restore(key, seq_, batch_, x_, qkv_, context_, lse_, kv_local_, kv_sequence_);
+    if constexpr (QkLayernorm) {
+      qk_norm_.q.restore(key);
+      qk_norm_.k.restore(key);
     }
   }
 
@@ -475,6 +492,9 @@ class causal_attention {
   std::vector<std::int64_t> rows_per_rank_;
   row_matrix<T> ring_[2], grad_ring_[2], part_out_, part_dq_, part_dkv_, grad_queries_;
   std::vector<T> part_lse_;
+  activation_stash<int, int, row_matrix<T>, row_matrix<T>, row_matrix<T>, std::vector<T>,
+                   row_matrix<T>, row_matrix<T>>
+      stash_;
 };
 
 }  // namespace megamoe

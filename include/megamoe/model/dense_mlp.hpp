@@ -5,6 +5,7 @@
 // F]).
 #pragma once
 
+#include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/expert/backends.hpp>
 #include <megamoe/expert/mlp.hpp>
@@ -50,6 +51,11 @@ class dense_mlp {
 
   void zero_grad() { params_.zero_grad(); }
 
+  /// Sets micro-batch `key`'s kept input and activations aside (core/stash.hpp), or brings them
+  /// back.
+  void park(std::uint64_t key) { stash_.park(key, x_, fc1_, act_); }
+  void restore(std::uint64_t key) { stash_.restore(key, x_, fc1_, act_); }
+
   /// f(name, value, grad) for `prefix.linear_fc1.weight` and `prefix.linear_fc2.weight`.
   template <class F>
   void for_each_parameter(std::string const& prefix, F&& f) {
@@ -67,6 +73,7 @@ class dense_mlp {
   row_matrix<T> x_, fc1_, act_, grad_act_, grad_fc1_;
   std::vector<T> ones_, grad_probs_;
   std::array<std::int64_t, 1> count_{};
+  activation_stash<row_matrix<T>, row_matrix<T>, row_matrix<T>> stash_;
 };
 
 }  // namespace megamoe

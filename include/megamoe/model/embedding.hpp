@@ -5,6 +5,7 @@
 #pragma once
 
 #include <megamoe/core/error.hpp>
+#include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
 
@@ -92,6 +93,10 @@ class token_embedding {
 
   void zero_grad() { grad_.setZero(); }
 
+  /// Sets micro-batch `key`'s ids aside (core/stash.hpp), or brings them back.
+  void park(std::uint64_t key) { stash_.park(key, ids_); }
+  void restore(std::uint64_t key) { stash_.restore(key, ids_); }
+
   template <class F>
   void for_each_parameter(std::string const& prefix, F&& f) {
     f(prefix + ".weight", row_matrix_map<T>(weight_.data(), shard_.rows, hidden()),
@@ -102,6 +107,7 @@ class token_embedding {
   vocabulary_shard shard_;
   row_matrix<T> weight_, grad_;
   std::vector<std::int32_t> ids_;
+  activation_stash<std::vector<std::int32_t>> stash_;
 };
 
 }  // namespace megamoe

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <megamoe/core/error.hpp>
+#include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
 #include <megamoe/model/embedding.hpp>
@@ -155,6 +156,11 @@ class lm_head {
 
   void zero_grad() { grad_.setZero(); }
 
+  /// Sets micro-batch `key`'s kept hidden states, targets and log-sum-exps aside
+  /// (core/stash.hpp), or brings them back.
+  void park(std::uint64_t key) { stash_.park(key, h_, targets_, token_loss_, log_sum_exp_); }
+  void restore(std::uint64_t key) { stash_.restore(key, h_, targets_, token_loss_, log_sum_exp_); }
+
   template <class F>
   void for_each_parameter(std::string const& prefix, F&& f) {
     f(prefix + ".weight", row_matrix_map<T>(weight_.data(), shard_.rows, hidden()),
@@ -216,6 +222,9 @@ class lm_head {
   std::vector<double> token_loss_, log_sum_exp_;
   std::vector<double> stats_, gathered_;  // per row (log-sum-exp, target logit); every rank's
   std::vector<std::int64_t> rows_per_rank_;
+  activation_stash<row_matrix<T>, std::vector<std::int32_t>, std::vector<double>,
+                   std::vector<double>>
+      stash_;
 };
 
 }  // namespace megamoe

@@ -15,6 +15,7 @@
 #include <megamoe/core/random.hpp>
 #include <megamoe/core/scratch.hpp>
 #include <megamoe/core/stage_times.hpp>
+#include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/expert/backends.hpp>
 #include <megamoe/expert/mlp.hpp>
@@ -349,6 +350,16 @@ class expert_stage {
     }
   }
 
+  /// Sets micro-batch `key`'s kept rows, fc1 outputs and activations, and the shared expert's,
+  /// aside (core/stash.hpp), or brings them back. A precision recipe's operands keep their codes
+  /// for one micro-batch, so such a layer does not set micro-batches aside.
+  void park(std::uint64_t key) requires(!Types::rounds_operands) {
+    stash_.park(key, kept_, shared_fc1_, shared_act_, shared_out_, gate_);
+  }
+  void restore(std::uint64_t key) requires(!Types::rounds_operands) {
+    stash_.restore(key, kept_, shared_fc1_, shared_act_, shared_out_, gate_);
+  }
+
   void zero_grad() {
     experts_.zero_grad();
     shared_.zero_grad();
@@ -479,6 +490,8 @@ class expert_stage {
   scalar* shared_out_ = nullptr;
   std::vector<scalar> gate_, gate_grad_, ones_;
   std::array<std::int64_t, 1> count_{};
+  activation_stash<std::array<buffer<scalar>, 7>, scalar*, scalar*, scalar*, std::vector<scalar>>
+      stash_;
 };
 
 }  // namespace megamoe

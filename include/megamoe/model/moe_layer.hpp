@@ -25,6 +25,7 @@
 #include <megamoe/core/buffer.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/parameter.hpp>
+#include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/model/context.hpp>
 #include <megamoe/model/moe_experts.hpp>
@@ -35,10 +36,13 @@
 #include <megamoe/parallel/environment.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 
+#include <algorithm>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace megamoe {
 
@@ -73,6 +77,9 @@ class moe_layer {
   static constexpr precision::settings recipe = types::recipe;
   static constexpr bool rounds_operands = types::rounds_operands;
   static constexpr bool quantized_weights = types::quantized_weights;
+  /// Whether several micro-batches' forwards may precede their backwards (park / restore): not
+  /// under a precision recipe, whose operands keep one micro-batch's codes.
+  static constexpr bool parks_micro_batches = !rounds_operands;
   static_assert(expert_stage_of<expert_stage<types>, scalar>);
 
   /// One rank (dispatch::local): `layer_number` names the parameters (decoder.layers.{i}); `given`
@@ -212,6 +219,11 @@ class moe_layer {
         experts_.add_shared(ctx.executor<scalar>(), output);
       });
     experts_.forget_scratch();
+    if (mode == router::pass::training) {
+      auto const& counts = routing_.output().tokens_per_expert;
+      load_.resize(counts.size());
+      for (std::size_t e = 0; e < counts.size(); ++e) load_[e] += static_cast<double>(counts[e]);
+    }
     awaiting_backward_ = mode != router::pass::eval;
     return {const_row_matrix_map<scalar>(output_.data(), tokens_, H), routing_.output().losses};
   }
@@ -270,6 +282,28 @@ class moe_layer {
     return {grad_input_.data(), tokens_, H};
   }
 
+  /// Sets the last training forward's micro-batch aside under `key` (core/stash.hpp): its input,
+  /// routing, plan and the expert values the memory policy keeps. Other micro-batches' forwards
+  /// may run before restore(key) brings it back for its backward.
+  void park(std::uint64_t key) requires parks_micro_batches {
+    if (!awaiting_backward_)
+      throw input_error("moe_layer: park needs a training forward whose backward has not run");
+    stash_.park(key, tokens_, batch_, jitter_key_, input_);
+    routing_.park(key);
+    dispatcher_.park(key);
+    experts_.park(key);
+    awaiting_backward_ = false;
+  }
+  void restore(std::uint64_t key) requires parks_micro_batches {
+    if (awaiting_backward_)
+      throw input_error("moe_layer: restore would drop a forward whose backward has not run");
+    stash_.restore(key, tokens_, batch_, jitter_key_, input_);
+    routing_.restore(key);
+    dispatcher_.restore(key);
+    experts_.restore(key);
+    awaiting_backward_ = true;
+  }
+
   /// The recipe's GEMM operands of the last step (codes, scales, delayed-scaling state).
   [[nodiscard]] operands_type const& routed_operands() const noexcept requires rounds_operands {
     return experts_.routed_ops();
@@ -283,6 +317,11 @@ class moe_layer {
     experts_.routed_ops().keep_all_codes(on);
     experts_.shared_ops().keep_all_codes(on);
   }
+
+  /// Tokens this rank routed to each expert in the training forwards since clear_expert_load()
+  /// (a recomputed forward is not counted again).
+  [[nodiscard]] std::span<double const> expert_load() const noexcept { return load_; }
+  void clear_expert_load() { std::fill(load_.begin(), load_.end(), 0.0); }
 
   /// Once per global batch (after its last backward): the router's expert-bias update from the
   /// token counts summed over TP x DP x CP. Collective over that group on a job.
@@ -362,6 +401,8 @@ class moe_layer {
   std::uint64_t jitter_key_ = 0;
   bool awaiting_backward_ = false;
   buffer<scalar> input_, output_, grad_input_;
+  activation_stash<int, router::batch_shape, std::uint64_t, buffer<scalar>> stash_;
+  std::vector<double> load_;  // across micro-batches: expert_load()
 };
 
 }  // namespace megamoe

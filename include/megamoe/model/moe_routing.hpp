@@ -167,6 +167,10 @@ class routing_stage {
 
   void zero_grad() { weight_grad_.setZero(); }
 
+  /// Sets micro-batch `key`'s routing aside (core/stash.hpp), or brings it back.
+  void park(std::uint64_t key) { router_.park(key); }
+  void restore(std::uint64_t key) { router_.restore(key); }
+
   /// f(name, value, grad, kind, number, numbering) for the router weight (parameter 1).
   template <class Visitor>
   void visit_parameters(Visitor&& f) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <megamoe/core/error.hpp>
+#include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
 
@@ -100,6 +101,10 @@ class rms_norm {
     return static_cast<std::size_t>(x_.size()) * sizeof(T) + inverse_rms_.size() * sizeof(T);
   }
 
+  /// Sets micro-batch `key`'s kept input aside (core/stash.hpp), or brings it back.
+  void park(std::uint64_t key) { stash_.park(key, x_, inverse_rms_); }
+  void restore(std::uint64_t key) { stash_.restore(key, x_, inverse_rms_); }
+
  private:
   static constexpr int rows_per_block = 64;
 
@@ -127,6 +132,7 @@ class rms_norm {
   double eps_;
   row_matrix<T> x_, partial_;
   std::vector<T> inverse_rms_;
+  activation_stash<row_matrix<T>, std::vector<T>> stash_;
 };
 
 }  // namespace megamoe

@@ -66,6 +66,9 @@ class transformer {
   using scalar = typename moe_type::scalar;
   /// How context parallelism moves keys and values (the mapping's cp_comm_type).
   static constexpr parallel::cp_comm_type cp_comm = Config::parallel::cp_comm;
+  /// Whether a chunk sets each micro-batch's saved values aside between its forward and backward
+  /// (a schedule then never repeats a forward): not under a precision recipe.
+  static constexpr bool parks_micro_batches = moe_layer<Config>::parks_micro_batches;
 
   /// One rank (the MoE layers' dispatcher must be local): `given` supplies what the type leaves
   /// to start-up; degrees it leaves dynamic are 1.
@@ -155,29 +158,66 @@ class transformer {
   /// previous virtual stage's output rows (unused by the embedding's chunk). Returns the chunk's
   /// router losses and, on the output layer's chunk, the cross-entropy; any other chunk leaves
   /// its output rows in chunk_output(). `ctx.step.mode` may be recompute: the same forward again
-  /// (the MoE layers do not count it twice), so that backward finds its saved values.
+  /// (the MoE layers do not count it twice), for a model that does not park micro-batches.
   transformer_output forward_chunk(context& ctx, int v, std::span<std::int32_t const> tokens,
                                    std::span<std::int32_t const> targets, int seq, int batch,
                                    const_row_matrix_map<scalar> input) {
     begin_micro_batch(tokens, targets, seq, batch);
     transformer_output out;
-    if (chunk_embeds(v)) {
-      embed(ctx);
-    } else {
-      if (input.rows() != residual_.rows() || input.cols() != residual_.cols())
-        throw input_error("transformer: chunk input of " + std::to_string(input.rows()) + " x " +
-                          std::to_string(input.cols()) + " rows, expected " +
-                          std::to_string(residual_.rows()) + " x " +
-                          std::to_string(residual_.cols()));
-      residual_ = input;
-    }
+    start_chunk(ctx, v, input);
     auto const [first, last] = chunk_blocks_[static_cast<std::size_t>(v)];
     run_blocks(ctx, first, last, out);
+    finish_chunk(ctx, v, out);
+    return out;
+  }
+  /// The merged schedule's pass (parallel::merged_one_f_one_b): the forward of chunk `v` of one
+  /// micro-batch, as forward_chunk takes it, and the backward of chunk `backward_v` of another
+  /// (key `backward_key`), layer by layer in turn: each module's forward values are set aside
+  /// under ctx.step.micro_batch_key right after its forward, and the other micro-batch's brought
+  /// back right before its backward. The two use separate buffers (the residual stream, its
+  /// gradient), so each gives what forward_chunk and backward_chunk give; the forward's values
+  /// stay set aside, the backward leaves chunk_input_gradient().
+  transformer_output forward_backward_chunks(context& ctx, int v,
+                                             std::span<std::int32_t const> tokens,
+                                             std::span<std::int32_t const> targets, int seq,
+                                             int batch, const_row_matrix_map<scalar> input,
+                                             int backward_v, std::uint64_t backward_key,
+                                             scalar scale) requires parks_micro_batches {
+    std::uint64_t const forward_key = ctx.step.micro_batch_key;
+    auto as = [&](std::uint64_t key) { ctx.step.micro_batch_key = key; };
+    transformer_output out;
+    begin_micro_batch(tokens, targets, seq, batch);
+    start_chunk(ctx, v, input);
+    if (chunk_embeds(v)) embedding_.park(forward_key);
+    as(backward_key);
+    if (chunk_has_head(backward_v)) {
+      final_norm_.restore(backward_key);
+      head_.restore(backward_key);
+      head_backward(ctx, scale);
+    }
+    auto const [first, last] = chunk_blocks_[static_cast<std::size_t>(v)];
+    auto const [back_first, back_last] = chunk_blocks_[static_cast<std::size_t>(backward_v)];
+    for (int k = 0; k < std::max(last - first, back_last - back_first); ++k) {
+      if (first + k < last) {
+        as(forward_key);
+        forward_block(ctx, first + k, out);
+        for_each_block_module(first + k, [&](auto& m) { m.park(forward_key); });
+      }
+      if (back_last - 1 - k >= back_first) {
+        as(backward_key);
+        for_each_block_module(back_last - 1 - k, [&](auto& m) { m.restore(backward_key); });
+        backward_block(ctx, back_last - 1 - k);
+      }
+    }
+    as(forward_key);
+    finish_chunk(ctx, v, out);
     if (chunk_has_head(v)) {
-      finish_with_head(ctx, out);
-    } else if (pending_ != nullptr) {  // the last FFN's output joins the stream before it leaves
-      residual_ += const_row_matrix_map<scalar>(pending_, residual_.rows(), residual_.cols());
-      pending_ = nullptr;
+      final_norm_.park(forward_key);
+      head_.park(forward_key);
+    }
+    if (chunk_embeds(backward_v)) {
+      embedding_.restore(backward_key);
+      embed_backward(ctx);
     }
     return out;
   }
@@ -188,9 +228,10 @@ class transformer {
     grad_.resize(rows, hidden_size());
     return grad_;
   }
-  /// Backward of chunk v's last forward: from the cross-entropy (times `scale`) on the output
-  /// layer's chunk, otherwise from chunk_output_gradient(). Leaves the gradient of the chunk's
-  /// input rows in chunk_input_gradient() (the embedding's chunk: in the embedding's weights).
+  /// Backward of chunk v's last forward (or of the one restore_chunk brought back): from the
+  /// cross-entropy (times `scale`) on the output layer's chunk, otherwise from
+  /// chunk_output_gradient(). Leaves the gradient of the chunk's input rows in
+  /// chunk_input_gradient() (the embedding's chunk: in the embedding's weights).
   void backward_chunk(context& ctx, int v, scalar scale) {
     if (chunk_has_head(v)) head_backward(ctx, scale);
     auto const [first, last] = chunk_blocks_[static_cast<std::size_t>(v)];
@@ -198,6 +239,16 @@ class transformer {
     if (chunk_embeds(v)) embed_backward(ctx);
   }
   [[nodiscard]] row_matrix<scalar>& chunk_input_gradient() noexcept { return grad_; }
+  /// Sets what chunk v's last training forward keeps for its backward aside under `key` (a
+  /// micro-batch; core/stash.hpp), so other micro-batches may run through the chunk first;
+  /// restore_chunk(v, key) brings it back before that micro-batch's backward_chunk. The
+  /// micro-batch's shape is the same for every micro-batch of a schedule's run.
+  void park_chunk(int v, std::uint64_t key) requires parks_micro_batches {
+    for_each_saving_module(v, [&](auto& m) { m.park(key); });
+  }
+  void restore_chunk(int v, std::uint64_t key) requires parks_micro_batches {
+    for_each_saving_module(v, [&](auto& m) { m.restore(key); });
+  }
   /// Chunk v's MoE layers: indices [first, last) into moe_layers().
   [[nodiscard]] std::pair<int, int> chunk_moe_layers(int v) const {
     auto const [first, last] = chunk_blocks_[static_cast<std::size_t>(v)];
@@ -413,6 +464,51 @@ class transformer {
 
  private:
   // ---- the passes forward(), backward() and the chunks are made of ----
+  /// f(module) for every module of chunk v that keeps values from forward to backward.
+  template <class F>
+  void for_each_saving_module(int v, F&& f) {
+    if (chunk_embeds(v)) f(embedding_);
+    auto const [first, last] = chunk_blocks_[static_cast<std::size_t>(v)];
+    for (int i = first; i < last; ++i) for_each_block_module(i, f);
+    if (chunk_has_head(v)) {
+      f(final_norm_);
+      f(head_);
+    }
+  }
+  template <class F>
+  void for_each_block_module(int i, F&& f) {
+    auto& b = blocks_[static_cast<std::size_t>(i)];
+    f(b.input_norm);
+    f(b.attention);
+    f(b.pre_mlp_norm);
+    if (b.moe >= 0)
+      f(*moe_[static_cast<std::size_t>(b.moe)]);
+    else
+      f(dense_[static_cast<std::size_t>(b.dense)]);
+  }
+  /// A chunk's first step: the embedding, or the previous virtual stage's rows.
+  void start_chunk(context& ctx, int v, const_row_matrix_map<scalar> input) {
+    if (chunk_embeds(v)) {
+      embed(ctx);
+      return;
+    }
+    if (input.rows() != residual_.rows() || input.cols() != residual_.cols())
+      throw input_error("transformer: chunk input of " + std::to_string(input.rows()) + " x " +
+                        std::to_string(input.cols()) + " rows, expected " +
+                        std::to_string(residual_.rows()) + " x " +
+                        std::to_string(residual_.cols()));
+    residual_ = input;
+  }
+  /// A chunk's last step: the output layer, or the last FFN's output joins the stream before it
+  /// leaves.
+  void finish_chunk(context& ctx, int v, transformer_output& out) {
+    if (chunk_has_head(v)) {
+      finish_with_head(ctx, out);
+    } else if (pending_ != nullptr) {
+      residual_ += const_row_matrix_map<scalar>(pending_, residual_.rows(), residual_.cols());
+      pending_ = nullptr;
+    }
+  }
   /// Checks the micro-batch, keeps this rank's CP chunks of it and sizes the residual stream.
   void begin_micro_batch(std::span<std::int32_t const> tokens,
                          std::span<std::int32_t const> targets, int seq, int batch) {
@@ -471,38 +567,38 @@ class transformer {
   /// Forward of blocks [first, last): each FFN's output joins the residual stream in the next
   /// norm's pass (add_forward), so the last one's is left in pending_.
   void run_blocks(context& ctx, int first, int last, transformer_output& out) {
+    for (int i = first; i < last; ++i) forward_block(ctx, i, out);
+  }
+  void forward_block(context& ctx, int i, transformer_output& out) {
     int const tp = tensor_parallel(), seq = seq_, batch = batch_, N = seq * batch;
     auto& times = ctx.step_stages;
     using stage = step_stage;
-    for (int i = first; i < last; ++i) {
-      auto& b = blocks_[static_cast<std::size_t>(i)];
-      norm_of_residual(ctx, b.input_norm);
-      times.time(stage::attention, [&] {
-        b.attention.forward(ctx.executor<scalar>(), all_rows(cmap(normed_), whole_), seq, batch,
-                            whole_output(map(branch_), N));
+    auto& b = blocks_[static_cast<std::size_t>(i)];
+    norm_of_residual(ctx, b.input_norm);
+    times.time(stage::attention, [&] {
+      b.attention.forward(ctx.executor<scalar>(), all_rows(cmap(normed_), whole_), seq, batch,
+                          whole_output(map(branch_), N));
+      sum_to_my_rows(map(branch_));
+    });
+    times.time(stage::norms_residuals, [&] {
+      b.pre_mlp_norm.add_forward(ctx.pool(), map(residual_), cmap(branch_), map(normed_));
+    });
+    if (b.moe >= 0) {
+      auto const result =
+          moe_[static_cast<std::size_t>(b.moe)]->forward(ctx, normed_, seq / tp, batch);
+      pending_ = result.y.data();
+      for (auto const& l :
+           {result.losses.aux_loss, result.losses.seq_aux_loss, result.losses.global_aux_loss})
+        if (l) out.aux_loss += static_cast<double>(l->value);
+      if (result.losses.z_loss) out.z_loss += static_cast<double>(result.losses.z_loss->value);
+      out.router_losses = out.aux_loss + out.z_loss;
+    } else {
+      times.time(stage::dense_ffn, [&] {
+        dense_[static_cast<std::size_t>(b.dense)].forward(
+            ctx.executor<scalar>(), all_rows(cmap(normed_), whole_), whole_output(map(branch_), N));
         sum_to_my_rows(map(branch_));
       });
-      times.time(stage::norms_residuals, [&] {
-        b.pre_mlp_norm.add_forward(ctx.pool(), map(residual_), cmap(branch_), map(normed_));
-      });
-      if (b.moe >= 0) {
-        auto const result =
-            moe_[static_cast<std::size_t>(b.moe)]->forward(ctx, normed_, seq / tp, batch);
-        pending_ = result.y.data();
-        for (auto const& l :
-             {result.losses.aux_loss, result.losses.seq_aux_loss, result.losses.global_aux_loss})
-          if (l) out.aux_loss += static_cast<double>(l->value);
-        if (result.losses.z_loss) out.z_loss += static_cast<double>(result.losses.z_loss->value);
-        out.router_losses = out.aux_loss + out.z_loss;
-      } else {
-        times.time(stage::dense_ffn, [&] {
-          dense_[static_cast<std::size_t>(b.dense)].forward(ctx.executor<scalar>(),
-                                                            all_rows(cmap(normed_), whole_),
-                                                            whole_output(map(branch_), N));
-          sum_to_my_rows(map(branch_));
-        });
-        pending_ = branch_.data();
-      }
+      pending_ = branch_.data();
     }
   }
 
@@ -532,35 +628,36 @@ class transformer {
   /// Backward of blocks [first, last) from grad_, last first; the norms' input gradients add into
   /// grad_ (backward's accumulate).
   void backward_blocks(context& ctx, int first, int last) {
+    for (int i = last - 1; i >= first; --i) backward_block(ctx, i);
+  }
+  void backward_block(context& ctx, int i) {
     auto& pool = ctx.pool();
     int const N = seq_ * batch_;
     grad_normed_.resize(grad_.rows(), grad_.cols());
     auto& times = ctx.step_stages;
     using stage = step_stage;
-    for (int i = last - 1; i >= first; --i) {
-      auto& b = blocks_[static_cast<std::size_t>(i)];
-      if (b.moe >= 0) {
-        auto const dx = moe_[static_cast<std::size_t>(b.moe)]->backward(ctx, grad_);
-        times.time(stage::norms_residuals,
-                   [&] { b.pre_mlp_norm.backward(pool, dx, map(grad_), true); });
-      } else {
-        times.time(stage::dense_ffn, [&] {
-          dense_[static_cast<std::size_t>(b.dense)].backward(ctx.executor<scalar>(),
-                                                             all_rows(cmap(grad_), grad_whole_),
-                                                             whole_output(map(grad_normed_), N));
-          sum_to_my_rows(map(grad_normed_));
-        });
-        times.time(stage::norms_residuals,
-                   [&] { b.pre_mlp_norm.backward(pool, cmap(grad_normed_), map(grad_), true); });
-      }
-      times.time(stage::attention, [&] {
-        b.attention.backward(ctx.executor<scalar>(), all_rows(cmap(grad_), grad_whole_),
-                             whole_output(map(grad_normed_), N));
+    auto& b = blocks_[static_cast<std::size_t>(i)];
+    if (b.moe >= 0) {
+      auto const dx = moe_[static_cast<std::size_t>(b.moe)]->backward(ctx, grad_);
+      times.time(stage::norms_residuals,
+                 [&] { b.pre_mlp_norm.backward(pool, dx, map(grad_), true); });
+    } else {
+      times.time(stage::dense_ffn, [&] {
+        dense_[static_cast<std::size_t>(b.dense)].backward(ctx.executor<scalar>(),
+                                                           all_rows(cmap(grad_), grad_whole_),
+                                                           whole_output(map(grad_normed_), N));
         sum_to_my_rows(map(grad_normed_));
       });
       times.time(stage::norms_residuals,
-                 [&] { b.input_norm.backward(pool, cmap(grad_normed_), map(grad_), true); });
+                 [&] { b.pre_mlp_norm.backward(pool, cmap(grad_normed_), map(grad_), true); });
     }
+    times.time(stage::attention, [&] {
+      b.attention.backward(ctx.executor<scalar>(), all_rows(cmap(grad_), grad_whole_),
+                           whole_output(map(grad_normed_), N));
+      sum_to_my_rows(map(grad_normed_));
+    });
+    times.time(stage::norms_residuals,
+               [&] { b.input_norm.backward(pool, cmap(grad_normed_), map(grad_), true); });
   }
 
   void embed_backward(context& ctx) {

@@ -186,6 +186,7 @@ struct pipeline_op {
   enum kind_type : std::uint8_t { forward, backward } kind = forward;
   int micro_batch = 0;
   int chunk = 0;
+  bool merged = false;  // a forward that runs as one pass with the backward after it
   [[nodiscard]] bool operator==(pipeline_op const&) const = default;
 };
 
@@ -224,6 +225,36 @@ struct one_f_one_b {
   }
 };
 
+namespace detail {
+/// Interleaved 1F1B's passes for rank s.rank with `extra` more warm-up forwards; `merge` marks each
+/// steady-state forward as merged with the backward after it.
+inline std::vector<pipeline_op> interleaved_ops(pipeline_shape const& s, int extra, bool merge) {
+  int const P = s.pp, V = s.vpp, total = s.micro_batches * V;
+  auto micro_batch = [&](int k) { return (k / (P * V)) * P + k % P; };
+  auto chunk = [&](int k) { return (k / P) % V; };
+  int const warmup =
+      s.micro_batches == P ? total : std::min(2 * (P - s.rank - 1) + (V - 1) * P + extra, total);
+  std::vector<pipeline_op> out;
+  out.reserve(2 * static_cast<std::size_t>(total));
+  int f = 0, b = 0;
+  auto forward = [&](bool merged) {
+    out.push_back({pipeline_op::forward, micro_batch(f), chunk(f), merged});
+    ++f;
+  };
+  auto backward = [&] {
+    out.push_back({pipeline_op::backward, micro_batch(b), V - 1 - chunk(b)});
+    ++b;
+  };
+  while (f < warmup) forward(false);
+  while (f < total) {
+    forward(merge);
+    backward();
+  }
+  while (b < total) backward();
+  return out;
+}
+}  // namespace detail
+
 /// Interleaved 1F1B with V chunks per rank (the reference's interleaved schedule): the k-th
 /// forward is chunk (k / PP) mod V of micro-batch (k / (PP V)) PP + k mod PP, the k-th backward
 /// the same micro-batch in chunk V - 1 - (k / PP) mod V; rank p runs 2 (PP - p - 1) + (V - 1) PP
@@ -232,29 +263,24 @@ struct one_f_one_b {
 struct interleaved_one_f_one_b {
   static constexpr char const* name = "interleaved_1f1b";
   [[nodiscard]] static std::vector<pipeline_op> ops(pipeline_shape const& s) {
-    int const P = s.pp, V = s.vpp, total = s.micro_batches * V;
-    auto micro_batch = [&](int k) { return (k / (P * V)) * P + k % P; };
-    auto chunk = [&](int k) { return (k / P) % V; };
-    int const warmup =
-        s.micro_batches == P ? total : std::min(2 * (P - s.rank - 1) + (V - 1) * P, total);
-    std::vector<pipeline_op> out;
-    out.reserve(2 * static_cast<std::size_t>(total));
-    int f = 0, b = 0;
-    auto forward = [&] {
-      out.push_back({pipeline_op::forward, micro_batch(f), chunk(f)});
-      ++f;
-    };
-    auto backward = [&] {
-      out.push_back({pipeline_op::backward, micro_batch(b), V - 1 - chunk(b)});
-      ++b;
-    };
-    while (f < warmup) forward();
-    while (f < total) {
-      forward();
-      backward();
-    }
-    while (b < total) backward();
-    return out;
+    return detail::interleaved_ops(s, 0, false);
+  }
+};
+
+/// The reference's merged forward-backward schedule (combined 1F1B, its
+/// `overlap_moe_expert_parallel_comm`): interleaved 1F1B (1F1B on one stage) with one more warm-up
+/// forward, each steady-state forward marked `merged` with the backward after it. A merged pair
+/// runs as one pass, layer by layer alternating the forward of one micro-batch with the backward
+/// of another, so each one's expert exchange could hide behind the other's compute; the extra
+/// forward makes the two independent (a backward never waits on its partner's forward). With PP
+/// above 1 it needs V above 1 (R051), as the reference does.
+struct merged_one_f_one_b {
+  static constexpr char const* name = "merged_1f1b";
+  [[nodiscard]] static std::vector<pipeline_op> ops(pipeline_shape const& s) {
+    if (s.pp > 1 && s.vpp == 1)
+      throw config_error(rules::id::merged_schedule_needs_interleaving,
+                         "PP " + std::to_string(s.pp) + ", V 1");
+    return detail::interleaved_ops(s, 1, true);
   }
 };
 
@@ -278,7 +304,8 @@ struct pipeline_event {
     recv_activation,
     send_activation,
     recv_gradient,
-    send_gradient
+    send_gradient,
+    merged  // a merged pass begins: its forward's (micro-batch, chunk), then its events
   } kind = forward;
   int micro_batch = 0;
   int chunk = 0;

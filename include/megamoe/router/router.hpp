@@ -20,6 +20,7 @@
 #include <megamoe/config/rules.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/random.hpp>
+#include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/router/capacity.hpp>
 #include <megamoe/router/expert_bias.hpp>
@@ -106,6 +107,17 @@ class topk_router {
   [[nodiscard]] router_state& state() noexcept { return state_; }
   [[nodiscard]] router_state const& state() const noexcept { return state_; }
   [[nodiscard]] routing_output<L> const& output() const noexcept { return out_; }
+
+  /// Sets micro-batch `key`'s routing and what its backward reads aside (core/stash.hpp), or
+  /// brings them back; the router's state (expert bias, counts) stays.
+  void park(std::uint64_t key) {
+    stash_.park(key, out_, topk_, sinkhorn_, losses_, tokens_, batch_, has_mask_, z_active_,
+                aux_active_, gated_, jittered_, valid_, logits_, jitter_, kept_, order_);
+  }
+  void restore(std::uint64_t key) {
+    stash_.restore(key, out_, topk_, sinkhorn_, losses_, tokens_, batch_, has_mask_, z_active_,
+                   aux_active_, gated_, jittered_, valid_, logits_, jitter_, kept_, order_);
+  }
   /// The logits [T,E] of the last route (after gating and jitter when routed from the input).
   [[nodiscard]] row_matrix<L> const& logits() const noexcept { return logits_; }
   /// The aux losses' own scores [T,E] and top-k map of the last training forward (padding rows 0).
@@ -388,6 +400,11 @@ class topk_router {
   row_matrix<float> jitter_;
   mask_matrix kept_;
   std::vector<int> order_;
+  activation_stash<routing_output<L>, topk_selection<L, S>, sinkhorn_selection<L, S>,
+                   attached_losses<L, S>, int, batch_shape, bool, bool, bool, bool, bool,
+                   std::vector<std::uint8_t>, row_matrix<L>, row_matrix<float>, mask_matrix,
+                   std::vector<int>>
+      stash_;
 };
 
 /// The logits type of a router dtype.

@@ -4,13 +4,19 @@
 // between virtual stages by point-to-point messages on the PP communicator.
 //
 // A received activation lands in its own buffer, which stays until that micro-batch's backward
-// of the chunk; a sent one is copied once into a send buffer, free again when its send has
-// completed. A chunk's modules keep what their backward needs for one micro-batch at a time: a
-// backward whose micro-batch was not the chunk's last forward repeats that forward first from the
-// kept input (router::pass::recompute: same values, statistics not counted twice), so the last
-// stage, whose forward and backward of a micro-batch are adjacent, never repeats one. Receives
-// block; sends do not, and are completed before the step ends. The time a rank spends blocked in
-// receives and in completing its sends is its pipeline wait.
+// of the chunk; a received gradient becomes the chunk's output gradient; a sent message is copied
+// once into a send buffer, free again when its send has completed. A chunk's modules set each
+// micro-batch's saved values aside after its forward and bring them back for its backward
+// (core/stash.hpp), so no forward runs twice. A model that cannot (a precision recipe's operands
+// keep one micro-batch's codes) keeps one micro-batch per chunk: a backward whose micro-batch was
+// not the chunk's last forward repeats that forward first from the kept input
+// (router::pass::recompute: same values, statistics not counted twice).
+//
+// Each pass's receive and the next pass's are posted before the pass computes; sends do not
+// block, and are completed before the step ends. Open MPI moves a large message only while both
+// ends are inside MPI, so while messages are in flight the pool's waiting thread tests them during
+// the rank's compute (parallel::exchange_progress). The time a rank spends waiting for its
+// receives and for its sends to complete is its pipeline wait.
 #pragma once
 
 #include <megamoe/core/error.hpp>
@@ -18,14 +24,17 @@
 #include <megamoe/model/transformer.hpp>
 #include <megamoe/parallel/pipeline.hpp>
 #include <megamoe/parallel/process_groups.hpp>
+#include <megamoe/parallel/progress.hpp>
 #include <megamoe/parallel/traffic.hpp>
 #include <megamoe/parallel/watchdog.hpp>
 
 #include <boost/mpi/communicator.hpp>
 #include <boost/mpi/request.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -59,9 +68,14 @@ class pipeline_runner {
   /// The passes of every step from now on, in order (a schedule's ops for this rank).
   void set_schedule(std::vector<parallel::pipeline_op> ops) {
     ops_ = std::move(ops);
-    parallel::repeated_forwards(ops_, model_.pipeline().vpp(), repeats_);
+    if constexpr (Model::parks_micro_batches)
+      repeats_.assign(ops_.size(), 0);
+    else
+      parallel::repeated_forwards(ops_, model_.pipeline().vpp(), repeats_);
   }
   [[nodiscard]] std::vector<parallel::pipeline_op> const& schedule() const noexcept { return ops_; }
+  /// Per op of schedule(): 1 where that backward repeats its forward first.
+  [[nodiscard]] std::span<char const> repeated_forwards() const noexcept { return repeats_; }
 
   /// One step's passes in the schedule's order. batch(m) gives micro-batch m's tokens and targets
   /// (every rank of every stage is given them), key(m) its router key; `scale` multiplies the
@@ -69,37 +83,47 @@ class pipeline_runner {
   template <class Batch, class Key, class OnForward>
   void run(context& ctx, int micro_batches, int seq, int batch_size, scalar scale, Batch&& batch,
            Key&& key, OnForward&& on_forward) {
-    start_run(micro_batches, seq, batch_size);
+    start_run(ctx.pool(), micro_batches, seq, batch_size);
     auto const& ops = ops_;
     // The watchdog names the pass a hang happens in.
     auto& watch = parallel::watchdog::instance();
     for (std::size_t i = 0; i < ops.size(); ++i) {
       auto const& op = ops[i];
+      // This pass's message and the next one's are posted now: the next arrives while this one
+      // computes.
+      post_receive(op);
+      if (i + 1 < ops.size()) post_receive(ops[i + 1]);
       auto const [tokens, targets] = batch(op.micro_batch);
       ctx.step.micro_batch_key = key(op.micro_batch);
       watch.set_pass(op.micro_batch, model_.pipeline().stage(model_.pipeline_rank(), op.chunk));
+      if constexpr (Model::parks_micro_batches)
+        if (op.merged) {
+          if (i + 2 < ops.size()) post_receive(ops[i + 2]);
+          auto const& back = ops[++i];  // the backward merged with this forward
+          merged(ctx, op, back, tokens, targets, seq, batch_size, key(back.micro_batch), scale,
+                 on_forward);
+          continue;
+        }
       if (op.kind == parallel::pipeline_op::forward) {
         ctx.step.mode = router::pass::training;
         chunk_result r{op.micro_batch, op.chunk,
                        forward(ctx, op.micro_batch, op.chunk, tokens, targets, seq, batch_size)};
         on_forward(std::as_const(r));
+        if constexpr (Model::parks_micro_batches)
+          model_.park_chunk(op.chunk, ctx.step.micro_batch_key);
         continue;
       }
       int const m = op.micro_batch, v = op.chunk;
-      if (!model_.chunk_has_head(v))
-        receive(model_.chunk_output_gradient(rows_), parallel::pipeline_event::recv_gradient, m, v,
-                next_rank());
+      if (!model_.chunk_has_head(v)) receive(op);
       if (repeats_[i] != 0) {
         ctx.step.mode = router::pass::recompute;
         model_.forward_chunk(ctx, v, tokens, targets, seq, batch_size, input_of(m, v));
       }
       ctx.step.mode = router::pass::training;
+      if constexpr (Model::parks_micro_batches) model_.restore_chunk(v, ctx.step.micro_batch_key);
       note(parallel::pipeline_event::backward, m, v);
       model_.backward_chunk(ctx, v, scale);
-      if (!model_.chunk_embeds(v))
-        send(model_.chunk_input_gradient(), parallel::pipeline_event::send_gradient, m, v,
-             previous_rank());
-      release_input(m, v);
+      send_input_gradient(m, v);
     }
     watch.set_pass(-1, -1);
     finish_sends();
@@ -109,7 +133,7 @@ class pipeline_runner {
   /// the output layer's chunk returns the cross-entropy.
   void run_forward_only(context& ctx, std::span<std::int32_t const> tokens,
                         std::span<std::int32_t const> targets, int seq, int batch_size) {
-    start_run(1, seq, batch_size);
+    start_run(ctx.pool(), 1, seq, batch_size);
     for (int v = 0; v < model_.pipeline().vpp(); ++v)
       forward(ctx, 0, v, tokens, targets, seq, batch_size);
     for (int v = 0; v < model_.pipeline().vpp(); ++v) release_input(0, v);
@@ -117,7 +141,8 @@ class pipeline_runner {
   }
 
  private:
-  void start_run(int micro_batches, int seq, int batch_size) {
+  void start_run(thread_pool& pool, int micro_batches, int seq, int batch_size) {
+    pool_ = &pool;
     int const V = model_.pipeline().vpp();
     rows_ = model_.boundary_rows(seq, batch_size);
     inputs_.resize(static_cast<std::size_t>(micro_batches) * V);
@@ -128,19 +153,45 @@ class pipeline_runner {
   transformer_output forward(context& ctx, int m, int v, std::span<std::int32_t const> tokens,
                              std::span<std::int32_t const> targets, int seq, int batch_size) {
     if (!model_.chunk_embeds(v)) {
-      auto& input = inputs_[slot(m, v)];
-      if (input.size() == 0 && !spare_.empty()) {
-        input = std::move(spare_.back());
-        spare_.pop_back();
-      }
-      input.resize(rows_, model_.hidden_size());
-      receive(input, parallel::pipeline_event::recv_activation, m, v, previous_rank());
+      parallel::pipeline_op const op{parallel::pipeline_op::forward, m, v};
+      post_receive(op);
+      receive(op);
     }
     note(parallel::pipeline_event::forward, m, v);
     auto out = model_.forward_chunk(ctx, v, tokens, targets, seq, batch_size, input_of(m, v));
     if (!model_.chunk_has_head(v))
       send(model_.chunk_output(), parallel::pipeline_event::send_activation, m, v, next_rank());
     return out;
+  }
+
+  /// A merged pass (parallel::merged_one_f_one_b): the forward `op` and the backward `back` layer
+  /// by layer in turn, after both their messages have arrived.
+  template <class OnForward>
+  void merged(context& ctx, parallel::pipeline_op const& op, parallel::pipeline_op const& back,
+              std::span<std::int32_t const> tokens, std::span<std::int32_t const> targets, int seq,
+              int batch_size, std::uint64_t backward_key, scalar scale, OnForward&& on_forward) {
+    int const m = op.micro_batch, v = op.chunk;
+    note(parallel::pipeline_event::merged, m, v);
+    if (!model_.chunk_embeds(v)) receive(op);
+    if (!model_.chunk_has_head(back.chunk)) receive(back);
+    note(parallel::pipeline_event::forward, m, v);
+    note(parallel::pipeline_event::backward, back.micro_batch, back.chunk);
+    ctx.step.mode = router::pass::training;
+    chunk_result r{m, v,
+                   model_.forward_backward_chunks(ctx, v, tokens, targets, seq, batch_size,
+                                                  input_of(m, v), back.chunk, backward_key, scale)};
+    if (!model_.chunk_has_head(v))
+      send(model_.chunk_output(), parallel::pipeline_event::send_activation, m, v, next_rank());
+    on_forward(std::as_const(r));
+    send_input_gradient(back.micro_batch, back.chunk);
+  }
+  /// After chunk v's backward of micro-batch m: its input rows' gradient to the previous virtual
+  /// stage, and the micro-batch's input buffer free.
+  void send_input_gradient(int m, int v) {
+    if (!model_.chunk_embeds(v))
+      send(model_.chunk_input_gradient(), parallel::pipeline_event::send_gradient, m, v,
+           previous_rank());
+    release_input(m, v);
   }
 
   [[nodiscard]] std::size_t slot(int m, int v) const {
@@ -174,17 +225,57 @@ class pipeline_runner {
     return p == P - 1 ? v + 1 : v;
   }
 
-  void receive(row_matrix<scalar>& into, parallel::pipeline_event::kind_type kind, int m, int v,
-               int from) {
-    bool const gradient = kind == parallel::pipeline_event::recv_gradient;
-    note(kind, m, v);
+  /// Whether pass `op` starts with a receive: a forward of any chunk but the embedding's, a
+  /// backward of any but the output layer's.
+  [[nodiscard]] bool receives(parallel::pipeline_op const& op) const {
+    return op.kind == parallel::pipeline_op::forward ? !model_.chunk_embeds(op.chunk)
+                                                     : !model_.chunk_has_head(op.chunk);
+  }
+  /// Posts the receive of pass `op` (if it has one not posted yet): an activation lands in the
+  /// micro-batch's input buffer, a gradient in a buffer of its own.
+  void post_receive(parallel::pipeline_op const& op) {
+    if (!receives(op)) return;
+    bool const gradient = op.kind == parallel::pipeline_op::backward;
+    for (auto const& r : receives_)
+      if (r.op == op) return;
+    pending_receive r{{}, op, {}};
+    auto& into = gradient ? r.buffer : inputs_[slot(op.micro_batch, op.chunk)];
+    if (into.size() == 0) into = take_spare();
+    into.resize(rows_, model_.hidden_size());
+    r.request = pp_->irecv(gradient ? next_rank() : previous_rank(),
+                           tag(op.micro_batch, op.chunk, gradient), into.data(),
+                           static_cast<int>(into.size()));
+    receives_.push_back(std::move(r));
+    watch_requests();
+  }
+  /// Waits for pass `op`'s posted receive; a gradient then becomes the chunk's output gradient.
+  void receive(parallel::pipeline_op const& op) {
+    bool const gradient = op.kind == parallel::pipeline_op::backward;
+    auto const at = std::find_if(receives_.begin(), receives_.end(),
+                                 [&](pending_receive const& r) { return r.op == op; });
+    note(gradient ? parallel::pipeline_event::recv_gradient
+                  : parallel::pipeline_event::recv_activation,
+         op.micro_batch, op.chunk);
     auto const start = std::chrono::steady_clock::now();
     {
-      parallel::watched_collective const watch(
-          MPI_Comm(*pp_), gradient ? "pp_recv_gradient" : "pp_recv_activation", into.size());
-      pp_->recv(from, tag(m, v, gradient), into.data(), static_cast<int>(into.size()));
+      parallel::watched_collective const watch(MPI_Comm(*pp_),
+                                               gradient ? "pp_recv_gradient" : "pp_recv_activation",
+                                               rows_ * model_.hidden_size());
+      at->request.wait();
     }
     wait_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (gradient) {
+      std::swap(model_.chunk_output_gradient(rows_), at->buffer);
+      spare_.push_back(std::move(at->buffer));
+    }
+    receives_.erase(at);
+    watch_requests();
+  }
+  row_matrix<scalar> take_spare() {
+    if (spare_.empty()) return {};
+    row_matrix<scalar> b = std::move(spare_.back());
+    spare_.pop_back();
+    return b;
   }
 
   void send(row_matrix<scalar> const& rows, parallel::pipeline_event::kind_type kind, int m, int v,
@@ -192,17 +283,27 @@ class pipeline_runner {
     bool const gradient = kind == parallel::pipeline_event::send_gradient;
     note(kind, m, v);
     complete_sends(false);
-    row_matrix<scalar> buffer;
-    if (!spare_.empty()) {
-      buffer = std::move(spare_.back());
-      spare_.pop_back();
-    }
+    row_matrix<scalar> buffer = take_spare();
     buffer = rows;
     auto request = pp_->isend(to, tag(m, receiver_chunk(v, gradient), gradient), buffer.data(),
                               static_cast<int>(buffer.size()));
     parallel::traffic::instance().add(MPI_Comm(*pp_),
                                       static_cast<std::int64_t>(buffer.size() * sizeof(scalar)));
     sends_.push_back({std::move(request), std::move(buffer)});
+    watch_requests();
+  }
+  /// The pool's waiting thread tests the sends and receives in flight (none: the pool's own hook
+  /// again).
+  void watch_requests() {
+    progress_.clear();
+    for (auto& s : sends_)
+      if (auto handle = s.request.trivial()) progress_.watch(&*handle);
+    for (auto& r : receives_)
+      if (auto handle = r.request.trivial()) progress_.watch(&*handle);
+    if (progress_.empty())
+      testing_.reset();
+    else if (!testing_)
+      testing_.emplace(progress_, *pool_);
   }
   /// Returns the buffers of completed sends to the spares (all of them when `wait`).
   void complete_sends(bool wait) {
@@ -216,6 +317,7 @@ class pipeline_runner {
       spare_.push_back(std::move(s.buffer));
     }
     sends_.erase(sends_.begin(), sends_.begin() + static_cast<std::ptrdiff_t>(done));
+    watch_requests();
   }
   void finish_sends() {
     if (sends_.empty()) return;
@@ -236,6 +338,11 @@ class pipeline_runner {
     boost::mpi::request request;
     row_matrix<scalar> buffer;
   };
+  struct pending_receive {
+    boost::mpi::request request;
+    parallel::pipeline_op op;
+    row_matrix<scalar> buffer;  // a gradient's (an activation's is its input buffer)
+  };
 
   boost::mpi::communicator const* pp_;
   Model& model_;
@@ -243,6 +350,10 @@ class pipeline_runner {
   std::vector<row_matrix<scalar>> inputs_;  // [micro-batch * V + chunk]: the received activation
   std::vector<row_matrix<scalar>> spare_;   // buffers free for the next receive or send
   std::vector<pending_send> sends_;
+  std::vector<pending_receive> receives_;  // posted ahead of their passes
+  thread_pool* pool_ = nullptr;
+  parallel::exchange_progress progress_;  // the sends' requests, tested while the pool computes
+  std::optional<parallel::exchange_progress::attached> testing_;
   std::vector<parallel::pipeline_op> ops_;
   std::vector<char> repeats_;  // per op: a backward that repeats its forward
   std::vector<parallel::pipeline_event> trace_;

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <numbers>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -152,6 +153,7 @@ class trainer {
     out.expert_load.resize(static_cast<std::size_t>(model_.moe_layer_count()));
     for (auto& layer : out.expert_load)
       layer.assign(static_cast<std::size_t>(model_.values().shape.experts), 0.0);
+    for (auto& layer : moe) layer->clear_expert_load();
     double loss = 0.0, router_loss = 0.0, aux_loss = 0.0, z_loss = 0.0;
     auto const schedule_start = std::chrono::steady_clock::now();
     runner_.run(
@@ -167,16 +169,12 @@ class trainer {
           router_loss += r.output.router_losses;
           aux_loss += r.output.aux_loss;
           z_loss += r.output.z_loss;
-          auto const [first, last] = model_.chunk_moe_layers(r.chunk);
-          for (int l = first; l < last; ++l) {
-            auto const& counts =
-                moe[static_cast<std::size_t>(l)]->router().output().tokens_per_expert;
-            auto& load =
-                out.expert_load[static_cast<std::size_t>(ordinals[static_cast<std::size_t>(l)])];
-            for (std::size_t e = 0; e < counts.size(); ++e)
-              load[e] += static_cast<double>(counts[e]);
-          }
         });
+    for (std::size_t l = 0; l < moe.size(); ++l) {
+      auto const counts = moe[l]->expert_load();
+      std::copy(counts.begin(), counts.end(),
+                out.expert_load[static_cast<std::size_t>(ordinals[l])].begin());
+    }
     double const schedule_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - schedule_start).count();
     // Logged values over the global batch (every rank the same): a CP rank's cross-entropy is
@@ -263,6 +261,10 @@ class trainer {
   /// each micro-batch in turn).
   template <class Schedule>
   void use_schedule() {
+    static_assert(
+        !std::is_same_v<Schedule, parallel::merged_one_f_one_b> || model_type::parks_micro_batches,
+        "megamoe: the merged forward-backward schedule needs a model that sets "
+        "micro-batches aside (no precision recipe)");
     runner_.set_schedule(Schedule::ops(pipeline_shape()));
   }
   [[nodiscard]] std::vector<parallel::pipeline_op> const& schedule() const noexcept {
