@@ -16,7 +16,8 @@
 // block, and are completed before the step ends. Open MPI moves a large message only while both
 // ends are inside MPI, so while messages are in flight the pool's waiting thread tests them during
 // the rank's compute (parallel::exchange_progress). The time a rank spends waiting for its
-// receives and for its sends to complete is its pipeline wait.
+// receives, for its sends to complete and, after its last pass, for the other stages to end
+// theirs is its pipeline wait.
 #pragma once
 
 #include <megamoe/core/error.hpp>
@@ -127,6 +128,7 @@ class pipeline_runner {
     }
     watch.set_pass(-1, -1);
     finish_sends();
+    wait_for_stages();
   }
 
   /// Forward of one micro-batch through every chunk of this rank, in eval mode (held-out loss):
@@ -326,6 +328,18 @@ class pipeline_runner {
       parallel::watched_collective const watch(MPI_Comm(*pp_), "pp_complete_sends",
                                                static_cast<std::int64_t>(sends_.size()));
       complete_sends(true);
+    }
+    wait_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  /// A stage that ends its passes first waits for the others (the schedule's cool-down): counted
+  /// as pipeline wait, so the step's bubble is every stage's idle share up to the last one's end.
+  void wait_for_stages() {
+    if (pp_ == nullptr || pp_->size() == 1) return;
+    auto const start = std::chrono::steady_clock::now();
+    {
+      parallel::watched_collective const watch(MPI_Comm(*pp_), "pp_end_of_schedule", 0);
+      MPI_Barrier(MPI_Comm(*pp_));
     }
     wait_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }

@@ -74,6 +74,7 @@ class trainer {
   trainer(model_type& model, byte_corpus const& corpus, train_settings const& settings)
       : model_(model), corpus_(corpus), settings_(settings), optimizer_(model, settings.optimizer) {
     check();
+    use_default_schedule();
   }
   /// On a job (DP = world / (TP CP PP)). Every rank of a TP x CP group trains on the same
   /// micro-batches, each on its chunks of the sequences (and under TP its sequence-parallel
@@ -86,6 +87,7 @@ class trainer {
         groups_(&groups),
         optimizer_(groups, model, settings.optimizer) {
     check();
+    use_default_schedule();
   }
 
   [[nodiscard]] int dp_size() const { return groups_ ? groups_->dp().size() : 1; }
@@ -289,6 +291,8 @@ class trainer {
       corpus_.require_windows(settings_.seq_length);
       parallel::check_micro_batches(pipeline_shape());
     });
+  }
+  void use_default_schedule() {
     if (model_.pipeline().vpp() > 1)
       use_schedule<parallel::interleaved_one_f_one_b>();
     else
