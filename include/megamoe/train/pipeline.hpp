@@ -115,7 +115,7 @@ class pipeline_runner {
         continue;
       }
       int const m = op.micro_batch, v = op.chunk;
-      if (!model_.chunk_has_head(v)) receive(op);
+      receive(op);
       if (repeats_[i] != 0) {
         ctx.step.mode = router::pass::recompute;
         model_.forward_chunk(ctx, v, tokens, targets, seq, batch_size, input_of(m, v));
@@ -154,15 +154,10 @@ class pipeline_runner {
 
   transformer_output forward(context& ctx, int m, int v, std::span<std::int32_t const> tokens,
                              std::span<std::int32_t const> targets, int seq, int batch_size) {
-    if (!model_.chunk_embeds(v)) {
-      parallel::pipeline_op const op{parallel::pipeline_op::forward, m, v};
-      post_receive(op);
-      receive(op);
-    }
+    receive({parallel::pipeline_op::forward, m, v});
     note(parallel::pipeline_event::forward, m, v);
     auto out = model_.forward_chunk(ctx, v, tokens, targets, seq, batch_size, input_of(m, v));
-    if (!model_.chunk_has_head(v))
-      send(model_.chunk_output(), parallel::pipeline_event::send_activation, m, v, next_rank());
+    send_output(m, v);
     return out;
   }
 
@@ -174,18 +169,22 @@ class pipeline_runner {
               int batch_size, std::uint64_t backward_key, scalar scale, OnForward&& on_forward) {
     int const m = op.micro_batch, v = op.chunk;
     note(parallel::pipeline_event::merged, m, v);
-    if (!model_.chunk_embeds(v)) receive(op);
-    if (!model_.chunk_has_head(back.chunk)) receive(back);
+    receive(op);
+    receive(back);
     note(parallel::pipeline_event::forward, m, v);
     note(parallel::pipeline_event::backward, back.micro_batch, back.chunk);
     ctx.step.mode = router::pass::training;
     chunk_result r{m, v,
                    model_.forward_backward_chunks(ctx, v, tokens, targets, seq, batch_size,
                                                   input_of(m, v), back.chunk, backward_key, scale)};
-    if (!model_.chunk_has_head(v))
-      send(model_.chunk_output(), parallel::pipeline_event::send_activation, m, v, next_rank());
+    send_output(m, v);
     on_forward(std::as_const(r));
     send_input_gradient(back.micro_batch, back.chunk);
+  }
+  /// After chunk v's forward of micro-batch m: its output rows to the next virtual stage.
+  void send_output(int m, int v) {
+    if (!model_.chunk_has_head(v))
+      send(model_.chunk_output(), parallel::pipeline_event::send_activation, m, v, next_rank());
   }
   /// After chunk v's backward of micro-batch m: its input rows' gradient to the previous virtual
   /// stage, and the micro-batch's input buffer free.
@@ -250,8 +249,11 @@ class pipeline_runner {
     receives_.push_back(std::move(r));
     watch_requests();
   }
-  /// Waits for pass `op`'s posted receive; a gradient then becomes the chunk's output gradient.
+  /// Waits for pass `op`'s receive (if it has one; posted now if it was not yet); a gradient then
+  /// becomes the chunk's output gradient.
   void receive(parallel::pipeline_op const& op) {
+    if (!receives(op)) return;
+    post_receive(op);
     bool const gradient = op.kind == parallel::pipeline_op::backward;
     auto const at = std::find_if(receives_.begin(), receives_.end(),
                                  [&](pending_receive const& r) { return r.op == op; });
