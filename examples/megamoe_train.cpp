@@ -29,6 +29,12 @@
 // that step and goes on from there. --no-load-optim starts fresh Adam moments; --finetune loads
 // the weights only and starts at step 0. --exit-signal-handler: on SIGTERM the job saves (with
 // --save) after the current step and exits 0.
+// --precision fp32|bf16|fp8_delayed|fp8_current|fp8_blockwise|mxfp8|nvfp4 trains every linear
+// layer (attention's linear_qkv and linear_proj, the dense FFNs, the experts) on the recipe's
+// operands, emulated bit for bit; the router, norms, attention's softmax, embedding, output layer
+// and loss stay fp32 (small and medium presets). The reference's flags say the same: --bf16,
+// --fp8-format hybrid|e4m3 with --fp8-recipe delayed|tensorwise|blockwise|mxfp8, --fp4-format
+// e2m1 with --fp4-recipe nvfp4.
 // Presets are complete configuration types (the model slot included), chosen once at start-up.
 // `--describe` prints the chosen preset's configuration resolved for this job (its degrees from
 // the world size and the flags) as one JSON object, with its parameter count and model FLOPs per
@@ -94,6 +100,10 @@ struct options {
   double lr = 3e-3;
   std::uint64_t seed = 1234;
   std::string data = "/usr/share/games/fortunes", out = "megamoe-train-out", preset = "small";
+  std::string precision = "fp32";
+  // The reference's precision flags, resolved into `precision` (precision_from_reference_flags).
+  bool bf16_flag = false;
+  std::string fp8_format, fp8_recipe = "delayed", fp4_format, fp4_recipe = "nvfp4";
   bool describe = false, profile = false;
   // Checkpoints.
   std::string save, load, upcycle;
@@ -101,8 +111,65 @@ struct options {
   bool no_load_optim = false, finetune = false, exit_signal_handler = false;
   // Which flags the command line gave (a resumed run takes the others from the checkpoint).
   bool steps_given = false, seed_given = false, seq_len_given = false, global_batch_given = false,
-       lr_given = false, preset_given = false, micro_batch_given = false;
+       lr_given = false, preset_given = false, micro_batch_given = false, precision_given = false;
 };
+
+/// The recipe the reference's flags name (--bf16, --fp8-format with --fp8-recipe, --fp4-format
+/// with --fp4-recipe), checked against --precision where both are given; empty where none is.
+std::string precision_from_reference_flags(options const& o) {
+  std::string named;
+  auto name = [&](std::string const& recipe, std::string const& flags) {
+    if (!named.empty() && named != recipe)
+      throw mm::input_error("megamoe-train: " + flags + " names " + recipe + ", but another flag " +
+                            named);
+    named = recipe;
+  };
+  if (o.bf16_flag) name("bf16", "--bf16");
+  if (!o.fp8_format.empty()) {
+    std::string const flags = "--fp8-format " + o.fp8_format + " --fp8-recipe " + o.fp8_recipe;
+    bool const tensorwise = o.fp8_recipe == "delayed" || o.fp8_recipe == "tensorwise";
+    // Per-tensor FP8 is built with the hybrid format (E4M3 forward, E5M2 gradients); blockwise
+    // FP8 and MXFP8 are E4M3 throughout, as the reference's recipes.
+    if (tensorwise && o.fp8_format != "hybrid")
+      throw mm::input_error("megamoe-train: " + flags +
+                            ": per-tensor FP8 is built with --fp8-format hybrid only");
+    if (!tensorwise && o.fp8_format != "e4m3")
+      throw mm::input_error("megamoe-train: " + flags +
+                            ": blockwise FP8 and MXFP8 take --fp8-format e4m3");
+    if (o.fp8_recipe == "delayed") name("fp8_delayed", flags);
+    if (o.fp8_recipe == "tensorwise") name("fp8_current", flags);
+    if (o.fp8_recipe == "blockwise") name("fp8_blockwise", flags);
+    if (o.fp8_recipe == "mxfp8") name("mxfp8", flags);
+  }
+  if (!o.fp4_format.empty())
+    name("nvfp4", "--fp4-format " + o.fp4_format + " --fp4-recipe " + o.fp4_recipe);
+  if (!named.empty() && o.precision_given && named != o.precision)
+    throw mm::input_error("megamoe-train: --precision " + o.precision + ", but the reference's " +
+                          "flags name " + named);
+  return named;
+}
+
+/// The modules whose GEMMs read the recipe's operands, and those kept in higher precision.
+nlohmann::json quantized_modules(mm::config_values const& v, std::string const& precision) {
+  nlohmann::json quantized = nlohmann::json::array();
+  if (precision != "fp32")
+    for (int i = 0; i < v.model.layers; ++i) {
+      std::string const layer = "decoder.layers." + std::to_string(i);
+      quantized.push_back(layer + ".self_attention.linear_qkv");
+      quantized.push_back(layer + ".self_attention.linear_proj");
+      if (v.model.is_moe(i)) {
+        quantized.push_back(layer + ".mlp.experts");
+        if (v.shape.shared_ffn > 0) quantized.push_back(layer + ".mlp.shared_experts");
+      } else {
+        quantized.push_back(layer + ".mlp.linear_fc1");
+        quantized.push_back(layer + ".mlp.linear_fc2");
+      }
+    }
+  return {{"precision", precision},
+          {"quantized", quantized},
+          {"higher_precision",
+           {"embedding", "router", "norms", "attention softmax", "output_layer", "loss"}}};
+}
 
 volatile std::sig_atomic_t terminate_requested = 0;
 extern "C" void request_termination(int) {
@@ -174,6 +241,7 @@ int describe_job(mm::parallel::environment& env, options o) {
     for (int j = 0; j < pipeline.stages(); ++j) layers.push_back(pipeline.layers(j));
     json["layers_per_virtual_stage"] = layers;
     json["preset"] = o.preset;
+    json["precision_modules"] = quantized_modules(values, o.precision);
     json["seq_length"] = o.seq_len;
     json["num_parameters"] = mm::parameter_count(values);
     json["model_flops_per_token"] = mm::flops_per_token(values, o.seq_len);
@@ -424,8 +492,15 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
   }
   mt::trainer<Config> trainer(groups, model, corpus, settings);
   if (o.merged_schedule)
-    mm::parallel::check_on_every_rank(
-        world, [&] { trainer.template use_schedule<mm::parallel::merged_one_f_one_b>(); });
+    mm::parallel::check_on_every_rank(world, [&] {
+      if constexpr (mm::transformer<Config>::parks_micro_batches)
+        trainer.template use_schedule<mm::parallel::merged_one_f_one_b>();
+      else
+        throw mm::input_error(
+            "megamoe-train: --overlap-moe-expert-parallel-comm needs a model "
+            "that sets micro-batches aside; under --precision " +
+            o.precision + " the operands keep one micro-batch's codes");
+    });
   mm::context ctx(env.num_threads());
   std::string resumed_line;
   if (resume != nullptr) {
@@ -451,8 +526,10 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
   }
   int const first_step = trainer.steps_done() + 1;
   if (o.exit_signal_handler) std::signal(SIGTERM, request_termination);
-  nlohmann::json const job_state = {
-      {"preset", o.preset}, {"steps", o.steps}, {"micro_batch", o.micro_batch}};
+  nlohmann::json const job_state = {{"preset", o.preset},
+                                    {"precision", o.precision},
+                                    {"steps", o.steps},
+                                    {"micro_batch", o.micro_batch}};
   int last_saved = resuming ? trainer.steps_done() : -1;
   auto save = [&] {
     if (o.save.empty() || last_saved == trainer.steps_done()) return;
@@ -504,10 +581,10 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
     metrics.flush();
   }
   if (root)
-    std::cerr << "megamoe-train: preset " << o.preset << ", " << corpus.training().size()
-              << " training bytes, " << corpus.heldout().size() << " held out (unigram " << unigram
-              << " bits/byte); " << world.size() << " rank(s), TP " << degrees.tp << ", CP "
-              << degrees.cp << ", PP " << degrees.pp
+    std::cerr << "megamoe-train: preset " << o.preset << ", precision " << o.precision << ", "
+              << corpus.training().size() << " training bytes, " << corpus.heldout().size()
+              << " held out (unigram " << unigram << " bits/byte); " << world.size()
+              << " rank(s), TP " << degrees.tp << ", CP " << degrees.cp << ", PP " << degrees.pp
               << (model.pipeline().vpp() > 1 ? " x V " + std::to_string(model.pipeline().vpp())
                                              : std::string())
               << ", EP " << degrees.ep << ", global batch "
@@ -742,6 +819,7 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
     mt::write_svg(plot_path, history);
     nlohmann::ordered_json final;
     final["final"] = {{"steps", std::max(o.steps, first_step - 1)},
+                      {"precision", o.precision},
                       {"tokens_per_s", tokens_per_s},
                       {"heldout_bpb", heldout},
                       {"unigram_bpb", unigram},
@@ -813,6 +891,29 @@ int main(int argc, char** argv) {
     app.add_option("--preset", o.preset, "model: tiny | small | fine | medium | dense")
         ->check(CLI::IsMember({"tiny", "small", "fine", "medium", "dense"}))
         ->capture_default_str();
+    app.add_option("--precision", o.precision,
+                   "recipe of every linear layer's GEMMs: fp32 | bf16 | fp8_delayed | fp8_current "
+                   "| fp8_blockwise | mxfp8 | nvfp4 (emulated bit for bit; the router, norms, "
+                   "softmax, embedding, output layer and loss stay fp32; small and medium presets)")
+        ->check(CLI::IsMember(
+            {"fp32", "bf16", "fp8_delayed", "fp8_current", "fp8_blockwise", "mxfp8", "nvfp4"}))
+        ->capture_default_str();
+    app.add_flag("--bf16", o.bf16_flag, "the reference's name for --precision bf16");
+    app.add_option("--fp8-format", o.fp8_format,
+                   "the reference's FP8 flag: hybrid (with --fp8-recipe delayed | tensorwise) or "
+                   "e4m3 (with --fp8-recipe blockwise | mxfp8)")
+        ->check(CLI::IsMember({"hybrid", "e4m3"}));
+    app.add_option("--fp8-recipe", o.fp8_recipe,
+                   "with --fp8-format: delayed (fp8_delayed), tensorwise (fp8_current), blockwise "
+                   "(fp8_blockwise), mxfp8")
+        ->check(CLI::IsMember({"delayed", "tensorwise", "blockwise", "mxfp8"}))
+        ->capture_default_str();
+    app.add_option("--fp4-format", o.fp4_format,
+                   "the reference's FP4 flag: e2m1 (with --fp4-recipe nvfp4: --precision nvfp4)")
+        ->check(CLI::IsMember({"e2m1"}));
+    app.add_option("--fp4-recipe", o.fp4_recipe, "with --fp4-format: nvfp4")
+        ->check(CLI::IsMember({"nvfp4"}))
+        ->capture_default_str();
     app.add_flag("--profile", o.profile,
                  "print the share of the step in each stage at the end (and in the final JSON)");
     app.add_flag("--describe", o.describe,
@@ -845,6 +946,14 @@ int main(int argc, char** argv) {
     o.lr_given = app.count("--lr") > 0;
     o.preset_given = app.count("--preset") > 0;
     o.micro_batch_given = app.count("--micro-batch") > 0;
+    o.precision_given = app.count("--precision") > 0;
+    mm::parallel::check_on_every_rank(env.world(), [&] {
+      auto const named = precision_from_reference_flags(o);
+      if (!named.empty()) {
+        o.precision = named;
+        o.precision_given = true;
+      }
+    });
     // A checkpoint to resume from names its preset: the model type follows it unless given.
     std::optional<mm::io::checkpoint_reader> resume;
     mm::parallel::check_on_every_rank(env.world(), [&] {
@@ -863,8 +972,21 @@ int main(int argc, char** argv) {
           throw mm::input_error("megamoe-train: --preset " + o.preset + ", but " + o.load +
                                 " holds a " + saved + " model");
         if (!o.preset_given) o.preset = saved;
+        // The recipe too: a checkpoint holds its recipe's state (delayed scaling's histories).
+        auto const recipe =
+            resume->state().value("job", nlohmann::json::object()).value("precision", "fp32");
+        if (o.precision_given && recipe != o.precision && !o.finetune)
+          throw mm::input_error("megamoe-train: --precision " + o.precision + ", but " + o.load +
+                                " was trained under " + recipe +
+                                " (a resumed run keeps its recipe)");
+        if (!o.precision_given) o.precision = recipe;
       });
     }
+    mm::parallel::check_on_every_rank(env.world(), [&] {
+      if (o.precision != "fp32" && !megamoe::presets::recipes_built_for(o.preset))
+        throw mm::input_error("megamoe-train: --precision " + o.precision +
+                              " is built for the small and medium presets, not " + o.preset);
+    });
     if (o.preset == "medium") {  // its own sequence length and micro-batch unless given
       if (!o.seq_len_given) o.seq_len = 256;
       if (!o.micro_batch_given) o.micro_batch = 8;
@@ -873,6 +995,6 @@ int main(int argc, char** argv) {
       return o.describe ? describe_job<Config>(env, o)
                         : train<Config>(env, o, resume ? &*resume : nullptr);
     };
-    return megamoe::presets::with_preset(o.preset, run);
+    return megamoe::presets::with_preset(o.preset, o.precision, run);
   });
 }

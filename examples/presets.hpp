@@ -6,7 +6,9 @@
 #include <megamoe/config/config.hpp>
 #include <megamoe/config/rules.hpp>
 
+#include <array>
 #include <string>
+#include <string_view>
 
 namespace megamoe::presets {
 
@@ -20,28 +22,35 @@ using job_mapping =
     mm::parallel::mapping<mm::parallel::tp<mm::dynamic>, mm::parallel::cp<mm::dynamic>,
                           mm::parallel::pp<mm::dynamic>, mm::parallel::ep<mm::dynamic>>;
 
-template <int H, int F, int E, class Router, class Model>
+template <int H, int F, int E, class Router, class Model, class Precision = mm::precision::fp32>
 using preset_config = mm::make_config<mm::shape<mm::hidden<H>, mm::ffn<F>, mm::experts<E>>, Router,
                                       mm::dispatch::all_to_all, mm::expert::mlp<mm::expert::swiglu>,
-                                      mm::precision::fp32, job_mapping, Model>;
+                                      Precision, job_mapping, Model>;
 
 /// tiny: quick runs; small (default): 4 layers, MoE every other layer, 8 experts top-2;
 /// fine: fine-grained experts, every layer MoE, 16 experts top-4 with the aux-loss-free router.
 using tiny_config = preset_config<64, 128, 4, rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>,
                                   md::decoder<md::layers<2>, md::heads<4>, md::vocabulary<256>,
                                               md::dense_ffn<256>, md::moe_layer_freq<2>>>;
-using small_config = preset_config<128, 256, 8, rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>,
-                                   md::decoder<md::layers<4>, md::heads<4>, md::vocabulary<256>,
-                                               md::dense_ffn<512>, md::moe_layer_freq<2>>>;
+template <class Precision>
+using small_config_in =
+    preset_config<128, 256, 8, rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>,
+                  md::decoder<md::layers<4>, md::heads<4>, md::vocabulary<256>, md::dense_ffn<512>,
+                              md::moe_layer_freq<2>>,
+                  Precision>;
+using small_config = small_config_in<mm::precision::fp32>;
 using fine_config = preset_config<128, 96, 16, rt::aux_loss_free<4, rt::seq_aux_loss<1e-4>>,
                                   md::decoder<md::layers<4>, md::heads<4>, md::vocabulary<256>>>;
 /// medium: big enough that compute decides the step: H 512, 8 layers of 8 heads, MoE every other
 /// layer (16 experts of width 1024, top-2), dense SwiGLU layers of width 2048; megamoe-train runs
 /// it with sequences of 256 bytes, 8 per micro-batch.
-using medium_config =
+template <class Precision>
+using medium_config_in =
     preset_config<512, 1024, 16, rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>,
                   md::decoder<md::layers<8>, md::heads<8>, md::vocabulary<256>, md::dense_ffn<2048>,
-                              md::moe_layer_freq<2>>>;
+                              md::moe_layer_freq<2>>,
+                  Precision>;
+using medium_config = medium_config_in<mm::precision::fp32>;
 /// dense: `small` with each MoE layer's FFN a dense SwiGLU FFN of the experts' width (256), the
 /// model `--upcycle` starts `small` from. Such a layer is one expert with top-1 routing, whose
 /// probability is exactly 1; model.safetensors names it as the reference names a dense FFN.
@@ -52,15 +61,45 @@ static_assert(mm::rules::check<tiny_config>() && mm::rules::check<small_config>(
               mm::rules::check<fine_config>() && mm::rules::check<medium_config>() &&
               mm::rules::check<dense_config>());
 
+/// The precision recipes by their command-line names (moe_layer_bench's): every linear layer's
+/// GEMMs read the recipe's operands. Each is a configuration of its own, built for the presets
+/// that recipes_built_for() names (fp32 for every preset), to keep the build small.
+inline constexpr std::array<std::string_view, 7> precision_names = {
+    "fp32", "bf16", "fp8_delayed", "fp8_current", "fp8_blockwise", "mxfp8", "nvfp4"};
+inline bool recipes_built_for(std::string const& preset) {
+  return preset == "small" || preset == "medium";
+}
+
+/// Calls run.template operator()<Preset<Precision>>() with the recipe named `precision` (fp32
+/// otherwise).
+template <template <class> class Preset, class Run>
+auto with_recipe(std::string const& precision, Run& run) {
+  namespace pr = mm::precision;
+  if (precision == "bf16") return run.template operator()<Preset<pr::bf16>>();
+  if (precision == "fp8_delayed")
+    return run.template operator()<Preset<pr::fp8_tensorwise<pr::delayed>>>();
+  if (precision == "fp8_current")
+    return run.template operator()<Preset<pr::fp8_tensorwise<pr::current>>>();
+  if (precision == "fp8_blockwise") return run.template operator()<Preset<pr::fp8_blockwise>>();
+  if (precision == "mxfp8") return run.template operator()<Preset<pr::mxfp8>>();
+  if (precision == "nvfp4") return run.template operator()<Preset<pr::nvfp4>>();
+  return run.template operator()<Preset<pr::fp32>>();
+}
+
 /// Calls run.template operator()<Config>() with the preset named `name` (tiny, small, fine,
-/// medium, dense; small otherwise) and returns what it returns.
+/// medium, dense; small otherwise) under the recipe named `precision` (fp32 where the preset
+/// has no other: recipes_built_for) and returns what it returns.
 template <class Run>
-auto with_preset(std::string const& name, Run& run) {
+auto with_preset(std::string const& name, std::string const& precision, Run& run) {
   if (name == "tiny") return run.template operator()<tiny_config>();
   if (name == "fine") return run.template operator()<fine_config>();
-  if (name == "medium") return run.template operator()<medium_config>();
+  if (name == "medium") return with_recipe<medium_config_in>(precision, run);
   if (name == "dense") return run.template operator()<dense_config>();
-  return run.template operator()<small_config>();
+  return with_recipe<small_config_in>(precision, run);
+}
+template <class Run>
+auto with_preset(std::string const& name, Run& run) {
+  return with_preset(name, "fp32", run);
 }
 
 }  // namespace megamoe::presets

@@ -16,7 +16,7 @@
 // Scores are q.k / sqrt(d) with a causal mask; linear_proj.weight [H, H] maps the heads back.
 // The attention itself is flash_attention (blocked, online softmax, RoPE fused; backward
 // recomputes the scores from the saved log-sum-exp); the projections run on every thread
-// (threaded_product).
+// (model/linear.hpp, through the precision recipe's operands).
 #pragma once
 
 #include <megamoe/core/error.hpp>
@@ -24,8 +24,8 @@
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
 #include <megamoe/model/flash_attention.hpp>
+#include <megamoe/model/linear.hpp>
 #include <megamoe/model/norm.hpp>
-#include <megamoe/model/products.hpp>
 #include <megamoe/parallel/collectives.hpp>
 #include <megamoe/parallel/tags.hpp>
 
@@ -36,21 +36,29 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace megamoe {
 
 template <class T, bool QkLayernorm = false,
-          parallel::cp_comm_type CpComm = parallel::cp_comm_type::p2p>
+          parallel::cp_comm_type CpComm = parallel::cp_comm_type::p2p,
+          class Ops = expert::exact_operands>
 class causal_attention {
  public:
+  /// linear_qkv and linear_proj in the operands' two slots.
+  static constexpr expert::linear qkv_linear = expert::linear::fc1;
+  static constexpr expert::linear proj_linear = expert::linear::fc2;
+
   /// `query_groups` 0: one key/value head per query head; `norm_epsilon` is QK layernorm's. With
   /// tensor parallelism over `tensor_parallel` ranks this rank holds 1/TP of the query groups
   /// (whole groups: its rows of linear_qkv) and their heads, and linear_proj's columns of them
-  /// ([H, H / TP]); its output is then its part of y, which the group sums.
+  /// ([H, H / TP]); its output is then its part of y, which the group sums. Under a precision
+  /// recipe both projections read `ops`'s operands (model/linear.hpp).
   causal_attention(int hidden, int heads, int query_groups = 0, double rope_base = 10000.0,
-                   double norm_epsilon = 1e-5, int tensor_parallel = 1)
-      : hidden_(hidden),
+                   double norm_epsilon = 1e-5, int tensor_parallel = 1, Ops ops = Ops{})
+      : linears_(std::move(ops)),
+        hidden_(hidden),
         heads_(tensor_parallel > 0 ? heads / tensor_parallel : 0),
         groups_((query_groups > 0 ? query_groups : heads) / std::max(1, tensor_parallel)),
         head_size_(heads > 0 ? hidden / heads : 0),
@@ -84,6 +92,10 @@ class causal_attention {
   /// This rank's attention output width, heads * head size (linear_proj's columns).
   [[nodiscard]] int context_width() const noexcept { return heads_ * head_size(); }
 
+  /// The projections and their operands (a recipe's codes and delayed-scaling state).
+  [[nodiscard]] linear_products<T, Ops>& linears() noexcept { return linears_; }
+  [[nodiscard]] linear_products<T, Ops> const& linears() const noexcept { return linears_; }
+
   /// Context parallelism over `cp` (kept by reference; size 1: none): each sequence is cut into
   /// 2 CP chunks and this rank's rows are chunks r and 2 CP - 1 - r (r its rank in `cp`), in that
   /// order, each S / 2 positions of the B sequences (t = s B + b within the rank's S positions).
@@ -108,8 +120,7 @@ class causal_attention {
     int const H = hidden_, N = static_cast<int>(x.rows()), W = qkv_width(), C = context_width();
     x_ = x;
     qkv_.resize(N, W);
-    threaded_product<expert::gemm_op::nt>(exec, N, W, H, x_.data(), H, qkv_weight_.data(), H,
-                                          qkv_.data(), W);
+    linears_.forward(exec, qkv_linear, N, W, H, x_.data(), qkv_weight_.data(), qkv_.data(), W);
     if constexpr (QkLayernorm) normalize_heads(exec.pool(), N);
     context_.resize(N, C);
     lse_.resize(std::size_t(batch) * heads_ * seq);
@@ -118,8 +129,8 @@ class causal_attention {
       context_parallel_forward(exec.pool());
     else
       kernel_.forward(exec.pool(), shape(), qkv.q, qkv.k, qkv.v, {context_.data(), C}, lse_.data());
-    threaded_product<expert::gemm_op::nt>(exec, N, H, C, context_.data(), C, proj_weight_.data(), C,
-                                          y.data(), static_cast<int>(y.outerStride()));
+    linears_.forward(exec, proj_linear, N, H, C, context_.data(), proj_weight_.data(), y.data(),
+                     static_cast<int>(y.outerStride()));
   }
 
   /// dx [S*B, H] from dy of the last forward; adds both weights' gradients. With tensor
@@ -130,11 +141,9 @@ class causal_attention {
       throw input_error("causal_attention: gradient shape does not match the last forward");
     int const H = hidden_, N = static_cast<int>(x_.rows()), W = qkv_width(), C = context_width();
     int const ldy = static_cast<int>(dy.outerStride());
-    threaded_product<expert::gemm_op::tn>(exec, H, C, N, dy.data(), ldy, context_.data(), C,
-                                          proj_grad_.data(), C, true);
     grad_context_.resize(N, C);
-    threaded_product<expert::gemm_op::nn>(exec, N, C, H, dy.data(), ldy, proj_weight_.data(), C,
-                                          grad_context_.data(), C);
+    linears_.backward(exec, proj_linear, N, H, C, dy.data(), ldy, proj_weight_.data(),
+                      context_.data(), grad_context_.data(), C, proj_grad_.data());
     grad_qkv_.resize(N, W);
     auto const qkv = views<T const>(qkv_.data());
     auto const grad = views<T>(grad_qkv_.data());
@@ -144,10 +153,8 @@ class causal_attention {
       kernel_.backward(exec.pool(), shape(), qkv.q, qkv.k, qkv.v, {context_.data(), C},
                        {grad_context_.data(), C}, lse_.data(), grad.q, grad.k, grad.v);
     if constexpr (QkLayernorm) normalize_heads_backward(exec.pool(), N);
-    threaded_product<expert::gemm_op::tn>(exec, W, H, N, grad_qkv_.data(), W, x_.data(), H,
-                                          qkv_grad_.data(), H, true);
-    threaded_product<expert::gemm_op::nn>(exec, N, H, W, grad_qkv_.data(), W, qkv_weight_.data(), H,
-                                          dx.data(), static_cast<int>(dx.outerStride()));
+    linears_.backward(exec, qkv_linear, N, W, H, grad_qkv_.data(), W, qkv_weight_.data(), x_.data(),
+                      dx.data(), static_cast<int>(dx.outerStride()), qkv_grad_.data());
   }
 
   void zero_grad() {
@@ -474,6 +481,7 @@ class causal_attention {
     move_heads<true>(pool, grad_qkv_.data(), grad_queries_.data(), N, 0, per);
   }
 
+  linear_products<T, Ops> linears_;
   int hidden_, heads_, groups_, head_size_;
   [[no_unique_address]] std::conditional_t<QkLayernorm, qk_norms, no_qk_norms> qk_norm_;
   attention::flash_attention<T> kernel_;

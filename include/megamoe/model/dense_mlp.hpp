@@ -2,28 +2,46 @@
 // megamoe/model/dense_mlp.hpp — the dense FFN of the transformer's non-MoE layers: one expert of
 // the grouped FFN on every token (prob 1), so it shares the experts' kernels, activations and
 // weight layout (linear_fc1.weight [W1, H] with SwiGLU's gate rows first, linear_fc2.weight [H,
-// F]).
+// F]). Under a precision recipe its two GEMMs read the recipe's operands (`Ops`,
+// model/linear.hpp's linear_operands_t), as a shared expert's do.
 #pragma once
 
 #include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/expert/backends.hpp>
 #include <megamoe/expert/mlp.hpp>
+#include <megamoe/model/linear.hpp>
 
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace megamoe {
 
 template <class T, expert::activation_function A = expert::activation_function::swiglu,
-          class Backend = expert::grouped_gemm>
+          class Backend = expert::grouped_gemm, class Ops = expert::exact_operands>
 class dense_mlp {
  public:
-  dense_mlp(int hidden, int ffn)
+  static constexpr bool rounds_operands = rounds_operands_v<Ops>;
+
+  dense_mlp(int hidden, int ffn, Ops ops = Ops{})
       : params_(expert::mlp_sizes{1, hidden, ffn, A, false}),
-        mlp_(expert::mlp_sizes{1, hidden, ffn, A, false}) {}
+        mlp_(expert::mlp_sizes{1, hidden, ffn, A, false}),
+        ops_(std::move(ops)) {}
+
+  /// The recipe's operands (codes kept, delayed-scaling state).
+  [[nodiscard]] Ops& operands() noexcept { return ops_; }
+  [[nodiscard]] Ops const& operands() const noexcept { return ops_; }
+  /// Binds the operands' workspaces to buffers of `f` (before each forward and backward).
+  void bind_operands(context& ctx, typename scratch_stack<T>::frame& f) {
+    megamoe::bind_operands(ops_, ctx, f);
+  }
+  /// End of a step for the operands (delayed scaling's amaxes over `replicas`, then histories).
+  void end_of_step(parallel::communicator_max const& replicas) {
+    if constexpr (rounds_operands) ops_.end_of_step(replicas);
+  }
 
   [[nodiscard]] int hidden() const noexcept { return params_.sizes().hidden; }
   [[nodiscard]] int ffn() const noexcept { return params_.sizes().ffn; }
@@ -36,7 +54,7 @@ class dense_mlp {
     count_[0] = N;
     fc1_.resize(N, params_.sizes().fc1_rows());
     act_.resize(N, ffn());
-    mlp_.forward(exec, params_, rows(), x_.data(), fc1_.data(), act_.data(), y.data());
+    mlp_.forward(exec, params_, rows(), x_.data(), fc1_.data(), act_.data(), y.data(), {}, ops_);
   }
 
   /// dx [N,H] from dy [N,H] of the last forward; adds the weight gradients.
@@ -46,7 +64,7 @@ class dense_mlp {
     grad_fc1_.resize(N, params_.sizes().fc1_rows());
     grad_probs_.resize(static_cast<std::size_t>(N));
     mlp_.backward(exec, params_, rows(), x_.data(), fc1_.data(), act_.data(), dy.data(),
-                  grad_act_.data(), grad_fc1_.data(), dx.data(), grad_probs_.data());
+                  grad_act_.data(), grad_fc1_.data(), dx.data(), grad_probs_.data(), {}, ops_);
   }
 
   void zero_grad() { params_.zero_grad(); }
@@ -70,6 +88,7 @@ class dense_mlp {
 
   expert::expert_parameters<T> params_;
   expert::grouped_mlp<A, Backend, T> mlp_;
+  Ops ops_;
   row_matrix<T> x_, fc1_, act_, grad_act_, grad_fc1_;
   std::vector<T> ones_, grad_probs_;
   std::array<std::int64_t, 1> count_{};

@@ -128,6 +128,9 @@ class expert_stage {
       auto& w = f.next();
       routed_ops_.bind(ctx.pool(), a, b, w);
       shared_ops_.bind(ctx.pool(), a, b, w);
+      // An evaluation records no amaxes: evaluating does not change training.
+      routed_ops_.record_amaxes(ctx.step.mode != router::pass::eval);
+      shared_ops_.record_amaxes(ctx.step.mode != router::pass::eval);
     }
   }
   /// End of a step for the recipe's operands (delayed scaling's histories).

@@ -324,9 +324,17 @@ class transformer {
     return total;
   }
 
-  /// Once per global batch: the MoE layers' expert-bias updates (collective on a job).
+  /// Once per global batch: the MoE layers' expert-bias updates and every module's end of step
+  /// for the recipe's operands (delayed scaling's amaxes over the DP replicas; collective on a
+  /// job).
   void finish_global_batch() {
     for (auto& m : moe_) m->finish_global_batch();
+    if constexpr (rounds_operands_v<linear_ops>) {
+      auto const replicas = groups_ == nullptr ? parallel::communicator_max()
+                                               : parallel::communicator_max(groups_->dp());
+      for (auto& b : blocks_) b.attention.linears().end_of_step(replicas);
+      for (auto& d : dense_) d.end_of_step(replicas);
+    }
   }
 
   void zero_grad() {
@@ -391,17 +399,42 @@ class transformer {
         if (kind != parameter_kind::dense) f(name, value, grad, kind, numbering);
       });
   }
-  /// f(persistent_state) for the MoE layers' state besides parameters (moe_layer).
+  /// f(persistent_state) for the state besides parameters: the MoE layers' (moe_layer) and, under
+  /// delayed scaling, each attention's and dense FFN's amax histories and scales (named
+  /// `decoder.layers.{i}.self_attention.fp8_delayed_state`, `....mlp.fp8_delayed_state`).
   template <class F>
   void for_each_persistent_state(F&& f) {
     for (auto& m : moe_) m->for_each_persistent_state(f);
+    if constexpr (rounds_operands_v<linear_ops>) {
+      auto visit = [&](linear_ops& ops, std::string const& name) {
+        int const width = ops.persistent_floats();
+        if (width == 0) return;
+        auto state = ops.persistent_state();
+        f(persistent_state{name, 1, width, 0, std::span<float>(state),
+                           state_owner::attention_grid_first});
+        ops.set_persistent_state(state);
+      };
+      for (auto& b : blocks_) {
+        std::string const prefix = "decoder.layers." + std::to_string(b.layer);
+        visit(b.attention.linears().operands(), prefix + ".self_attention.fp8_delayed_state");
+        if (b.dense >= 0)
+          visit(dense_[static_cast<std::size_t>(b.dense)].operands(),
+                prefix + ".mlp.fp8_delayed_state");
+      }
+    }
   }
-  /// Training steps the MoE layers' recipe operands have ended (all layers alike).
+  /// Training steps the recipe's operands have ended (all modules alike).
   [[nodiscard]] std::uint64_t operand_steps() const noexcept {
+    if constexpr (rounds_operands_v<linear_ops>)
+      if (!blocks_.empty()) return blocks_.front().attention.linears().operands().steps_taken();
     return moe_.empty() ? 0 : moe_.front()->operand_steps();
   }
   void set_operand_steps(std::uint64_t steps) noexcept {
     for (auto& m : moe_) m->set_operand_steps(steps);
+    if constexpr (rounds_operands_v<linear_ops>) {
+      for (auto& b : blocks_) b.attention.linears().operands().set_steps_taken(steps);
+      for (auto& d : dense_) d.operands().set_steps_taken(steps);
+    }
   }
 
   /// Weights from N(0, std^2) as a function of (seed, parameter name, element), norms at 1 (QK
@@ -576,6 +609,8 @@ class transformer {
     auto& b = blocks_[static_cast<std::size_t>(i)];
     norm_of_residual(ctx, b.input_norm);
     times.time(stage::attention, [&] {
+      auto f = ctx.scratch<scalar>().open();
+      b.attention.linears().bind(ctx, f);
       b.attention.forward(ctx.executor<scalar>(), all_rows(cmap(normed_), whole_), seq, batch,
                           whole_output(map(branch_), N));
       sum_to_my_rows(map(branch_));
@@ -594,8 +629,11 @@ class transformer {
       out.router_losses = out.aux_loss + out.z_loss;
     } else {
       times.time(stage::dense_ffn, [&] {
-        dense_[static_cast<std::size_t>(b.dense)].forward(
-            ctx.executor<scalar>(), all_rows(cmap(normed_), whole_), whole_output(map(branch_), N));
+        auto& dense = dense_[static_cast<std::size_t>(b.dense)];
+        auto f = ctx.scratch<scalar>().open();
+        dense.bind_operands(ctx, f);
+        dense.forward(ctx.executor<scalar>(), all_rows(cmap(normed_), whole_),
+                      whole_output(map(branch_), N));
         sum_to_my_rows(map(branch_));
       });
       pending_ = branch_.data();
@@ -643,15 +681,19 @@ class transformer {
                  [&] { b.pre_mlp_norm.backward(pool, dx, map(grad_), true); });
     } else {
       times.time(stage::dense_ffn, [&] {
-        dense_[static_cast<std::size_t>(b.dense)].backward(ctx.executor<scalar>(),
-                                                           all_rows(cmap(grad_), grad_whole_),
-                                                           whole_output(map(grad_normed_), N));
+        auto& dense = dense_[static_cast<std::size_t>(b.dense)];
+        auto f = ctx.scratch<scalar>().open();
+        dense.bind_operands(ctx, f);
+        dense.backward(ctx.executor<scalar>(), all_rows(cmap(grad_), grad_whole_),
+                       whole_output(map(grad_normed_), N));
         sum_to_my_rows(map(grad_normed_));
       });
       times.time(stage::norms_residuals,
                  [&] { b.pre_mlp_norm.backward(pool, cmap(grad_normed_), map(grad_), true); });
     }
     times.time(stage::attention, [&] {
+      auto f = ctx.scratch<scalar>().open();
+      b.attention.linears().bind(ctx, f);
       b.attention.backward(ctx.executor<scalar>(), all_rows(cmap(grad_), grad_whole_),
                            whole_output(map(grad_normed_), N));
       sum_to_my_rows(map(grad_normed_));
@@ -678,7 +720,18 @@ class transformer {
                   mine.begin() + static_cast<std::ptrdiff_t>(i * run));
   }
 
-  using attention_type = causal_attention<scalar, Config::model::value.qk_layernorm, cp_comm>;
+  /// The operands of attention's and the dense FFNs' linears under the model's recipe.
+  using linear_ops = linear_operands_t<typename Config::precision>;
+  using attention_type =
+      causal_attention<scalar, Config::model::value.qk_layernorm, cp_comm, linear_ops>;
+  using dense_type =
+      dense_mlp<scalar, expert::activation_function::swiglu, expert::grouped_gemm, linear_ops>;
+  /// A module's operands: its amaxes reduced over TP x CP; stochastic rounding seeded by its
+  /// place in the whole model (attention 2i, dense FFN 2i + 1 past the MoE layers' seeds).
+  linear_ops module_operands(int layer, int which) const {
+    return make_linear_operands<linear_ops>((std::uint64_t{1} << 32) + 2 * layer + which,
+                                            groups_ == nullptr ? nullptr : &groups_->tp_cp());
+  }
   struct block {
     rms_norm<scalar> input_norm;
     attention_type attention;
@@ -850,16 +903,16 @@ class transformer {
     int next_moe = 0, next_dense = 0;
     blocks_.reserve(mine.size());
     for (int i : mine) {
-      blocks_.push_back(
-          block{rms_norm<scalar>(H, m.norm_epsilon),
-                attention_type(H, m.heads, m.query_groups, m.rope_base, m.norm_epsilon, tp),
-                rms_norm<scalar>(H, m.norm_epsilon), i});
+      blocks_.push_back(block{rms_norm<scalar>(H, m.norm_epsilon),
+                              attention_type(H, m.heads, m.query_groups, m.rope_base,
+                                             m.norm_epsilon, tp, module_operands(i, 0)),
+                              rms_norm<scalar>(H, m.norm_epsilon), i});
       if (values_.parallel.cp > 1) blocks_.back().attention.set_context_parallel(groups->cp());
       if (is_moe(i)) {
         blocks_.back().moe = next_moe++;
       } else {
         blocks_.back().dense = next_dense++;
-        dense_.emplace_back(H, m.dense_ffn / tp);
+        dense_.emplace_back(H, m.dense_ffn / tp, module_operands(i, 1));
       }
     }
   }
@@ -869,7 +922,7 @@ class transformer {
   token_embedding<scalar> embedding_{1, 1};
   std::vector<block> blocks_;
   std::vector<std::unique_ptr<moe_type>> moe_;
-  std::vector<dense_mlp<scalar>> dense_;
+  std::vector<dense_type> dense_;
   rms_norm<scalar> final_norm_{1};
   lm_head<scalar> head_{1, 1};
   parallel::process_groups const* groups_ = nullptr;        // kept by reference; null on one rank

@@ -95,6 +95,11 @@ class grouped_operands {
         per_role.assign(static_cast<std::size_t>(experts), delayed_scaling_state::of(recipe));
   }
 
+  /// Whether forwards record their amaxes for delayed scaling (on by default): an evaluation's
+  /// forward quantizes with the current scales and records nothing, so that evaluating does not
+  /// change training.
+  void record_amaxes(bool on) noexcept { recording_ = on; }
+
   /// Numbers the experts from `first` (the global number of local expert 0), so that stochastic
   /// rounding draws the same numbers for an expert on whichever rank holds it.
   void number_experts_from(int first) noexcept { first_expert_ = first; }
@@ -540,7 +545,7 @@ class grouped_operands {
         float const amax = amax_[static_cast<std::size_t>(e)];
         if constexpr (recipe.recipe == recipe_id::fp8_delayed) {
           auto& state = delayed_[l][static_cast<std::size_t>(r)][static_cast<std::size_t>(e)];
-          state.record(amax);
+          if (recording_) state.record(amax);
           scales_[static_cast<std::size_t>(e)] = state.scale;
         } else {
           scales_[static_cast<std::size_t>(e)] = scale_from_amax(amax, max_of(F.element));
@@ -588,6 +593,7 @@ class grouped_operands {
   std::uint64_t seed_;
   std::uint64_t step_ = 0;
   bool keep_all_ = false;
+  bool recording_ = true;
   int first_expert_ = 0;
   AmaxReduction reduction_;
   std::vector<float> scales_, amax_;               // [E]: of the tensor being quantized

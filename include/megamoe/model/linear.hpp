@@ -1,0 +1,146 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/model/linear.hpp — the products of the dense linear layers (attention's linear_qkv and
+// linear_proj) under the model's precision recipe: fprop y = x W^T, dgrad dx = dy W and wgrad
+// dW += dy^T x, each reading what the recipe's operands give it.
+//
+//   linear_operands_t<Config>   the operands of a dense module under Config's recipe: the values
+//                               themselves (fp32, fp64) or precision::grouped_operands with one
+//                               "expert" per module, its two linears in the operands' two slots
+//   linear_products<T, Ops>     the three products of a module's linears on the pool
+//
+// A module's two linears share one operands object, as an expert's fc1 and fc2 do: the same
+// hooks, the same kept codes (the inputs' wgrad copies, the weights' copies), the same delayed-
+// scaling state per tensor. Per-tensor amaxes are reduced over TP x CP, the ranks that hold parts
+// of one tensor (sequence chunks, column or row shards), so every rank quantizes with one scale.
+#pragma once
+
+#include <megamoe/core/error.hpp>
+#include <megamoe/core/random.hpp>
+#include <megamoe/core/scratch.hpp>
+#include <megamoe/expert/backends.hpp>
+#include <megamoe/expert/gemm_problem.hpp>
+#include <megamoe/expert/mlp.hpp>
+#include <megamoe/model/context.hpp>
+#include <megamoe/parallel/collectives.hpp>
+#include <megamoe/precision/operands.hpp>
+#include <megamoe/precision/recipe.hpp>
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+#include <utility>
+
+namespace megamoe {
+
+/// The operands of the dense modules (attention, dense FFN) under `Recipe` (a precision tag).
+template <class Recipe>
+using linear_operands_t =
+    std::conditional_t<precision::rounds_operands(Recipe::value),
+                       precision::grouped_operands<Recipe, parallel::communicator_max>,
+                       expert::exact_operands>;
+
+/// Whether Ops quantizes (a recipe's operands) or reads the values themselves.
+template <class Ops>
+inline constexpr bool rounds_operands_v = !std::is_same_v<Ops, expert::exact_operands>;
+
+/// A dense module's operands for one rank: one "expert"; `seed` drives stochastic rounding;
+/// amaxes reduced over `amax_group` (none: this rank alone).
+template <class Ops>
+Ops make_linear_operands(std::uint64_t seed, boost::mpi::communicator const* amax_group) {
+  if constexpr (rounds_operands_v<Ops>) {
+    return Ops(1, splitmix64(seed),
+               amax_group == nullptr ? parallel::communicator_max()
+                                     : parallel::communicator_max(*amax_group));
+  } else {
+    return Ops{};
+  }
+}
+
+/// Binds a recipe's operands' three workspaces (two of rows, one of weights) to the next buffers
+/// of scratch frame `f` and the context's pool, and records amaxes only outside evaluation;
+/// nothing for the values themselves. Before each forward and backward.
+template <class Ops, class Frame>
+void bind_operands(Ops& ops, context& ctx, Frame& f) {
+  if constexpr (rounds_operands_v<Ops>) {
+    auto& a = f.next();
+    auto& b = f.next();
+    auto& w = f.next();
+    ops.bind(ctx.pool(), a, b, w);
+    ops.record_amaxes(ctx.step.mode != router::pass::eval);
+  }
+}
+
+/// The products of a module's linear layers through its operands `Ops` on backend `Backend`
+/// (the fp32 grouped GEMM unless a BF16 unit is chosen). Under a recipe every operand is a
+/// contiguous [rows, cols] matrix (the hooks quantize whole rows), so x and dy must be.
+template <class T, class Ops, class Backend = expert::grouped_gemm>
+class linear_products {
+ public:
+  static constexpr bool rounds = rounds_operands_v<Ops>;
+
+  linear_products() = default;
+  explicit linear_products(Ops ops) : ops_(std::move(ops)) {}
+
+  [[nodiscard]] Ops& operands() noexcept { return ops_; }
+  [[nodiscard]] Ops const& operands() const noexcept { return ops_; }
+
+  /// Binds the operands' workspaces to buffers of `f` (bind_operands; before each forward and
+  /// backward).
+  void bind(context& ctx, typename scratch_stack<T>::frame& f) { bind_operands(ops_, ctx, f); }
+
+  /// y [n, out] (leading dimension ldy) = x [n, in] W^T for linear `l`, W [out, in].
+  void forward(expert::executor<T>& exec, expert::linear l, int n, int out, int in, T const* x,
+               T const* w, T* y, int ldy) {
+    rows_[1] = n;
+    T const* xs = ops_.input(l, x, in, rows_, 0, 1);
+    T const* ws = ops_.weight(l, precision::operand_usage::rowwise, w, out, in, 0, 1);
+    run<expert::gemm_op::nt>(exec, {n, out, in, xs, in, ws, in, y, ldy, false},
+                             expert::operand_buffer::weights);
+  }
+
+  /// dx [n, in] (ldx) = dy W and dW [out, in] += dy^T x, from dy [n, out] (ldy) of the last
+  /// forward of `l`, whose input was x [n, in].
+  void backward(expert::executor<T>& exec, expert::linear l, int n, int out, int in, T const* dy,
+                int ldy, T const* w, T const* x, T* dx, int ldx, T* dw) {
+    rows_[1] = n;
+    if constexpr (rounds) {
+      if (ldy != out)
+        throw input_error("linear_products: a recipe's gradient rows must be contiguous");
+      // dgrad first: wgrad takes the gradient's scales (and, where the copies are the same, its
+      // values) that grad() left.
+      T const* g = ops_.grad(l, dy, out, rows_, 0, 1);
+      T const* ws = ops_.weight(l, precision::operand_usage::columnwise, w, out, in, 0, 1);
+      run<expert::gemm_op::nn>(exec, {n, in, out, g, out, ws, in, dx, ldx, false},
+                               expert::operand_buffer::weights);
+      auto const wg = ops_.wgrad(l, dy, out, x, in, rows_, 0, 1);
+      auto const k = static_cast<int>(wg.offsets[1] - wg.offsets[0]);
+      run<expert::gemm_op::tn>(exec, {out, in, k, wg.grad, out, wg.input, in, dw, in, true},
+                               expert::operand_buffer::rows_b);
+    } else {
+      run<expert::gemm_op::tn>(exec, {out, in, n, dy, ldy, x, in, dw, in, true},
+                               expert::operand_buffer::rows_b);
+      run<expert::gemm_op::nn>(exec, {n, in, out, dy, ldy, w, in, dx, ldx, false},
+                               expert::operand_buffer::weights);
+    }
+  }
+
+  /// End of a step: delayed scaling's amaxes reduced over the module's replicas, then its
+  /// histories and scales updated; stochastic rounding's draws move on.
+  void end_of_step(parallel::communicator_max const& replicas) {
+    if constexpr (rounds) ops_.end_of_step(replicas);
+  }
+
+ private:
+  template <expert::gemm_op Op>
+  void run(expert::executor<T>& exec, expert::gemm_problem<T> p, expert::operand_buffer b) {
+    p.a_unit = ops_.unit(expert::operand_buffer::rows_a, 0);
+    p.b_unit = ops_.unit(b, 0);
+    Backend::template run<Op>(exec, std::span<expert::gemm_problem<T> const>(&p, 1));
+  }
+
+  Ops ops_;
+  std::array<std::int64_t, 2> rows_{};  // the one "expert"'s row offsets, {0, n}
+};
+
+}  // namespace megamoe
