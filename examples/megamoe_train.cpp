@@ -101,6 +101,7 @@ struct options {
   std::uint64_t seed = 1234;
   std::string data = "/usr/share/games/fortunes", out = "megamoe-train-out", preset = "small";
   std::string precision = "fp32";
+  std::string backend = "auto";  // as given; resolved_backend() says which unit runs
   // The reference's precision flags, resolved into `precision` (precision_from_reference_flags).
   bool bf16_flag = false;
   std::string fp8_format, fp8_recipe = "delayed", fp4_format, fp4_recipe = "nvfp4";
@@ -147,6 +148,41 @@ std::string precision_from_reference_flags(options const& o) {
     throw mm::input_error("megamoe-train: --precision " + o.precision + ", but the reference's " +
                           "flags name " + named);
   return named;
+}
+
+/// The GEMM backend of the job: --backend as given, or for `auto` the fastest unit every rank
+/// can run the recipe on (AMX's tiles, then AVX512-BF16's dot products, then the fp32 grouped
+/// GEMMs; the BF16 units are built for --precision bf16), agreed over the world. A BF16 unit by
+/// name needs a recipe (R037) and must be usable on every rank (R052); every error is agreed.
+std::string resolved_backend(boost::mpi::communicator const& world, options const& o) {
+  using mm::expert::gemm_backend;
+  bool const built = MEGAMOE_HAS_AMX_INTRINSICS && megamoe::presets::recipes_built_for(o.preset) &&
+                     megamoe::presets::bf16_units_built_for(o.precision);
+  std::string chosen = o.backend;
+  mm::parallel::check_on_every_rank(world, [&] {
+    if (o.backend == "auto" || o.backend == "grouped") return;
+    std::string const flag = "--backend " + o.backend;
+    if (o.precision == "fp32")
+      throw mm::config_error(mm::rules::id::bf16_backends_need_a_recipe,
+                             flag + " with --precision fp32");
+    if (!built)
+      throw mm::input_error("megamoe-train: " + flag +
+                            " is built for --precision bf16 on the small and medium presets; "
+                            "--precision " +
+                            o.precision + " on " + o.preset + " runs on --backend grouped");
+    auto const unit = o.backend == "amx" ? gemm_backend::amx : gemm_backend::avx512_bf16;
+    if (auto const why = mm::expert::unavailable_reason(unit); !why.empty())
+      throw mm::config_error(mm::rules::id::bf16_unit_usable, flag + ": " + why);
+  });
+  if (o.backend != "auto") return chosen;
+  // 2: AMX, 1: AVX512-BF16, 0: grouped; the least any rank can run.
+  int mine = 0;
+  if (built && mm::expert::unavailable_reason(gemm_backend::amx).empty())
+    mine = 2;
+  else if (built && mm::expert::unavailable_reason(gemm_backend::avx512_bf16).empty())
+    mine = 1;
+  int const agreed = boost::mpi::all_reduce(world, mine, boost::mpi::minimum<int>());
+  return agreed == 2 ? "amx" : agreed == 1 ? "avx512_bf16" : "grouped";
 }
 
 /// The modules whose GEMMs read the recipe's operands, and those kept in higher precision.
@@ -242,6 +278,7 @@ int describe_job(mm::parallel::environment& env, options o) {
     json["layers_per_virtual_stage"] = layers;
     json["preset"] = o.preset;
     json["precision_modules"] = quantized_modules(values, o.precision);
+    json["backend"] = o.backend;
     json["seq_length"] = o.seq_len;
     json["num_parameters"] = mm::parameter_count(values);
     json["model_flops_per_token"] = mm::flops_per_token(values, o.seq_len);
@@ -528,6 +565,7 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
   if (o.exit_signal_handler) std::signal(SIGTERM, request_termination);
   nlohmann::json const job_state = {{"preset", o.preset},
                                     {"precision", o.precision},
+                                    {"backend", o.backend},
                                     {"steps", o.steps},
                                     {"micro_batch", o.micro_batch}};
   int last_saved = resuming ? trainer.steps_done() : -1;
@@ -581,10 +619,11 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
     metrics.flush();
   }
   if (root)
-    std::cerr << "megamoe-train: preset " << o.preset << ", precision " << o.precision << ", "
-              << corpus.training().size() << " training bytes, " << corpus.heldout().size()
-              << " held out (unigram " << unigram << " bits/byte); " << world.size()
-              << " rank(s), TP " << degrees.tp << ", CP " << degrees.cp << ", PP " << degrees.pp
+    std::cerr << "megamoe-train: preset " << o.preset << ", precision " << o.precision << " on "
+              << o.backend << ", " << corpus.training().size() << " training bytes, "
+              << corpus.heldout().size() << " held out (unigram " << unigram << " bits/byte); "
+              << world.size() << " rank(s), TP " << degrees.tp << ", CP " << degrees.cp << ", PP "
+              << degrees.pp
               << (model.pipeline().vpp() > 1 ? " x V " + std::to_string(model.pipeline().vpp())
                                              : std::string())
               << ", EP " << degrees.ep << ", global batch "
@@ -820,6 +859,7 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
     nlohmann::ordered_json final;
     final["final"] = {{"steps", std::max(o.steps, first_step - 1)},
                       {"precision", o.precision},
+                      {"backend", o.backend},
                       {"tokens_per_s", tokens_per_s},
                       {"heldout_bpb", heldout},
                       {"unigram_bpb", unigram},
@@ -899,6 +939,12 @@ int main(int argc, char** argv) {
             {"fp32", "bf16", "fp8_delayed", "fp8_current", "fp8_blockwise", "mxfp8", "nvfp4"}))
         ->capture_default_str();
     app.add_flag("--bf16", o.bf16_flag, "the reference's name for --precision bf16");
+    app.add_option("--backend", o.backend,
+                   "GEMM unit of every linear layer: auto (the fastest this CPU runs the recipe "
+                   "on: amx, then avx512_bf16, then grouped) | grouped (fp32) | avx512_bf16 | amx "
+                   "(the BF16 units: --precision bf16, small and medium presets)")
+        ->check(CLI::IsMember({"auto", "grouped", "avx512_bf16", "amx"}))
+        ->capture_default_str();
     app.add_option("--fp8-format", o.fp8_format,
                    "the reference's FP8 flag: hybrid (with --fp8-recipe delayed | tensorwise) or "
                    "e4m3 (with --fp8-recipe blockwise | mxfp8)")
@@ -995,6 +1041,7 @@ int main(int argc, char** argv) {
       return o.describe ? describe_job<Config>(env, o)
                         : train<Config>(env, o, resume ? &*resume : nullptr);
     };
-    return megamoe::presets::with_preset(o.preset, o.precision, run);
+    o.backend = resolved_backend(env.world(), o);
+    return megamoe::presets::with_preset(o.preset, o.precision, o.backend, run);
   });
 }

@@ -5,6 +5,7 @@
 
 #include <megamoe/config/config.hpp>
 #include <megamoe/config/rules.hpp>
+#include <megamoe/expert/tile_gemm.hpp>
 
 #include <array>
 #include <string>
@@ -22,34 +23,36 @@ using job_mapping =
     mm::parallel::mapping<mm::parallel::tp<mm::dynamic>, mm::parallel::cp<mm::dynamic>,
                           mm::parallel::pp<mm::dynamic>, mm::parallel::ep<mm::dynamic>>;
 
-template <int H, int F, int E, class Router, class Model, class Precision = mm::precision::fp32>
-using preset_config = mm::make_config<mm::shape<mm::hidden<H>, mm::ffn<F>, mm::experts<E>>, Router,
-                                      mm::dispatch::all_to_all, mm::expert::mlp<mm::expert::swiglu>,
-                                      Precision, job_mapping, Model>;
+template <int H, int F, int E, class Router, class Model, class Precision = mm::precision::fp32,
+          class Backend = mm::expert::grouped>
+using preset_config =
+    mm::make_config<mm::shape<mm::hidden<H>, mm::ffn<F>, mm::experts<E>>, Router,
+                    mm::dispatch::all_to_all, mm::expert::mlp<mm::expert::swiglu, Backend>,
+                    Precision, job_mapping, Model>;
 
 /// tiny: quick runs; small (default): 4 layers, MoE every other layer, 8 experts top-2;
 /// fine: fine-grained experts, every layer MoE, 16 experts top-4 with the aux-loss-free router.
 using tiny_config = preset_config<64, 128, 4, rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>,
                                   md::decoder<md::layers<2>, md::heads<4>, md::vocabulary<256>,
                                               md::dense_ffn<256>, md::moe_layer_freq<2>>>;
-template <class Precision>
+template <class Precision, class Backend = mm::expert::grouped>
 using small_config_in =
     preset_config<128, 256, 8, rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>,
                   md::decoder<md::layers<4>, md::heads<4>, md::vocabulary<256>, md::dense_ffn<512>,
                               md::moe_layer_freq<2>>,
-                  Precision>;
+                  Precision, Backend>;
 using small_config = small_config_in<mm::precision::fp32>;
 using fine_config = preset_config<128, 96, 16, rt::aux_loss_free<4, rt::seq_aux_loss<1e-4>>,
                                   md::decoder<md::layers<4>, md::heads<4>, md::vocabulary<256>>>;
 /// medium: big enough that compute decides the step: H 512, 8 layers of 8 heads, MoE every other
 /// layer (16 experts of width 1024, top-2), dense SwiGLU layers of width 2048; megamoe-train runs
 /// it with sequences of 256 bytes, 8 per micro-batch.
-template <class Precision>
+template <class Precision, class Backend = mm::expert::grouped>
 using medium_config_in =
     preset_config<512, 1024, 16, rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>,
                   md::decoder<md::layers<8>, md::heads<8>, md::vocabulary<256>, md::dense_ffn<2048>,
                               md::moe_layer_freq<2>>,
-                  Precision>;
+                  Precision, Backend>;
 using medium_config = medium_config_in<mm::precision::fp32>;
 /// dense: `small` with each MoE layer's FFN a dense SwiGLU FFN of the experts' width (256), the
 /// model `--upcycle` starts `small` from. Such a layer is one expert with top-1 routing, whose
@@ -70,36 +73,52 @@ inline bool recipes_built_for(std::string const& preset) {
   return preset == "small" || preset == "medium";
 }
 
-/// Calls run.template operator()<Preset<Precision>>() with the recipe named `precision` (fp32
-/// otherwise).
-template <template <class> class Preset, class Run>
-auto with_recipe(std::string const& precision, Run& run) {
+/// The GEMM backends by their command-line names: `grouped` (fp32 units) for every recipe, the
+/// BF16 units (`avx512_bf16`, `amx`) built for the bf16 recipe (bf16_units_built_for).
+inline bool bf16_units_built_for(std::string const& precision) {
+  return precision == "bf16";
+}
+
+/// Calls run.template operator()<Preset<Precision, Backend>>() with the recipe named `precision`
+/// (fp32 otherwise) on the backend named `backend` (grouped otherwise; a BF16 unit only for bf16).
+template <template <class, class> class Preset, class Run>
+auto with_recipe(std::string const& precision, std::string const& backend, Run& run) {
   namespace pr = mm::precision;
-  if (precision == "bf16") return run.template operator()<Preset<pr::bf16>>();
+  using mm::expert::grouped;
+#if MEGAMOE_HAS_AMX_INTRINSICS
+  if (precision == "bf16" && backend == "amx")
+    return run.template operator()<Preset<pr::bf16, mm::expert::amx>>();
+  if (precision == "bf16" && backend == "avx512_bf16")
+    return run.template operator()<Preset<pr::bf16, mm::expert::avx512_bf16>>();
+#endif
+  if (precision == "bf16") return run.template operator()<Preset<pr::bf16, grouped>>();
   if (precision == "fp8_delayed")
-    return run.template operator()<Preset<pr::fp8_tensorwise<pr::delayed>>>();
+    return run.template operator()<Preset<pr::fp8_tensorwise<pr::delayed>, grouped>>();
   if (precision == "fp8_current")
-    return run.template operator()<Preset<pr::fp8_tensorwise<pr::current>>>();
-  if (precision == "fp8_blockwise") return run.template operator()<Preset<pr::fp8_blockwise>>();
-  if (precision == "mxfp8") return run.template operator()<Preset<pr::mxfp8>>();
-  if (precision == "nvfp4") return run.template operator()<Preset<pr::nvfp4>>();
-  return run.template operator()<Preset<pr::fp32>>();
+    return run.template operator()<Preset<pr::fp8_tensorwise<pr::current>, grouped>>();
+  if (precision == "fp8_blockwise")
+    return run.template operator()<Preset<pr::fp8_blockwise, grouped>>();
+  if (precision == "mxfp8") return run.template operator()<Preset<pr::mxfp8, grouped>>();
+  if (precision == "nvfp4") return run.template operator()<Preset<pr::nvfp4, grouped>>();
+  return run.template operator()<Preset<pr::fp32, grouped>>();
 }
 
 /// Calls run.template operator()<Config>() with the preset named `name` (tiny, small, fine,
 /// medium, dense; small otherwise) under the recipe named `precision` (fp32 where the preset
-/// has no other: recipes_built_for) and returns what it returns.
+/// has no other: recipes_built_for) on the backend named `backend` (with_recipe) and returns what
+/// it returns.
 template <class Run>
-auto with_preset(std::string const& name, std::string const& precision, Run& run) {
+auto with_preset(std::string const& name, std::string const& precision, std::string const& backend,
+                 Run& run) {
   if (name == "tiny") return run.template operator()<tiny_config>();
   if (name == "fine") return run.template operator()<fine_config>();
-  if (name == "medium") return with_recipe<medium_config_in>(precision, run);
+  if (name == "medium") return with_recipe<medium_config_in>(precision, backend, run);
   if (name == "dense") return run.template operator()<dense_config>();
-  return with_recipe<small_config_in>(precision, run);
+  return with_recipe<small_config_in>(precision, backend, run);
 }
 template <class Run>
 auto with_preset(std::string const& name, Run& run) {
-  return with_preset(name, "fp32", run);
+  return with_preset(name, "fp32", "grouped", run);
 }
 
 }  // namespace megamoe::presets

@@ -8,6 +8,8 @@
 #include "support/layer_helpers.hpp"
 
 #include <megamoe/config/config.hpp>
+#include <megamoe/expert/backends.hpp>
+#include <megamoe/expert/tile_gemm.hpp>
 #include <megamoe/model/attention.hpp>
 #include <megamoe/model/dense_mlp.hpp>
 #include <megamoe/model/linear.hpp>
@@ -229,14 +231,15 @@ mm::row_matrix_map<T> out(mm::row_matrix<T>& m) {
   return {m.data(), m.rows(), m.cols()};
 }
 
-/// Attention (grouped queries, QK layernorm) under Recipe: two steps (delayed scaling's second
-/// runs on the scales its first derived), each against the double module on its codes.
-template <class Recipe>
+/// Attention (grouped queries, QK layernorm) under Recipe on GEMM backend Backend: two steps
+/// (delayed scaling's second runs on the scales its first derived), each against the double
+/// module on its codes.
+template <class Recipe, class Backend = ex::grouped_gemm>
 void attention_matches_its_codes() {
   using ops_type = recipe_ops<Recipe>;
   constexpr int H = 160, heads = 4, groups = 2, S = 16, B = 3, N = S * B;
   mm::context ctx(2);
-  mm::causal_attention<float, true, mm::parallel::cp_comm_type::p2p, ops_type> module(
+  mm::causal_attention<float, true, mm::parallel::cp_comm_type::p2p, ops_type, Backend> module(
       H, heads, groups, 10000.0, 1e-5, 1, mm::make_linear_operands<ops_type>(5, nullptr));
   mm::causal_attention<double, true, mm::parallel::cp_comm_type::p2p, replay_operands> twin(
       H, heads, groups, 10000.0, 1e-5, 1);
@@ -297,13 +300,13 @@ void attention_matches_its_codes() {
   }
 }
 
-/// The dense FFN (SwiGLU) under Recipe, as attention_matches_its_codes.
-template <class Recipe>
+/// The dense FFN (SwiGLU) under Recipe on Backend, as attention_matches_its_codes.
+template <class Recipe, class Backend = ex::grouped_gemm>
 void dense_matches_its_codes() {
   using ops_type = recipe_ops<Recipe>;
   constexpr int H = 160, F = 96, N = 40;
   mm::context ctx(2);
-  mm::dense_mlp<float, ex::activation_function::swiglu, ex::grouped_gemm, ops_type> module(
+  mm::dense_mlp<float, ex::activation_function::swiglu, Backend, ops_type> module(
       H, F, mm::make_linear_operands<ops_type>(6, nullptr));
   mm::dense_mlp<double, ex::activation_function::swiglu, ex::grouped_gemm, replay_operands> twin(H,
                                                                                                  F);
@@ -399,6 +402,29 @@ TEST(RecipeModules, DenseMatchesItsCodesMxfp8) {
 TEST(RecipeModules, DenseMatchesItsCodesNvfp4) {
   dense_matches_its_codes<pr::nvfp4>();
 }
+
+#if MEGAMOE_HAS_AMX_INTRINSICS
+/// Both modules under bf16 and NVFP4 on BF16 unit B (the products of BF16 values exact, sums in
+/// fp32): the same check against the double module on their codes.
+template <ex::gemm_backend B>
+bool on_bf16_unit_matches_its_codes() {
+  if (!ex::unavailable_reason(B).empty()) return false;
+  using backend = ex::backend_t<B>;
+  attention_matches_its_codes<pr::bf16, backend>();
+  attention_matches_its_codes<pr::nvfp4, backend>();
+  dense_matches_its_codes<pr::bf16, backend>();
+  dense_matches_its_codes<pr::nvfp4, backend>();
+  return true;
+}
+TEST(RecipeModules, OnAvx512Bf16TheModulesMatchTheirCodes) {
+  if (!on_bf16_unit_matches_its_codes<ex::gemm_backend::avx512_bf16>())
+    GTEST_SKIP() << ex::unavailable_reason(ex::gemm_backend::avx512_bf16);
+}
+TEST(RecipeModules, OnAmxTheModulesMatchTheirCodes) {
+  if (!on_bf16_unit_matches_its_codes<ex::gemm_backend::amx>())
+    GTEST_SKIP() << ex::unavailable_reason(ex::gemm_backend::amx);
+}
+#endif
 
 /// A tiny whole model (an MoE layer, then a dense one) under Precision: every linear quantized.
 namespace rt = mm::router;

@@ -143,6 +143,10 @@
 #define MEGAMOE_RULE_R051                                                                        \
   "megamoe[R051]: the merged forward-backward schedule with PP above 1 needs interleaving (V > " \
   "1), as the reference's overlap_moe_expert_parallel_comm does"
+#define MEGAMOE_RULE_R052                                                                   \
+  "megamoe[R052]: a BF16 unit asked for by name (amx, avx512_bf16) must be usable in this " \
+  "process on every rank: the CPU lists it, the OS grants AMX's tile state, and no "        \
+  "MEGAMOE_DISABLE_AMX / MEGAMOE_DISABLE_AVX512 is set"
 
 namespace megamoe {
 
@@ -200,6 +204,7 @@ enum class id : int {
   tp_divides_sequence_shard = 49,
   pipeline_micro_batches = 50,
   merged_schedule_needs_interleaving = 51,
+  bf16_unit_usable = 52,
 };
 }  // namespace rules
 
@@ -212,7 +217,7 @@ struct rule_info {
 };
 
 /// Every rule megamoe checks, in id order. `rule_catalog[i].id == i + 1`.
-inline constexpr std::array<rule_info, 51> rule_catalog{{
+inline constexpr std::array<rule_info, 52> rule_catalog{{
     {1, "shape_sizes_valid", MEGAMOE_RULE_R001},
     {2, "top_k_within_experts", MEGAMOE_RULE_R002},
     {3, "ep_divides_experts", MEGAMOE_RULE_R003},
@@ -264,6 +269,7 @@ inline constexpr std::array<rule_info, 51> rule_catalog{{
     {49, "tp_divides_sequence_shard", MEGAMOE_RULE_R049},
     {50, "pipeline_micro_batches", MEGAMOE_RULE_R050},
     {51, "merged_schedule_needs_interleaving", MEGAMOE_RULE_R051},
+    {52, "bf16_unit_usable", MEGAMOE_RULE_R052},
 }};
 
 /// The catalogue entry of rule `id` (1-based).

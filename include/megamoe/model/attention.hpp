@@ -43,7 +43,7 @@ namespace megamoe {
 
 template <class T, bool QkLayernorm = false,
           parallel::cp_comm_type CpComm = parallel::cp_comm_type::p2p,
-          class Ops = expert::exact_operands>
+          class Ops = expert::exact_operands, class Backend = expert::grouped_gemm>
 class causal_attention {
  public:
   /// linear_qkv and linear_proj in the operands' two slots.
@@ -92,9 +92,11 @@ class causal_attention {
   /// This rank's attention output width, heads * head size (linear_proj's columns).
   [[nodiscard]] int context_width() const noexcept { return heads_ * head_size(); }
 
-  /// The projections and their operands (a recipe's codes and delayed-scaling state).
-  [[nodiscard]] linear_products<T, Ops>& linears() noexcept { return linears_; }
-  [[nodiscard]] linear_products<T, Ops> const& linears() const noexcept { return linears_; }
+  /// The projections and their operands (a recipe's codes and delayed-scaling state), on
+  /// `Backend` (a BF16 unit only under a recipe, whose operands are BF16 values over units).
+  using linears_type = linear_products<T, Ops, Backend>;
+  [[nodiscard]] linears_type& linears() noexcept { return linears_; }
+  [[nodiscard]] linears_type const& linears() const noexcept { return linears_; }
 
   /// Context parallelism over `cp` (kept by reference; size 1: none): each sequence is cut into
   /// 2 CP chunks and this rank's rows are chunks r and 2 CP - 1 - r (r its rank in `cp`), in that
@@ -481,7 +483,7 @@ class causal_attention {
     move_heads<true>(pool, grad_qkv_.data(), grad_queries_.data(), N, 0, per);
   }
 
-  linear_products<T, Ops> linears_;
+  linears_type linears_;
   int hidden_, heads_, groups_, head_size_;
   [[no_unique_address]] std::conditional_t<QkLayernorm, qk_norms, no_qk_norms> qk_norm_;
   attention::flash_attention<T> kernel_;

@@ -23,6 +23,7 @@
 #include <megamoe/core/parameter.hpp>
 #include <megamoe/core/random.hpp>
 #include <megamoe/core/tensor.hpp>
+#include <megamoe/expert/backends.hpp>
 #include <megamoe/model/attention.hpp>
 #include <megamoe/model/context.hpp>
 #include <megamoe/model/counts.hpp>
@@ -30,6 +31,7 @@
 #include <megamoe/model/embedding.hpp>
 #include <megamoe/model/lm_head.hpp>
 #include <megamoe/model/moe_layer.hpp>
+#include <megamoe/model/moe_types.hpp>
 #include <megamoe/model/norm.hpp>
 #include <megamoe/parallel/pipeline.hpp>
 #include <megamoe/parallel/process_groups.hpp>
@@ -43,6 +45,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -720,12 +723,17 @@ class transformer {
                   mine.begin() + static_cast<std::ptrdiff_t>(i * run));
   }
 
-  /// The operands of attention's and the dense FFNs' linears under the model's recipe.
+  /// The operands of attention's and the dense FFNs' linears under the model's recipe, and their
+  /// GEMM backend: the experts' BF16 unit where the configuration names one (R037: only under a
+  /// recipe, whose operands are BF16 values over their units), else the grouped fp32 backend.
   using linear_ops = linear_operands_t<typename Config::precision>;
-  using attention_type =
-      causal_attention<scalar, Config::model::value.qk_layernorm, cp_comm, linear_ops>;
+  using expert_backend = typename moe_types<Config>::backend;
+  using linear_backend = std::conditional_t<expert::multiplies_bf16<expert_backend>, expert_backend,
+                                            expert::grouped_gemm>;
+  using attention_type = causal_attention<scalar, Config::model::value.qk_layernorm, cp_comm,
+                                          linear_ops, linear_backend>;
   using dense_type =
-      dense_mlp<scalar, expert::activation_function::swiglu, expert::grouped_gemm, linear_ops>;
+      dense_mlp<scalar, expert::activation_function::swiglu, linear_backend, linear_ops>;
   /// A module's operands: its amaxes reduced over TP x CP; stochastic rounding seeded by its
   /// place in the whole model (attention 2i, dense FFN 2i + 1 past the MoE layers' seeds).
   linear_ops module_operands(int layer, int which) const {
