@@ -76,8 +76,10 @@ def main():
     heldout = [(recipe, runs[recipe]["heldout"]) for recipe in runs]
     train = [(recipe, smooth(runs[recipe]["train"])) for recipe in runs]
     colours = [COLOURS[RECIPES.index(r)] for r in runs]
-    h_values = [v for _, p in heldout for _, v in p]
-    t_values = [v for _, p in train for s, v in p if s > steps / 10]
+    # The axes cover the steps after the first seventh, where the recipes part (earlier values
+    # are clipped at the top).
+    h_values = [v for _, p in heldout for s, v in p if s >= steps / 7]
+    t_values = [v for _, p in train for s, v in p if s >= steps / 7]
     w, h = 420, 300
     legend = []
     for i, recipe in enumerate(runs):

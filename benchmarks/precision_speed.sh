@@ -47,5 +47,5 @@ for unit in "${units[@]}"; do
   awk -v u="$unit" -v p="$peak" -v f="$fp32_peak" -v s="$speed" -v b="$fp32" 'BEGIN {
     ratio = p * 1000 / f; got = s / b; want = (u == "amx") ? 3 : 0.8 * ratio
     printf "| %s | %.2f | %.2f | %.0f | %.2fx | %.2fx: %s |\n", u, p, ratio, s, got, want,
-      got >= want ? "met" : "not met" }'
+      (got >= want ? "met" : "not met") }'
 done
