@@ -3,7 +3,7 @@
 // linear_proj) under the model's precision recipe: fprop y = x W^T, dgrad dx = dy W and wgrad
 // dW += dy^T x, each reading what the recipe's operands give it.
 //
-//   linear_operands_t<Config>   the operands of a dense module under Config's recipe: the values
+//   linear_operands_t<Recipe>   the operands of a dense module under Config's recipe: the values
 //                               themselves (fp32, fp64) or precision::grouped_operands with one
 //                               "expert" per module, its two linears in the operands' two slots
 //   linear_products<T, Ops>     the three products of a module's linears on the pool
@@ -15,6 +15,7 @@
 #pragma once
 
 #include <megamoe/core/error.hpp>
+#include <megamoe/core/parameter.hpp>
 #include <megamoe/core/random.hpp>
 #include <megamoe/core/scratch.hpp>
 #include <megamoe/expert/backends.hpp>
@@ -28,6 +29,7 @@
 #include <array>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -44,16 +46,37 @@ using linear_operands_t =
 template <class Ops>
 inline constexpr bool rounds_operands_v = !std::is_same_v<Ops, expert::exact_operands>;
 
-/// A dense module's operands for one rank: one "expert"; `seed` drives stochastic rounding;
-/// amaxes reduced over `amax_group` (none: this rank alone).
+/// A recipe's operands of `experts` experts (a dense module: one) for one rank, or the values
+/// themselves; `seed` drives stochastic rounding; amaxes reduced over `amax_group` (none: this
+/// rank alone).
 template <class Ops>
-Ops make_linear_operands(std::uint64_t seed, boost::mpi::communicator const* amax_group) {
+Ops make_operands(int experts, std::uint64_t seed, boost::mpi::communicator const* amax_group) {
   if constexpr (rounds_operands_v<Ops>) {
-    return Ops(1, splitmix64(seed),
+    return Ops(experts, splitmix64(seed),
                amax_group == nullptr ? parallel::communicator_max()
                                      : parallel::communicator_max(*amax_group));
   } else {
     return Ops{};
+  }
+}
+template <class Ops>
+Ops make_linear_operands(std::uint64_t seed, boost::mpi::communicator const* amax_group) {
+  return make_operands<Ops>(1, seed, amax_group);
+}
+
+/// f(persistent_state) for a recipe's operands' state that lives across steps (delayed
+/// scaling's amax histories and scales), as rows [first, first + experts) of a whole [rows, ...]
+/// tensor named `name`, then the state f may have written (a checkpoint load) set back; nothing
+/// where the recipe keeps none.
+template <class Ops, class F>
+void visit_operand_state(Ops& ops, std::string const& name, std::int64_t rows, std::int64_t first,
+                         state_owner owner, F&& f) {
+  if constexpr (rounds_operands_v<Ops>) {
+    int const width = ops.persistent_floats();
+    if (width == 0) return;
+    auto state = ops.persistent_state();
+    f(persistent_state{name, rows, width, first, std::span<float>(state), owner});
+    ops.set_persistent_state(state);
   }
 }
 

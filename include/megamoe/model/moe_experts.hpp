@@ -21,6 +21,7 @@
 #include <megamoe/expert/mlp.hpp>
 #include <megamoe/memory/saved.hpp>
 #include <megamoe/model/context.hpp>
+#include <megamoe/model/linear.hpp>
 #include <megamoe/model/moe_parameters.hpp>
 #include <megamoe/model/moe_setup.hpp>
 #include <megamoe/model/moe_types.hpp>
@@ -281,21 +282,11 @@ class expert_stage {
   /// one); f may change the values (a checkpoint load).
   template <class F>
   void for_each_persistent_state(F&& f) {
-    if constexpr (rounds_operands) {
-      auto visit = [&](auto& ops, std::string const& name, std::int64_t rows, std::int64_t first,
-                       state_owner owner) {
-        int const width = ops.persistent_floats();
-        if (width == 0) return;
-        auto state = ops.persistent_state();
-        f(persistent_state{name, rows, width, first, std::span<float>(state), owner});
-        ops.set_persistent_state(state);
-      };
-      visit(routed_ops_, prefix_ + "experts.fp8_delayed_state", values_.shape.experts,
-            first_expert_, state_owner::expert_replica_first);
-      if (has_shared())
-        visit(shared_ops_, prefix_ + "shared_experts.fp8_delayed_state", 1, 0,
-              state_owner::attention_grid_first);
-    }
+    visit_operand_state(routed_ops_, prefix_ + "experts.fp8_delayed_state", values_.shape.experts,
+                        first_expert_, state_owner::expert_replica_first, f);
+    if (has_shared())
+      visit_operand_state(shared_ops_, prefix_ + "shared_experts.fp8_delayed_state", 1, 0,
+                          state_owner::attention_grid_first, f);
   }
   /// Training steps the recipe's operands have ended (stochastic rounding follows it).
   [[nodiscard]] std::uint64_t operand_steps() const noexcept {
@@ -438,18 +429,6 @@ class expert_stage {
     if (b == memory::layer_buffer::shared_fc1_output) return shared_fc1_;
     if (b == memory::layer_buffer::shared_activation) return shared_act_;
     return shared_out_;
-  }
-
-  template <class Operands>
-  static Operands make_operands(int experts, std::uint64_t seed,
-                                boost::mpi::communicator const* amax_group) {
-    if constexpr (rounds_operands) {
-      return Operands(experts, splitmix64(seed),
-                      amax_group == nullptr ? parallel::communicator_max()
-                                            : parallel::communicator_max(*amax_group));
-    } else {
-      return {};
-    }
   }
 
   static row_matrix_map<scalar> map(row_matrix<scalar>& m) {

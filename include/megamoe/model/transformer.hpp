@@ -410,12 +410,7 @@ class transformer {
     for (auto& m : moe_) m->for_each_persistent_state(f);
     if constexpr (rounds_operands_v<linear_ops>) {
       auto visit = [&](linear_ops& ops, std::string const& name) {
-        int const width = ops.persistent_floats();
-        if (width == 0) return;
-        auto state = ops.persistent_state();
-        f(persistent_state{name, 1, width, 0, std::span<float>(state),
-                           state_owner::attention_grid_first});
-        ops.set_persistent_state(state);
+        visit_operand_state(ops, name, 1, 0, state_owner::attention_grid_first, f);
       };
       for (auto& b : blocks_) {
         std::string const prefix = "decoder.layers." + std::to_string(b.layer);
