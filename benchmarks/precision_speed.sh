@@ -13,11 +13,7 @@ corpus=${2:-tests/data/corpus_sample.txt}
 runs=${3:-3} steps=${4:-12}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
-# The median step's tokens/s of one run (its first steps warm up).
-step_speed() {
-  sed -E 's/.*"tokens_per_s":([0-9.e+]+).*/\1/' "$1/metrics.jsonl" | tail -n +3 | median
-}
+source "$(dirname "${BASH_SOURCE[0]}")/train_runs.sh"
 fp32_peak=$("$build/benchmarks/peak" --threads 2 | grep -o '"gflops_median":[0-9.e+]*' | cut -d: -f2)
 units=()
 for unit in avx512_bf16 amx; do

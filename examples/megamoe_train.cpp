@@ -35,6 +35,9 @@
 // and loss stay fp32 (small and medium presets). The reference's flags say the same: --bf16,
 // --fp8-format hybrid|e4m3 with --fp8-recipe delayed|tensorwise|blockwise|mxfp8, --fp4-format
 // e2m1 with --fp4-recipe nvfp4.
+// --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 keeps Adam's moments
+// in BF16 (the reference's precision-aware optimizer): half their bytes, the update still computed
+// in fp32; the start-up line and the final JSON give the moments' bytes and the bytes saved.
 // Presets are complete configuration types (the model slot included), chosen once at start-up.
 // `--describe` prints the chosen preset's configuration resolved for this job (its degrees from
 // the world size and the flags) as one JSON object, with its parameter count and model FLOPs per
@@ -78,6 +81,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -105,6 +109,9 @@ struct options {
   // The reference's precision flags, resolved into `precision` (precision_from_reference_flags).
   bool bf16_flag = false;
   std::string fp8_format, fp8_recipe = "delayed", fp4_format, fp4_recipe = "nvfp4";
+  // Adam's moments: the reference's precision-aware optimizer flags, resolved into `moments`.
+  bool precision_aware_optimizer = false;
+  std::string exp_avg_dtype = "fp32", exp_avg_sq_dtype = "fp32", moments = "fp32";
   bool describe = false, profile = false;
   // Checkpoints.
   std::string save, load, upcycle;
@@ -112,8 +119,23 @@ struct options {
   bool no_load_optim = false, finetune = false, exit_signal_handler = false;
   // Which flags the command line gave (a resumed run takes the others from the checkpoint).
   bool steps_given = false, seed_given = false, seq_len_given = false, global_batch_given = false,
-       lr_given = false, preset_given = false, micro_batch_given = false, precision_given = false;
+       lr_given = false, preset_given = false, micro_batch_given = false, precision_given = false,
+       moments_given = false;
 };
+
+/// The dtype of Adam's moments the precision-aware optimizer's flags name; as the reference, a
+/// dtype other than fp32 needs --use-precision-aware-optimizer.
+std::string moments_from_flags(options const& o) {
+  if (!o.precision_aware_optimizer && (o.exp_avg_dtype != "fp32" || o.exp_avg_sq_dtype != "fp32"))
+    throw mm::input_error(
+        "megamoe-train: --exp-avg-dtype and --exp-avg-sq-dtype other than fp32 need "
+        "--use-precision-aware-optimizer");
+  if (o.exp_avg_dtype != o.exp_avg_sq_dtype)
+    throw mm::input_error("megamoe-train: --exp-avg-dtype " + o.exp_avg_dtype +
+                          " and --exp-avg-sq-dtype " + o.exp_avg_sq_dtype +
+                          ": megamoe-train is built for both moments in one dtype (fp32 or bf16)");
+  return o.exp_avg_dtype;
+}
 
 /// The recipe the reference's flags name (--bf16, --fp8-format with --fp8-recipe, --fp4-format
 /// with --fp4-recipe), checked against --precision where both are given; empty where none is.
@@ -279,6 +301,7 @@ int describe_job(mm::parallel::environment& env, options o) {
     json["preset"] = o.preset;
     json["precision_modules"] = quantized_modules(values, o.precision);
     json["backend"] = o.backend;
+    json["optimizer_moments"] = o.moments;
     json["seq_length"] = o.seq_len;
     json["num_parameters"] = mm::parameter_count(values);
     json["model_flops_per_token"] = mm::flops_per_token(values, o.seq_len);
@@ -476,7 +499,7 @@ int take_saved_settings(nlohmann::json const& state, options& o) {
   return saved_steps;
 }
 
-template <class Config>
+template <class Config, class Moments>
 int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* resume) {
   auto const& world = env.world();
   mm::parallel::check_on_every_rank(world, [&] { o = with_virtual_stages<Config>(o); });
@@ -527,7 +550,12 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
     int const g = mt::upcycle(model, world, o.upcycle);
     upcycled_line = "; upcycled from " + o.upcycle + " (granularity " + std::to_string(g) + ")";
   }
-  mt::trainer<Config> trainer(groups, model, corpus, settings);
+  mt::trainer<Config, Moments> trainer(groups, model, corpus, settings);
+  // Adam's moments over the job: their bytes and what their dtype saves against fp32.
+  std::array<double, 2> moment_bytes = {
+      static_cast<double>(trainer.optimizer().state_bytes()),
+      static_cast<double>(trainer.optimizer().state_bytes_saved())};
+  mm::parallel::all_reduce_sum(world, std::span<double>(moment_bytes));
   if (o.merged_schedule)
     mm::parallel::check_on_every_rank(world, [&] {
       if constexpr (mm::transformer<Config>::parks_micro_batches)
@@ -548,6 +576,10 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
          << " of " << resume->folder().parent_path().string() << " (" << report.bytes
          << " bytes in " << report.seconds << " s"
          << (o.no_load_optim && !o.finetune ? ", fresh optimizer state" : "") << ")";
+    auto const saved_moments =
+        resume->state().value("job", nlohmann::json::object()).value("moments", "fp32");
+    if (!o.no_load_optim && !o.finetune && saved_moments != o.moments)
+      line << "; Adam moments converted from " << saved_moments << " to " << o.moments;
     if (resuming) {
       // The saved schedule continues bit for bit; another total recomputes it.
       auto const& s = resume->state().at("schedule");
@@ -563,11 +595,9 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
   }
   int const first_step = trainer.steps_done() + 1;
   if (o.exit_signal_handler) std::signal(SIGTERM, request_termination);
-  nlohmann::json const job_state = {{"preset", o.preset},
-                                    {"precision", o.precision},
-                                    {"backend", o.backend},
-                                    {"steps", o.steps},
-                                    {"micro_batch", o.micro_batch}};
+  nlohmann::json const job_state = {{"preset", o.preset},   {"precision", o.precision},
+                                    {"backend", o.backend}, {"moments", o.moments},
+                                    {"steps", o.steps},     {"micro_batch", o.micro_batch}};
   int last_saved = resuming ? trainer.steps_done() : -1;
   auto save = [&] {
     if (o.save.empty() || last_saved == trainer.steps_done()) return;
@@ -628,8 +658,10 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
                                              : std::string())
               << ", EP " << degrees.ep << ", global batch "
               << settings.micro_batch * settings.micro_batches * dp << " x " << o.seq_len
-              << " bytes" << (resumed_line.empty() ? std::string() : "; " + resumed_line)
-              << upcycled_line << "\n";
+              << " bytes; Adam moments " << o.moments << " (" << std::lround(moment_bytes[0] / 1e3)
+              << " kB, " << std::lround(moment_bytes[1] / 1e3) << " kB saved)"
+              << (resumed_line.empty() ? std::string() : "; " + resumed_line) << upcycled_line
+              << "\n";
   int const eval_every = o.eval_interval > 0 ? o.eval_interval : std::max(1, o.steps / 4);
   bool const terminal = isatty(fileno(stderr)) != 0;
   double const flops_per_token = model.flops_per_token(o.seq_len);
@@ -865,7 +897,10 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
                       {"unigram_bpb", unigram},
                       {"metrics_path", metrics_path.string()},
                       {"plot_path", plot_path.string()},
-                      {"weights_path", weights_path.string()}};
+                      {"weights_path", weights_path.string()},
+                      {"optimizer_moments", o.moments},
+                      {"optimizer_state_bytes", moment_bytes[0]},
+                      {"optimizer_state_bytes_saved", moment_bytes[1]}};
     int const steps_run = o.steps - first_step + 1;
     if (model.pipelined() && steps_run > 0) final["final"]["pipeline_bubble"] = bubble / steps_run;
     if (!profile.empty()) final["final"]["profile"] = profile;
@@ -960,6 +995,18 @@ int main(int argc, char** argv) {
     app.add_option("--fp4-recipe", o.fp4_recipe, "with --fp4-format: nvfp4")
         ->check(CLI::IsMember({"nvfp4"}))
         ->capture_default_str();
+    app.add_flag("--use-precision-aware-optimizer", o.precision_aware_optimizer,
+                 "the reference's precision-aware optimizer: Adam's moments in the dtypes "
+                 "--exp-avg-dtype and --exp-avg-sq-dtype give");
+    app.add_option("--exp-avg-dtype", o.exp_avg_dtype,
+                   "dtype of Adam's first moment: fp32 | bf16 (bf16 needs "
+                   "--use-precision-aware-optimizer; the update is computed in fp32)")
+        ->check(CLI::IsMember({"fp32", "bf16"}))
+        ->capture_default_str();
+    app.add_option("--exp-avg-sq-dtype", o.exp_avg_sq_dtype,
+                   "dtype of Adam's second moment: fp32 | bf16 (as --exp-avg-dtype)")
+        ->check(CLI::IsMember({"fp32", "bf16"}))
+        ->capture_default_str();
     app.add_flag("--profile", o.profile,
                  "print the share of the step in each stage at the end (and in the final JSON)");
     app.add_flag("--describe", o.describe,
@@ -993,6 +1040,8 @@ int main(int argc, char** argv) {
     o.preset_given = app.count("--preset") > 0;
     o.micro_batch_given = app.count("--micro-batch") > 0;
     o.precision_given = app.count("--precision") > 0;
+    o.moments_given = app.count("--exp-avg-dtype") + app.count("--exp-avg-sq-dtype") > 0;
+    mm::parallel::check_on_every_rank(env.world(), [&] { o.moments = moments_from_flags(o); });
     mm::parallel::check_on_every_rank(env.world(), [&] {
       auto const named = precision_from_reference_flags(o);
       if (!named.empty()) {
@@ -1026,6 +1075,10 @@ int main(int argc, char** argv) {
                                 " was trained under " + recipe +
                                 " (a resumed run keeps its recipe)");
         if (!o.precision_given) o.precision = recipe;
+        // Adam's moments keep their saved dtype unless the flags name one (then they convert).
+        if (!o.moments_given)
+          o.moments =
+              resume->state().value("job", nlohmann::json::object()).value("moments", "fp32");
       });
     }
     mm::parallel::check_on_every_rank(env.world(), [&] {
@@ -1038,8 +1091,11 @@ int main(int argc, char** argv) {
       if (!o.micro_batch_given) o.micro_batch = 8;
     }
     auto run = [&]<class Config>() {
-      return o.describe ? describe_job<Config>(env, o)
-                        : train<Config>(env, o, resume ? &*resume : nullptr);
+      if (o.describe) return describe_job<Config>(env, o);
+      auto* const from = resume ? &*resume : nullptr;
+      if (o.moments == "bf16") return train<Config, mm::optim::bf16_moments>(env, o, from);
+      return train<Config, mm::optim::master_moments<typename mm::transformer<Config>::scalar>>(
+          env, o, from);
     };
     o.backend = resolved_backend(env.world(), o);
     return megamoe::presets::with_preset(o.preset, o.precision, o.backend, run);

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <utility>
@@ -203,9 +205,115 @@ TEST(AdamWKernels, Avx512AndPortableLoopsGiveTheSameBits) {
 #endif
 }
 
+// BF16 moments: the AVX-512 loop (16-bit loads and stores, rounding on the integer lanes) and the
+// portable one give the same bits, for lengths around the 16 lanes; NaN moments stay NaN.
+TEST(AdamWKernels, Bf16MomentsGiveTheSameBitsOnBothLoops) {
+#if MEGAMOE_VECTOR_MATH_AVX512
+  if (!mm::cpu().use_avx512()) GTEST_SKIP() << "no AVX-512";
+  namespace k = mo::kernels;
+  k::adamw_step const s{0.7, 0.9, 0.95, 0.19, 0.0975, 1e-8, 0.1, 3e-3};
+  auto const bf16s = [](Eigen::VectorXf const& x) {
+    std::vector<mm::bfloat16> out;
+    for (float e : x) out.emplace_back(e);
+    return out;
+  };
+  auto const bits = [](std::vector<mm::bfloat16> const& x) {
+    std::vector<std::uint16_t> out;
+    for (auto e : x) out.push_back(e.bits);
+    return out;
+  };
+  for (int n : {1, 15, 16, 17, 33, 1003}) {
+    Eigen::VectorXf const g = Eigen::VectorXf::Random(n), p0 = Eigen::VectorXf::Random(n);
+    Eigen::VectorXf v = Eigen::VectorXf::Random(n).cwiseAbs() * 0.01f;
+    v(n / 2) = std::numeric_limits<float>::quiet_NaN();
+    auto m1 = bf16s(Eigen::VectorXf::Random(n) * 0.1f), v1 = bf16s(v);
+    auto m2 = m1, v2 = v1;
+    Eigen::VectorXf p1 = p0, p2 = p0;
+    k::detail::update_avx512(p1.data(), g.data(), m1.data(), v1.data(), n, s, true);
+    k::detail::update_portable(p2.data(), g.data(), m2.data(), v2.data(), n, s, true);
+    EXPECT_EQ(0, std::memcmp(p1.data(), p2.data(), sizeof(float) * static_cast<std::size_t>(n)))
+        << n;
+    EXPECT_EQ(bits(m1), bits(m2)) << n;
+    EXPECT_EQ(bits(v1), bits(v2)) << n;
+    EXPECT_TRUE(std::isnan(static_cast<float>(v1[static_cast<std::size_t>(n / 2)]))) << n;
+  }
+#else
+  GTEST_SKIP() << "no AVX-512 kernels on this compiler or architecture";
+#endif
+}
+
 TEST(AdamW, FloatParametersKeepFloatState) {
-  static_assert(std::is_same_v<mo::distributed_adamw<float>::state_type, float>);
-  static_assert(std::is_same_v<mo::distributed_adamw<double>::state_type, double>);
+  static_assert(std::is_same_v<mo::distributed_adamw<float>::exp_avg_type, float>);
+  static_assert(std::is_same_v<mo::distributed_adamw<double>::exp_avg_sq_type, double>);
+  static_assert(
+      std::is_same_v<mo::distributed_adamw<float, mo::bf16_moments>::exp_avg_type, mm::bfloat16>);
+}
+
+// Moments in BF16 (the reference's --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16): each step
+// equals a plain fp32 re-statement whose moments are rounded to BF16 after each update (the
+// parameter's update reads the moments before that rounding), over several steps with clipping
+// and over every chunk of a large model; the moments take half the bytes.
+TEST(AdamW, Bf16MomentsEqualTheUpdateWithMomentsRoundedToBf16) {
+  large_float_model model;
+  mo::adamw_settings settings;
+  settings.clip_grad = 5.0;
+  mo::distributed_adamw<float, mo::bf16_moments> optimizer(model, settings);
+  large_float_model fp32_model = model;
+  mo::distributed_adamw<float> fp32_optimizer(fp32_model, settings);
+  EXPECT_EQ(optimizer.state_bytes() * 2, fp32_optimizer.state_bytes());
+  EXPECT_EQ(optimizer.state_bytes_saved(), optimizer.state_bytes());
+  EXPECT_EQ(fp32_optimizer.state_bytes_saved(), 0U);
+  std::vector<std::vector<float>> p, m, v;
+  for (auto const& value : model.values) {
+    p.emplace_back(value.data(), value.data() + value.size());
+    m.emplace_back(static_cast<std::size_t>(value.size()), 0.0F);
+    v.emplace_back(static_cast<std::size_t>(value.size()), 0.0F);
+  }
+  mm::thread_pool pool(2);
+  for (int t = 1; t <= 3; ++t) {
+    for (std::size_t i = 0; i < model.grads.size(); ++i) {
+      model.grads[i] =
+          mm::row_matrix<float>::Random(model.grads[i].rows(), model.grads[i].cols()) * 0.5f;
+      fp32_model.grads[i] = model.grads[i];
+    }
+    double squares = 0.0;
+    for (auto const& g : model.grads) squares += g.cast<double>().squaredNorm();
+    double const norm = std::sqrt(squares);
+    auto const report = optimizer.step(pool, 1e-2);
+    fp32_optimizer.step(pool, 1e-2);
+    ASSERT_LT(report.clip_factor, 1.0);
+    EXPECT_NEAR(report.grad_norm, norm, 1e-9 * norm);
+    auto const f = [](double x) { return static_cast<float>(x); };
+    float const clip = f(report.clip_factor), c1 = f(1 - std::pow(0.9, t)),
+                c2 = f(1 - std::pow(0.95, t)), lr = f(1e-2);
+    for (std::size_t k = 0; k < p.size(); ++k) {
+      float const wd = k == 1 ? 0.0F : f(0.1);  // not on the norm weight
+      for (std::size_t i = 0; i < p[k].size(); ++i) {
+        float const g = clip * model.grads[k].data()[i];
+        float const mi = f(0.9) * m[k][i] + f(1.0 - 0.9) * g;
+        float const vi = f(0.95) * v[k][i] + f(1.0 - 0.95) * g * g;
+        m[k][i] = mm::round_to_bf16(mi);
+        v[k][i] = mm::round_to_bf16(vi);
+        p[k][i] = p[k][i] - lr * ((mi / c1) / (std::sqrt(vi / c2) + f(1e-8)) + wd * p[k][i]);
+      }
+      ASSERT_EQ(0, std::memcmp(p[k].data(), model.values[k].data(), p[k].size() * sizeof(float)))
+          << "parameter " << k << ", step " << t;
+    }
+    // The rounding is felt: the parameters leave the fp32-moment run's.
+    if (t > 1) {
+      EXPECT_NE(model.values[0], fp32_model.values[0]) << t;
+    }
+  }
+  // What a checkpoint saves: the moments themselves, as BF16.
+  std::size_t k = 0;
+  optimizer.for_each_shard_piece([&](auto const& piece) {
+    for (std::int64_t i = 0; i < piece.count; ++i) {
+      EXPECT_EQ(static_cast<float>(piece.exp_avg[i]), m[k][static_cast<std::size_t>(i)]);
+      EXPECT_EQ(static_cast<float>(piece.exp_avg_sq[i]), v[k][static_cast<std::size_t>(i)]);
+    }
+    ++k;
+  });
+  EXPECT_EQ(k, p.size());
 }
 
 }  // namespace

@@ -27,4 +27,16 @@ constexpr float round_to_bf16(float x) {
   return from_bf16_bits(to_bf16_bits(x));
 }
 
+/// A BF16 number in memory (an element of a BF16 tensor: Adam's moments under the reference's
+/// --exp-avg-dtype bf16): two bytes, the upper half of an fp32. From fp32 it rounds as
+/// to_bf16_bits; to fp32 it is exact.
+struct bfloat16 {
+  std::uint16_t bits = 0;
+  constexpr bfloat16() = default;
+  constexpr explicit bfloat16(float x) : bits(to_bf16_bits(x)) {}
+  constexpr explicit operator float() const { return from_bf16_bits(bits); }
+  friend constexpr bool operator==(bfloat16, bfloat16) = default;
+};
+static_assert(sizeof(bfloat16) == 2);
+
 }  // namespace megamoe

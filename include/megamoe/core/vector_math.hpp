@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -46,6 +47,45 @@ MEGAMOE_AVX512_TARGET inline __m512 exp16(__m512 x) {
 /// The mask of the first n of 16 lanes (none for n <= 0, all for n >= 16).
 MEGAMOE_AVX512_TARGET inline __mmask16 lanes(int n) {
   return n >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << std::max(0, n)) - 1u);
+}
+
+/// 16 fp32 lanes as BF16 bits in each 32-bit lane's low half, rounded as to_bf16_bits
+/// (core/bf16.hpp): to nearest even, NaN quiet with its sign, no saturation.
+MEGAMOE_AVX512_TARGET inline __m512i bf16_bits(__m512 x) {
+  __m512i const u = _mm512_castps_si512(x);
+  __m512i const high = _mm512_srli_epi32(u, 16);
+  __m512i const lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
+  __m512i const rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+  __mmask16 const nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
+                                                _mm512_set1_epi32(0x7F800000));
+  __m512i const quiet =
+      _mm512_or_si512(_mm512_set1_epi32(0x7FC0), _mm512_and_si512(high, _mm512_set1_epi32(0x8000)));
+  return _mm512_mask_mov_epi32(rounded, nan, quiet);
+}
+
+/// The first `count` of 16 BF16 numbers (their bits) at `p` as fp32 (exact); the others zero.
+/// AVX-512F alone (no 16-bit masked moves): a short run goes through a local copy.
+MEGAMOE_AVX512_TARGET inline __m512 load_bf16(std::uint16_t const* p, int count) {
+  alignas(32) std::uint16_t tail[16] = {};
+  if (count < 16) {
+    std::copy_n(p, std::max(0, count), tail);
+    p = tail;
+  }
+  __m256i const bits = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+/// Stores the first `count` of x's 16 lanes at `p` as BF16 bits (bf16_bits' rounding).
+MEGAMOE_AVX512_TARGET inline void store_bf16(std::uint16_t* p, int count, __m512 x) {
+  __m256i const bits = _mm512_cvtepi32_epi16(bf16_bits(x));
+  if (count >= 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits);
+    return;
+  }
+  alignas(32) std::uint16_t tail[16];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(tail), bits);
+  std::copy_n(tail, std::max(0, count), p);
 }
 
 #endif

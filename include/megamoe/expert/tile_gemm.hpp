@@ -24,6 +24,7 @@
 #include <megamoe/core/bf16.hpp>
 #include <megamoe/core/cpu_features.hpp>
 #include <megamoe/core/error.hpp>
+#include <megamoe/core/vector_math.hpp>
 #include <megamoe/expert/sgemm_avx512.hpp>
 
 #include <algorithm>
@@ -142,16 +143,7 @@ using avx512::detail::lanes;
 MEGAMOE_TARGET_AVX512 inline __m512i bf16_lanes(float const* p, int count, float unit) {
   __m512 x = _mm512_maskz_loadu_ps(lanes(count), p);
   if (unit != 1.0F) x = _mm512_div_ps(x, _mm512_set1_ps(unit));
-  __m512i const u = _mm512_castps_si512(x);
-  __m512i const high = _mm512_srli_epi32(u, 16);
-  __m512i const lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
-  __m512i const rounded =
-      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
-  __mmask16 const nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
-                                                _mm512_set1_epi32(0x7F800000));
-  __m512i const quiet =
-      _mm512_or_si512(_mm512_set1_epi32(0x7FC0), _mm512_and_si512(high, _mm512_set1_epi32(0x8000)));
-  return _mm512_mask_mov_epi32(rounded, nan, quiet);
+  return simd::bf16_bits(x);
 }
 /// Rows r and r + 1 of a row-major matrix at columns [c, c + count) as BF16 pairs: lane j holds
 /// (row r, row r + 1) of column c + j, the VNNI order; `pair_rows` = 1 leaves the second zero.

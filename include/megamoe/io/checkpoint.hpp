@@ -17,14 +17,16 @@
 // only then does the tracker name N. A crash or a failed write at any point leaves the tracker
 // naming the previous checkpoint, whole. Checked: the reader refuses, naming the file and the
 // reason, a missing tracker or index, another format, a missing, truncated or corrupted file
-// (whole-file and per-piece CRC-32), a tensor that is absent, of another dtype or shape, or not
-// covered. The index holds no absolute paths: a copied checkpoint folder loads.
+// (whole-file and per-piece CRC-32), a tensor that is absent, of another dtype (F32 and BF16 read
+// into each other) or shape, or not covered. The index holds no absolute paths: a copied checkpoint
+// folder loads.
 //
 // Collective calls (the writer's commit, the reader's constructor) agree on failure over the
 // world: every rank throws the same error, none hangs. read() is local; callers wrap their reads
 // in parallel::check_on_every_rank.
 #pragma once
 
+#include <megamoe/core/bf16.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/parameter.hpp>
 #include <megamoe/io/files.hpp>
@@ -54,6 +56,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -104,6 +107,32 @@ struct checkpoint_tensor {
 };
 
 namespace detail {
+
+/// Whether a tensor stored as `stored` reads into T by conversion: F32 and BF16 into each other
+/// (Adam's moments saved under one --exp-avg-dtype load under the other: BF16 widens exactly,
+/// F32 rounds to nearest even).
+template <class T>
+bool converts(dtype stored) {
+  return (std::is_same_v<T, float> && stored == dtype::bf16) ||
+         (std::is_same_v<T, bfloat16> && stored == dtype::f32);
+}
+
+/// Elements [first, first + count) of a piece's bytes, stored as `stored`, into `out` as T.
+template <class T>
+void copy_as(dtype stored, std::byte const* bytes, std::int64_t first, std::int64_t count, T* out) {
+  if (stored == dtype_of<T>) {
+    std::memcpy(out, bytes + first * static_cast<std::int64_t>(sizeof(T)),
+                static_cast<std::size_t>(count) * sizeof(T));
+  } else if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bfloat16>) {
+    using stored_type = std::conditional_t<std::is_same_v<T, float>, bfloat16, float>;
+    stored_type element;
+    for (std::int64_t i = 0; i < count; ++i) {
+      std::memcpy(&element, bytes + (first + i) * static_cast<std::int64_t>(sizeof(stored_type)),
+                  sizeof element);
+      out[i] = static_cast<T>(element);
+    }
+  }
+}
 
 inline std::string piece_key(std::string const& name, global_rectangle const& r) {
   return name + "[" + std::to_string(r.row) + ":" + std::to_string(r.row + r.rows) + "," +
@@ -443,7 +472,7 @@ class checkpoint_reader {
                         std::to_string(t.rows) + ", " + std::to_string(t.cols) +
                         "], this model's is [" + std::to_string(rows) + ", " +
                         std::to_string(cols) + "] (saved by another model?)");
-    if (t.type != dtype_of<T>)
+    if (t.type != dtype_of<T> && !detail::converts<T>(t.type))
       throw input_error("checkpoint " + folder_.string() + " holds " + name + " as " +
                         dtype_name(t.type) + ", this model's is " + dtype_name(dtype_of<T>));
     std::int64_t covered = 0;
@@ -452,10 +481,9 @@ class checkpoint_reader {
       std::int64_t const c0 = std::max(r.col, p.col), c1 = std::min(r.col + r.cols, p.col + p.cols);
       if (r0 >= r1 || c0 >= c1) continue;
       auto const& bytes = piece_bytes(p, t);
-      auto const* values = reinterpret_cast<T const*>(bytes.data());
       for (std::int64_t row = r0; row < r1; ++row)
-        std::copy_n(values + (row - p.row) * p.cols + (c0 - p.col), c1 - c0,
-                    out + (row - r.row) * r.cols + (c0 - r.col));
+        detail::copy_as(t.type, bytes.data(), (row - p.row) * p.cols + (c0 - p.col), c1 - c0,
+                        out + (row - r.row) * r.cols + (c0 - r.col));
       covered += (r1 - r0) * (c1 - c0);
     }
     if (covered != r.rows * r.cols)

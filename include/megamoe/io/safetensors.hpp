@@ -10,6 +10,7 @@
 // overlap.
 #pragma once
 
+#include <megamoe/core/bf16.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/io/files.hpp>
 
@@ -76,6 +77,8 @@ inline constexpr dtype dtype_of = [] {
     return dtype::i32;
   else if constexpr (std::is_same_v<T, std::uint8_t>)
     return dtype::u8;
+  else if constexpr (std::is_same_v<T, bfloat16>)
+    return dtype::bf16;
   else
     static_assert(sizeof(T) == 0, "megamoe: no safetensors dtype for this type");
 }();

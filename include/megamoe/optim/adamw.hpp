@@ -19,10 +19,16 @@
 // shards, one tensor at a time, and handed to the model, which quantizes it (step(lr, model)). So a
 // rank holds 1/EDP of those weights in fp32 and all of them as codes.
 //
+//
+// The moments are kept as the Moments policy says: in the parameters' precision by default, or in
+// BF16 (bf16_moments, the reference's precision-aware optimizer with --exp-avg-dtype bf16
+// --exp-avg-sq-dtype bf16), which halves their bytes; the update's arithmetic stays fp32.
+//
 //   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
 //   p -= lr * (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + wd * p)   (wd on matrices only)
 #pragma once
 
+#include <megamoe/core/bf16.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/parameter.hpp>
 #include <megamoe/core/tensor.hpp>
@@ -80,6 +86,20 @@ concept holds_quantized_weights = requires(Model& m) {
   m.for_each_quantized_weight([](std::string_view, auto&&) {});
 };
 
+/// Where Adam's moments are stored: exp_avg as ExpAvg, exp_avg_sq as ExpAvgSq (the reference's
+/// --exp-avg-dtype and --exp-avg-sq-dtype). For fp32 parameters each may be float or bfloat16.
+template <class ExpAvg, class ExpAvgSq = ExpAvg>
+struct moments {
+  using exp_avg = ExpAvg;
+  using exp_avg_sq = ExpAvgSq;
+};
+/// Moments in the parameters' precision: float for float parameters (fp32 master state), double
+/// for double.
+template <class T>
+using master_moments = moments<std::conditional_t<std::is_same_v<T, double>, double, float>>;
+/// Both moments in BF16.
+using bf16_moments = moments<bfloat16>;
+
 /// What one step did.
 struct step_report {
   double grad_norm = 0.0;  // global L2 norm before clipping
@@ -87,11 +107,19 @@ struct step_report {
   bool finite = true;  // false: a non-finite gradient; nothing was updated
 };
 
-template <class T>
+template <class T, class Moments = master_moments<T>>
 class distributed_adamw {
  public:
-  /// Moments in float for float parameters (fp32 master state), double for double.
-  using state_type = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  using exp_avg_type = typename Moments::exp_avg;
+  using exp_avg_sq_type = typename Moments::exp_avg_sq;
+  static_assert(
+      std::is_same_v<Moments, master_moments<T>> ||
+          (std::is_same_v<T, float> &&
+           (std::is_same_v<exp_avg_type, float> ||
+            std::is_same_v<exp_avg_type, bfloat16>)&&(std::is_same_v<exp_avg_sq_type, float> ||
+                                                      std::is_same_v<exp_avg_sq_type, bfloat16>)),
+      "megamoe: Adam's moments are float or bfloat16 for fp32 parameters, and in the "
+      "parameters' own precision otherwise");
 
   /// One rank: the model's parameters, all in this rank's shard.
   template <class Model>
@@ -126,8 +154,14 @@ class distributed_adamw {
   [[nodiscard]] std::size_t master_bytes() const noexcept {
     return kinds_[quantized].master.size() * sizeof(T);
   }
+  /// Bytes of Adam's moments on this rank.
   [[nodiscard]] std::size_t state_bytes() const noexcept {
-    return static_cast<std::size_t>(2 * state_elements()) * sizeof(state_type);
+    return static_cast<std::size_t>(state_elements()) *
+           (sizeof(exp_avg_type) + sizeof(exp_avg_sq_type));
+  }
+  /// Bytes the moments' storage saves on this rank against moments in the parameters' precision.
+  [[nodiscard]] std::size_t state_bytes_saved() const noexcept {
+    return static_cast<std::size_t>(2 * state_elements()) * sizeof(T) - state_bytes();
   }
   [[nodiscard]] int steps() const noexcept { return step_; }
 
@@ -140,8 +174,8 @@ class distributed_adamw {
     parameter_kind kind;
     std::int64_t rows, cols, first, count;
     T* values;
-    state_type* exp_avg;
-    state_type* exp_avg_sq;
+    exp_avg_type* exp_avg;
+    exp_avg_sq_type* exp_avg_sq;
   };
   /// Calls f(shard_piece) for every parameter piece this rank owns.
   template <class F>
@@ -259,7 +293,8 @@ class distributed_adamw {
     std::vector<entry> entries;
     std::int64_t total = 0, begin = 0, end = 0;
     std::vector<std::int64_t> shard_sizes;  // per group rank
-    std::vector<state_type> m, v;
+    std::vector<exp_avg_type> m;
+    std::vector<exp_avg_sq_type> v;
     std::vector<T> flat, mine;               // gather buffers
     std::vector<T> master;                   // quantized experts: the shard's fp32 values
     std::vector<std::int64_t> shard_pieces;  // per group rank: its part of one tensor
@@ -352,8 +387,8 @@ class distributed_adamw {
       k.shard_sizes[static_cast<std::size_t>(r)] = k.total * (r + 1) / size - k.total * r / size;
     k.begin = k.total * rank / size;
     k.end = k.total * (rank + 1) / size;
-    k.m.assign(static_cast<std::size_t>(k.end - k.begin), state_type(0));
-    k.v.assign(k.m.size(), state_type(0));
+    k.m.assign(static_cast<std::size_t>(k.end - k.begin), exp_avg_type{});
+    k.v.assign(k.m.size(), exp_avg_sq_type{});
     cut_into_chunks(k);
   }
 

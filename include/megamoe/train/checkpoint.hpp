@@ -4,7 +4,8 @@
 //
 // What a rank saves is what its optimizer owns: for every parameter piece of its AdamW shard
 // (dense parameters sharded over TP x DP x CP, expert ones over EDP) the values (the fp32 masters
-// of quantized weights), `optimizer.exp_avg.<name>` and `optimizer.exp_avg_sq.<name>`, each as
+// of quantized weights), `optimizer.exp_avg.<name>` and `optimizer.exp_avg_sq.<name>` (in the
+// moments' own dtype: F32, or BF16 under optim::bf16_moments; either loads into either), each as
 // rectangles of the whole parameter (an ETP shard's rows and columns, a SwiGLU fc1 shard's two
 // halves). So each element is saved exactly once, whatever the layout. State replicated across
 // ranks (the router's expert bias, delayed scaling's amax histories) is written by the first
@@ -34,6 +35,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace megamoe::train {
@@ -123,8 +125,9 @@ void for_each_owned_rectangle(Optimizer& optimizer, transformer<Config>& model, 
 
 /// Saves the trainer's whole state as iteration steps_done() under `root` (collective over
 /// `world`). `extra` goes into the index's state as "job" (the program's own settings).
-template <class Config>
-checkpoint_report save_checkpoint(trainer<Config>& t, boost::mpi::communicator const& world,
+template <class Config, class Moments>
+checkpoint_report save_checkpoint(trainer<Config, Moments>& t,
+                                  boost::mpi::communicator const& world,
                                   std::filesystem::path const& root,
                                   nlohmann::json const& extra = nlohmann::json::object()) {
   auto const start = std::chrono::steady_clock::now();
@@ -188,8 +191,9 @@ inline std::string model_difference(nlohmann::json const& saved, config_values c
 
 /// Loads an opened checkpoint into a trainer built for this job (any layout), collectively over
 /// `world`. Every check fails on every rank with the same error.
-template <class Config>
-checkpoint_report load_checkpoint(trainer<Config>& t, boost::mpi::communicator const& world,
+template <class Config, class Moments>
+checkpoint_report load_checkpoint(trainer<Config, Moments>& t,
+                                  boost::mpi::communicator const& world,
                                   io::checkpoint_reader& reader, load_options const& options = {}) {
   auto const start = std::chrono::steady_clock::now();
   int const iteration = reader.iteration();
@@ -222,8 +226,10 @@ checkpoint_report load_checkpoint(trainer<Config>& t, boost::mpi::communicator c
             reader.read("optimizer.exp_avg." + name, rows, cols, r, piece.exp_avg + at);
             reader.read("optimizer.exp_avg_sq." + name, rows, cols, r, piece.exp_avg_sq + at);
           } else {
-            std::fill_n(piece.exp_avg + at, count, 0);
-            std::fill_n(piece.exp_avg_sq + at, count, 0);
+            std::fill_n(piece.exp_avg + at, count,
+                        std::remove_pointer_t<decltype(piece.exp_avg)>{});
+            std::fill_n(piece.exp_avg_sq + at, count,
+                        std::remove_pointer_t<decltype(piece.exp_avg_sq)>{});
           }
         });
     model.for_each_persistent_state([&](persistent_state const& s) {
@@ -247,8 +253,9 @@ checkpoint_report load_checkpoint(trainer<Config>& t, boost::mpi::communicator c
 }
 
 /// Opens the checkpoint `root`'s tracker names and loads it (see above).
-template <class Config>
-checkpoint_report load_checkpoint(trainer<Config>& t, boost::mpi::communicator const& world,
+template <class Config, class Moments>
+checkpoint_report load_checkpoint(trainer<Config, Moments>& t,
+                                  boost::mpi::communicator const& world,
                                   std::filesystem::path const& root,
                                   load_options const& options = {}) {
   auto const start = std::chrono::steady_clock::now();

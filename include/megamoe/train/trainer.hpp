@@ -64,11 +64,14 @@ struct step_metrics {
   double pipeline_bubble = 0.0;
 };
 
-template <class Config>
+/// Trains a transformer<Config>; Adam's moments are kept as `Moments` says (optim::moments: in
+/// the parameters' precision, or optim::bf16_moments).
+template <class Config, class Moments = optim::master_moments<typename transformer<Config>::scalar>>
 class trainer {
  public:
   using model_type = transformer<Config>;
   using scalar = typename model_type::scalar;
+  using optimizer_type = optim::distributed_adamw<scalar, Moments>;
 
   /// One rank.
   trainer(model_type& model, byte_corpus const& corpus, train_settings const& settings)
@@ -98,8 +101,8 @@ class trainer {
     return std::int64_t{settings_.micro_batch} * settings_.micro_batches * dp_size() *
            settings_.seq_length;
   }
-  [[nodiscard]] optim::distributed_adamw<scalar> const& optimizer() const { return optimizer_; }
-  [[nodiscard]] optim::distributed_adamw<scalar>& optimizer() { return optimizer_; }
+  [[nodiscard]] optimizer_type const& optimizer() const { return optimizer_; }
+  [[nodiscard]] optimizer_type& optimizer() { return optimizer_; }
   [[nodiscard]] model_type& model() noexcept { return model_; }
   [[nodiscard]] parallel::process_groups const* groups() const noexcept { return groups_; }
   [[nodiscard]] train_settings const& settings() const noexcept { return settings_; }
@@ -321,7 +324,7 @@ class trainer {
   byte_corpus const& corpus_;
   train_settings settings_;
   parallel::process_groups const* groups_ = nullptr;
-  optim::distributed_adamw<scalar> optimizer_;
+  optimizer_type optimizer_;
   parallel::gradient_reduction<scalar> gradients_{model_};
   pipeline_runner<model_type> runner_{groups_, model_};
   std::vector<std::int32_t> tokens_, targets_;
