@@ -9,9 +9,11 @@
 #     BF16 tensors), every loss and the final weights equal the uninterrupted run's, bit for bit;
 #   - a checkpoint of fp32 moments resumes with BF16 ones, and one of BF16 moments with fp32 ones
 #     (converted, and said so).
-#   bf16_moments.sh MEGAMOE_TRAIN CORPUS WORKDIR
+#   - megamoe-checkpoint exports such a checkpoint with its BF16 moments and imports it back to one
+#     that resumes with the same bits.
+#   bf16_moments.sh MEGAMOE_TRAIN CORPUS WORKDIR MEGAMOE_CHECKPOINT
 set -euo pipefail
-train=$(realpath "$1") corpus=$(realpath "$2") work=$3
+train=$(realpath "$1") corpus=$(realpath "$2") work=$3 tool=$(realpath "$4")
 rm -rf "$work"
 mkdir -p "$work"
 cd "$work"
@@ -56,6 +58,13 @@ cmp -s <(losses whole/metrics.jsonl) <(losses run/metrics.jsonl) ||
   fail "the resumed losses differ from the uninterrupted run's"
 cmp -s whole/model.safetensors run/model.safetensors || fail "the final weights differ"
 echo "resumed with bf16 moments: 8 losses and the final weights equal, bit for bit"
+"$tool" export ckpt all.safetensors --optimizer >/dev/null || fail "export --optimizer"
+"$tool" import all.safetensors imported >/dev/null || fail "import"
+"$train" --data "$corpus" --out from-import --load imported >from-import.log 2>&1 ||
+  { cat from-import.log; fail "resume from the imported checkpoint"; }
+cmp -s whole/model.safetensors from-import/model.safetensors ||
+  fail "export and import changed the training state"
+echo "exported and imported with bf16 moments: the same final weights"
 
 # fp32 moments saved, bf16 moments loaded.
 "$train" "${common[@]}" --steps 8 --out fp32-run --save fp32-ckpt --save-interval 4 >fp32-run.log 2>&1 ||
