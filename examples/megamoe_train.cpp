@@ -18,8 +18,9 @@
 // and writes to --out: metrics.jsonl (one JSON line per step), training.svg (loss curves and
 // expert-load heat maps) and model.safetensors (every weight under the reference's parameter names,
 // fp32). The last stdout line is
-//   {"final": {"steps", "tokens_per_s", "heldout_bpb", "unigram_bpb", "metrics_path",
-//              "plot_path", "weights_path"}}
+//   {"final": {"steps", "precision", "backend", "tokens_per_s", "heldout_bpb", "unigram_bpb",
+//              "metrics_path", "plot_path", "weights_path", "optimizer_moments",
+//              "optimizer_state_bytes", "optimizer_state_bytes_saved"}}
 // Checkpoints (the reference's flags): --save DIR with --save-interval N writes DIR/iter_NNNNNNN/
 // (every rank its shards, io/checkpoint.hpp) and then DIR/latest_checkpointed_iteration.txt;
 // --save alone saves at the end. --load DIR resumes from the iteration the tracker names, on any

@@ -19,7 +19,6 @@
 // shards, one tensor at a time, and handed to the model, which quantizes it (step(lr, model)). So a
 // rank holds 1/EDP of those weights in fp32 and all of them as codes.
 //
-//
 // The moments are kept as the Moments policy says: in the parameters' precision by default, or in
 // BF16 (bf16_moments, the reference's precision-aware optimizer with --exp-avg-dtype bf16
 // --exp-avg-sq-dtype bf16), which halves their bytes; the update's arithmetic stays fp32.
@@ -99,6 +98,10 @@ template <class T>
 using master_moments = moments<std::conditional_t<std::is_same_v<T, double>, double, float>>;
 /// Both moments in BF16.
 using bf16_moments = moments<bfloat16>;
+/// Whether a moment may be stored as S for parameters of type T.
+template <class T, class S>
+inline constexpr bool moment_storage_for = std::is_same_v<S, T> || (std::is_same_v<T, float> &&
+                                                                    std::is_same_v<S, bfloat16>);
 
 /// What one step did.
 struct step_report {
@@ -112,14 +115,9 @@ class distributed_adamw {
  public:
   using exp_avg_type = typename Moments::exp_avg;
   using exp_avg_sq_type = typename Moments::exp_avg_sq;
-  static_assert(
-      std::is_same_v<Moments, master_moments<T>> ||
-          (std::is_same_v<T, float> &&
-           (std::is_same_v<exp_avg_type, float> ||
-            std::is_same_v<exp_avg_type, bfloat16>)&&(std::is_same_v<exp_avg_sq_type, float> ||
-                                                      std::is_same_v<exp_avg_sq_type, bfloat16>)),
-      "megamoe: Adam's moments are float or bfloat16 for fp32 parameters, and in the "
-      "parameters' own precision otherwise");
+  static_assert(moment_storage_for<T, exp_avg_type> && moment_storage_for<T, exp_avg_sq_type>,
+                "megamoe: Adam's moments are kept in the parameters' precision, or in bfloat16 "
+                "for float parameters");
 
   /// One rank: the model's parameters, all in this rank's shard.
   template <class Model>
