@@ -29,6 +29,11 @@
 //                       the router's fp32 probabilities (1e-6 in fp64, 1e-5 in fp32); granular (a
 //                       dense FFN of 24 into experts of 12, g = 2, weights of std 0.3): SwiGLU
 //                       does not commute with the scaling, so within 1e-2 only (8e-3 seen)
+//   --mode convert      each rank writes its rows of an F32 and a BF16 tensor; every rank reads
+//                       both whole in the other dtype: F32 into bfloat16 rounds to nearest even
+//                       (to_bf16_bits, halfway cases and NaN among the values), BF16 into float
+//                       is exact; another dtype is refused (Adam's moments under either
+//                       --exp-avg-dtype load into the other)
 //
 // Layout: --tp, --cp, --ep, --etp (the world's other ranks are DP); --precision fp64 | fp32.
 #include "support/tally.hpp"
@@ -43,7 +48,9 @@
 
 #include <boost/mpi/collectives/broadcast.hpp>
 
+#include <bit>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -396,6 +403,60 @@ int run(arguments const& a, mm::parallel::process_groups const& groups,
 
 }  // namespace
 
+/// --mode convert: an F32 and a BF16 tensor of rows x 16, written by every rank (its rows), read
+/// whole in the other dtype.
+int check_conversion(boost::mpi::communicator const& world, fs::path const& dir) {
+  mm::testing::tally result;
+  result.against = "to_bf16_bits";
+  constexpr std::int64_t cols = 16;
+  std::int64_t const rows = 4 * world.size();
+  // Bits stepping by a quarter of a BF16 unit from just below 1, so that a quarter are exact, a
+  // quarter halfway (ties to even both ways) and the rest round one way; odd rows negative; one
+  // NaN with a payload the rounding must not carry into Inf.
+  auto const value = [](std::int64_t i) {
+    auto u = static_cast<std::uint32_t>(0x3F7F0000u + 0x4000u * static_cast<std::uint32_t>(i));
+    if ((i / cols) % 2 == 1) u |= 0x80000000u;
+    if (i == 5) u = 0x7F80FFFFu;
+    return std::bit_cast<float>(u);
+  };
+  std::vector<float> f32(static_cast<std::size_t>(rows * cols));
+  std::vector<mm::bfloat16> bf16(f32.size());
+  for (std::size_t i = 0; i < f32.size(); ++i) {
+    f32[i] = value(static_cast<std::int64_t>(i));
+    bf16[i] = mm::bfloat16(f32[i]);
+  }
+  {
+    mm::io::checkpoint_writer writer(world, dir, 1);
+    std::int64_t const first = 4 * world.rank();
+    auto const mine = mm::global_rectangle{0, first, 0, 4, cols};
+    writer.add("f32", {rows, cols}, rows, cols, mine, f32.data() + first * cols);
+    writer.add("bf16", {rows, cols}, rows, cols, mine, bf16.data() + first * cols);
+    writer.commit(nlohmann::json::object());
+  }
+  mm::io::checkpoint_reader reader(world, dir, 1);
+  auto const rounded = reader.read_whole<mm::bfloat16>("f32");
+  auto const widened = reader.read_whole<float>("bf16");
+  int wrong = 0;
+  for (std::size_t i = 0; i < f32.size(); ++i) {
+    wrong += rounded[i].bits != mm::to_bf16_bits(f32[i]) ? 1 : 0;
+    wrong += std::bit_cast<std::uint32_t>(widened[i]) !=
+                     std::bit_cast<std::uint32_t>(mm::from_bf16_bits(bf16[i].bits))
+                 ? 1
+                 : 0;
+  }
+  result.close("elements read wrong", wrong, 0, 1, 0);
+  bool refused = false;
+  try {
+    reader.read_whole<double>("bf16");
+  } catch (mm::input_error const&) {
+    refused = true;
+  }
+  result.close("BF16 read as F64 refused", refused ? 1 : 0, 1, 1, 0);
+  return result.finish(world,
+                       "checkpoint --mode convert on " + std::to_string(world.size()) + " ranks",
+                       "F32 and BF16 read into each other");
+}
+
 int main(int argc, char** argv) {
   return mm::parallel::run_main(argc, argv, [&](mm::parallel::environment& env) {
     arguments a;
@@ -440,6 +501,7 @@ int main(int argc, char** argv) {
       if (a.dir.empty()) throw mm::input_error("--dir is required");
     });
     auto const& world = env.world();
+    if (a.mode == "convert") return check_conversion(world, a.dir);
     mm::parallel::process_groups const groups(world, a.degrees);
     auto const corpus =
         mt::byte_corpus::load(std::string(MEGAMOE_TEST_DATA) + "/corpus_sample.txt");
