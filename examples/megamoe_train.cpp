@@ -181,7 +181,6 @@ std::string resolved_backend(boost::mpi::communicator const& world, options cons
   using mm::expert::gemm_backend;
   bool const built = MEGAMOE_HAS_AMX_INTRINSICS && megamoe::presets::recipes_built_for(o.preset) &&
                      megamoe::presets::bf16_units_built_for(o.precision);
-  std::string chosen = o.backend;
   mm::parallel::check_on_every_rank(world, [&] {
     if (o.backend == "auto" || o.backend == "grouped") return;
     std::string const flag = "--backend " + o.backend;
@@ -197,7 +196,7 @@ std::string resolved_backend(boost::mpi::communicator const& world, options cons
     if (auto const why = mm::expert::unavailable_reason(unit); !why.empty())
       throw mm::config_error(mm::rules::id::bf16_unit_usable, flag + ": " + why);
   });
-  if (o.backend != "auto") return chosen;
+  if (o.backend != "auto") return o.backend;
   // 2: AMX, 1: AVX512-BF16, 0: grouped; the least any rank can run.
   int mine = 0;
   if (built && mm::expert::unavailable_reason(gemm_backend::amx).empty())
@@ -469,6 +468,12 @@ nlohmann::ordered_json group_traffic(mm::parallel::process_groups const& groups,
   return out;
 }
 
+/// A setting megamoe-train kept in a checkpoint's job state, or `fallback` where it kept none.
+std::string saved_job_setting(mm::io::checkpoint_reader const& checkpoint, char const* key,
+                              char const* fallback) {
+  return checkpoint.state().value("job", nlohmann::json::object()).value(key, fallback);
+}
+
 /// A resumed run takes the job's settings from the checkpoint where the command line did not
 /// give them; a flag that contradicts it is an error. Returns the saved schedule's total.
 int take_saved_settings(nlohmann::json const& state, options& o) {
@@ -577,8 +582,7 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
          << " of " << resume->folder().parent_path().string() << " (" << report.bytes
          << " bytes in " << report.seconds << " s"
          << (o.no_load_optim && !o.finetune ? ", fresh optimizer state" : "") << ")";
-    auto const saved_moments =
-        resume->state().value("job", nlohmann::json::object()).value("moments", "fp32");
+    auto const saved_moments = saved_job_setting(*resume, "moments", "fp32");
     if (!o.no_load_optim && !o.finetune && saved_moments != o.moments)
       line << "; Adam moments converted from " << saved_moments << " to " << o.moments;
     if (resuming) {
@@ -1061,25 +1065,21 @@ int main(int argc, char** argv) {
       auto const& world = env.world();
       resume.emplace(world, o.load, mm::io::checkpoint_reader::latest_iteration(world, o.load));
       mm::parallel::check_on_every_rank(world, [&] {
-        auto const saved =
-            resume->state().value("job", nlohmann::json::object()).value("preset", "");
+        auto const saved = saved_job_setting(*resume, "preset", "");
         if (saved.empty()) return;
         if (o.preset_given && saved != o.preset)
           throw mm::input_error("megamoe-train: --preset " + o.preset + ", but " + o.load +
                                 " holds a " + saved + " model");
         if (!o.preset_given) o.preset = saved;
         // The recipe too: a checkpoint holds its recipe's state (delayed scaling's histories).
-        auto const recipe =
-            resume->state().value("job", nlohmann::json::object()).value("precision", "fp32");
+        auto const recipe = saved_job_setting(*resume, "precision", "fp32");
         if (o.precision_given && recipe != o.precision && !o.finetune)
           throw mm::input_error("megamoe-train: --precision " + o.precision + ", but " + o.load +
                                 " was trained under " + recipe +
                                 " (a resumed run keeps its recipe)");
         if (!o.precision_given) o.precision = recipe;
         // Adam's moments keep their saved dtype unless the flags name one (then they convert).
-        if (!o.moments_given)
-          o.moments =
-              resume->state().value("job", nlohmann::json::object()).value("moments", "fp32");
+        if (!o.moments_given) o.moments = saved_job_setting(*resume, "moments", "fp32");
       });
     }
     mm::parallel::check_on_every_rank(env.world(), [&] {

@@ -3,7 +3,7 @@
 // linear_proj) under the model's precision recipe: fprop y = x W^T, dgrad dx = dy W and wgrad
 // dW += dy^T x, each reading what the recipe's operands give it.
 //
-//   linear_operands_t<Recipe>   the operands of a dense module under Config's recipe: the values
+//   linear_operands_t<Recipe>   the operands of a dense module under the recipe: the values
 //                               themselves (fp32, fp64) or precision::grouped_operands with one
 //                               "expert" per module, its two linears in the operands' two slots
 //   linear_products<T, Ops>     the three products of a module's linears on the pool
