@@ -20,7 +20,7 @@
 // fp32). The last stdout line is
 //   {"final": {"steps", "precision", "backend", "tokens_per_s", "heldout_bpb", "unigram_bpb",
 //              "metrics_path", "plot_path", "weights_path", "optimizer_moments",
-//              "optimizer_state_bytes", "optimizer_state_bytes_saved"}}
+//              "optimizer_state_bytes", "optimizer_state_bytes_saved", "bf16_layers"}}
 // Checkpoints (the reference's flags): --save DIR with --save-interval N writes DIR/iter_NNNNNNN/
 // (every rank its shards, io/checkpoint.hpp) and then DIR/latest_checkpointed_iteration.txt;
 // --save alone saves at the end. --load DIR resumes from the iteration the tracker names, on any
@@ -35,7 +35,10 @@
 // operands, emulated bit for bit; the router, norms, attention's softmax, embedding, output layer
 // and loss stay fp32 (small and medium presets). The reference's flags say the same: --bf16,
 // --fp8-format hybrid|e4m3 with --fp8-recipe delayed|tensorwise|blockwise|mxfp8, --fp4-format
-// e2m1 with --fp4-recipe nvfp4.
+// e2m1 with --fp4-recipe nvfp4. --first-last-layers-bf16 (on by default for nvfp4, as the
+// reference's NVFP4 recipes; --no-first-last-layers-bf16 turns it off) keeps the first
+// --num-layers-at-start-in-bf16 and last --num-layers-at-end-in-bf16 layers (1 and 1) in BF16
+// under an FP8 or FP4 recipe.
 // --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 keeps Adam's moments
 // in BF16 (the reference's precision-aware optimizer): half their bytes, the update still computed
 // in fp32; the start-up line and the final JSON give the moments' bytes and the bytes saved.
@@ -110,6 +113,13 @@ struct options {
   // The reference's precision flags, resolved into `precision` (precision_from_reference_flags).
   bool bf16_flag = false;
   std::string fp8_format, fp8_recipe = "delayed", fp4_format, fp4_recipe = "nvfp4";
+  // Layers kept in BF16 under an FP8 or FP4 recipe: the reference's --first-last-layers-bf16 (on
+  // by default for nvfp4, as the reference's NVFP4 recipes keep them) with its counts, resolved
+  // into `bf16_layers` (at the start, at the end).
+  bool first_last_layers_bf16 = false, no_first_last_layers_bf16 = false;
+  int layers_at_start_in_bf16 = 1, layers_at_end_in_bf16 = 1;
+  std::array<int, 2> bf16_layers{0, 0};
+  bool bf16_layers_given = false;
   // Adam's moments: the reference's precision-aware optimizer flags, resolved into `moments`.
   bool precision_aware_optimizer = false;
   std::string exp_avg_dtype = "fp32", exp_avg_sq_dtype = "fp32", moments = "fp32";
@@ -207,11 +217,40 @@ std::string resolved_backend(boost::mpi::communicator const& world, options cons
   return agreed == 2 ? "amx" : agreed == 1 ? "avx512_bf16" : "grouped";
 }
 
-/// The modules whose GEMMs read the recipe's operands, and those kept in higher precision.
-nlohmann::json quantized_modules(mm::config_values const& v, std::string const& precision) {
+/// The layers kept in BF16 at the start and end (`bf16_layers`): --first-last-layers-bf16, on by
+/// default for nvfp4, with the reference's counts; none otherwise. A count without the flag
+/// would do nothing, so it is an error.
+std::array<int, 2> bf16_layers_from_flags(options const& o) {
+  if (o.first_last_layers_bf16 && o.no_first_last_layers_bf16)
+    throw mm::input_error(
+        "megamoe-train: --first-last-layers-bf16 and --no-first-last-layers-bf16 together");
+  bool const on =
+      o.first_last_layers_bf16 || (!o.no_first_last_layers_bf16 && o.precision == "nvfp4");
+  if (on) return {o.layers_at_start_in_bf16, o.layers_at_end_in_bf16};
+  if (o.layers_at_start_in_bf16 != 1 || o.layers_at_end_in_bf16 != 1)
+    throw mm::input_error(
+        "megamoe-train: --num-layers-at-start-in-bf16 and --num-layers-at-end-in-bf16 count the "
+        "layers --first-last-layers-bf16 keeps in BF16 (on by default for nvfp4 only); it is off "
+        "here");
+  return {0, 0};
+}
+/// The model's layers `bf16_layers` keeps in BF16, in order.
+std::vector<int> layers_in_bf16(int layers, std::array<int, 2> bf16_layers) {
+  std::vector<int> out;
+  for (int i = 0; i < layers; ++i)
+    if (i < bf16_layers[0] || i >= layers - bf16_layers[1]) out.push_back(i);
+  return out;
+}
+
+/// The modules whose GEMMs read the recipe's operands, the layers kept in BF16, and what stays
+/// in higher precision.
+nlohmann::json quantized_modules(mm::config_values const& v, std::string const& precision,
+                                 std::array<int, 2> bf16_layers) {
   nlohmann::json quantized = nlohmann::json::array();
+  auto const kept = layers_in_bf16(v.model.layers, bf16_layers);
   if (precision != "fp32")
     for (int i = 0; i < v.model.layers; ++i) {
+      if (std::ranges::find(kept, i) != kept.end()) continue;
       std::string const layer = "decoder.layers." + std::to_string(i);
       quantized.push_back(layer + ".self_attention.linear_qkv");
       quantized.push_back(layer + ".self_attention.linear_proj");
@@ -225,6 +264,7 @@ nlohmann::json quantized_modules(mm::config_values const& v, std::string const& 
     }
   return {{"precision", precision},
           {"quantized", quantized},
+          {"bf16_layers", kept},
           {"higher_precision",
            {"embedding", "router", "norms", "attention softmax", "output_layer", "loss"}}};
 }
@@ -274,6 +314,10 @@ mm::startup_values job_values(mm::parallel::degrees const& d, int world_size, op
   if (o.first_stage_layers >= 0) v.first_stage_layers = o.first_stage_layers;
   if (o.last_stage_layers >= 0) v.last_stage_layers = o.last_stage_layers;
   v.pipeline_layout = o.pipeline_layout;
+  if (o.bf16_layers[0] > 0 || o.bf16_layers[1] > 0) {
+    v.bf16_layers_at_start = o.bf16_layers[0];
+    v.bf16_layers_at_end = o.bf16_layers[1];
+  }
   return v;
 }
 
@@ -299,7 +343,7 @@ int describe_job(mm::parallel::environment& env, options o) {
     for (int j = 0; j < pipeline.stages(); ++j) layers.push_back(pipeline.layers(j));
     json["layers_per_virtual_stage"] = layers;
     json["preset"] = o.preset;
-    json["precision_modules"] = quantized_modules(values, o.precision);
+    json["precision_modules"] = quantized_modules(values, o.precision, o.bf16_layers);
     json["backend"] = o.backend;
     json["optimizer_moments"] = o.moments;
     json["seq_length"] = o.seq_len;
@@ -600,9 +644,10 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
   }
   int const first_step = trainer.steps_done() + 1;
   if (o.exit_signal_handler) std::signal(SIGTERM, request_termination);
-  nlohmann::json const job_state = {{"preset", o.preset},   {"precision", o.precision},
-                                    {"backend", o.backend}, {"moments", o.moments},
-                                    {"steps", o.steps},     {"micro_batch", o.micro_batch}};
+  nlohmann::json const job_state = {
+      {"preset", o.preset},          {"precision", o.precision}, {"backend", o.backend},
+      {"moments", o.moments},        {"steps", o.steps},         {"micro_batch", o.micro_batch},
+      {"bf16_layers", o.bf16_layers}};
   int last_saved = resuming ? trainer.steps_done() : -1;
   auto save = [&] {
     if (o.save.empty() || last_saved == trainer.steps_done()) return;
@@ -653,12 +698,16 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
     for (auto const& text : kept) metrics << text << '\n';
     metrics.flush();
   }
+  std::string bf16_layers_note;
+  for (int i : layers_in_bf16(model.layers(), o.bf16_layers))
+    bf16_layers_note += (bf16_layers_note.empty() ? " (layers " : ", ") + std::to_string(i);
+  if (!bf16_layers_note.empty()) bf16_layers_note += " in BF16)";
   if (root)
-    std::cerr << "megamoe-train: preset " << o.preset << ", precision " << o.precision << " on "
-              << o.backend << ", " << corpus.training().size() << " training bytes, "
-              << corpus.heldout().size() << " held out (unigram " << unigram << " bits/byte); "
-              << world.size() << " rank(s), TP " << degrees.tp << ", CP " << degrees.cp << ", PP "
-              << degrees.pp
+    std::cerr << "megamoe-train: preset " << o.preset << ", precision " << o.precision
+              << bf16_layers_note << " on " << o.backend << ", " << corpus.training().size()
+              << " training bytes, " << corpus.heldout().size() << " held out (unigram " << unigram
+              << " bits/byte); " << world.size() << " rank(s), TP " << degrees.tp << ", CP "
+              << degrees.cp << ", PP " << degrees.pp
               << (model.pipeline().vpp() > 1 ? " x V " + std::to_string(model.pipeline().vpp())
                                              : std::string())
               << ", EP " << degrees.ep << ", global batch "
@@ -905,7 +954,8 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
                       {"weights_path", weights_path.string()},
                       {"optimizer_moments", o.moments},
                       {"optimizer_state_bytes", moment_bytes[0]},
-                      {"optimizer_state_bytes_saved", moment_bytes[1]}};
+                      {"optimizer_state_bytes_saved", moment_bytes[1]},
+                      {"bf16_layers", layers_in_bf16(model.layers(), o.bf16_layers)}};
     int const steps_run = o.steps - first_step + 1;
     if (model.pipelined() && steps_run > 0) final["final"]["pipeline_bubble"] = bubble / steps_run;
     if (!profile.empty()) final["final"]["profile"] = profile;
@@ -1000,6 +1050,17 @@ int main(int argc, char** argv) {
     app.add_option("--fp4-recipe", o.fp4_recipe, "with --fp4-format: nvfp4")
         ->check(CLI::IsMember({"nvfp4"}))
         ->capture_default_str();
+    app.add_flag("--first-last-layers-bf16", o.first_last_layers_bf16,
+                 "keep the first and last layers in BF16 under an FP8 or FP4 recipe (on by "
+                 "default for nvfp4; --num-layers-at-start/end-in-bf16 count them)");
+    app.add_flag("--no-first-last-layers-bf16", o.no_first_last_layers_bf16,
+                 "every layer under the recipe, nvfp4 included");
+    app.add_option("--num-layers-at-start-in-bf16", o.layers_at_start_in_bf16,
+                   "with --first-last-layers-bf16: the first layers kept in BF16")
+        ->capture_default_str();
+    app.add_option("--num-layers-at-end-in-bf16", o.layers_at_end_in_bf16,
+                   "with --first-last-layers-bf16: the last layers kept in BF16")
+        ->capture_default_str();
     app.add_flag("--use-precision-aware-optimizer", o.precision_aware_optimizer,
                  "the reference's precision-aware optimizer: Adam's moments in the dtypes "
                  "--exp-avg-dtype and --exp-avg-sq-dtype give");
@@ -1046,6 +1107,10 @@ int main(int argc, char** argv) {
     o.micro_batch_given = app.count("--micro-batch") > 0;
     o.precision_given = app.count("--precision") > 0;
     o.moments_given = app.count("--exp-avg-dtype") + app.count("--exp-avg-sq-dtype") > 0;
+    o.bf16_layers_given =
+        app.count("--first-last-layers-bf16") + app.count("--no-first-last-layers-bf16") +
+            app.count("--num-layers-at-start-in-bf16") + app.count("--num-layers-at-end-in-bf16") >
+        0;
     mm::parallel::check_on_every_rank(env.world(), [&] { o.moments = moments_from_flags(o); });
     mm::parallel::check_on_every_rank(env.world(), [&] {
       auto const named = precision_from_reference_flags(o);
@@ -1056,6 +1121,7 @@ int main(int argc, char** argv) {
     });
     // A checkpoint to resume from names its preset: the model type follows it unless given.
     std::optional<mm::io::checkpoint_reader> resume;
+    std::optional<std::array<int, 2>> saved_bf16_layers;
     mm::parallel::check_on_every_rank(env.world(), [&] {
       if (!o.upcycle.empty() && !o.load.empty())
         throw mm::input_error(
@@ -1080,12 +1146,23 @@ int main(int argc, char** argv) {
         if (!o.precision_given) o.precision = recipe;
         // Adam's moments keep their saved dtype unless the flags name one (then they convert).
         if (!o.moments_given) o.moments = saved_job_setting(*resume, "moments", "fp32");
+        saved_bf16_layers = resume->state()
+                                .value("job", nlohmann::json::object())
+                                .value("bf16_layers", std::array<int, 2>{0, 0});
       });
     }
     mm::parallel::check_on_every_rank(env.world(), [&] {
       if (o.precision != "fp32" && !megamoe::presets::recipes_built_for(o.preset))
         throw mm::input_error("megamoe-train: --precision " + o.precision +
                               " is built for the small and medium presets, not " + o.preset);
+      // The layers kept in BF16 are the checkpoint's unless the flags name them (as its recipe).
+      o.bf16_layers = saved_bf16_layers && !o.bf16_layers_given ? *saved_bf16_layers
+                                                                : bf16_layers_from_flags(o);
+      if (saved_bf16_layers && *saved_bf16_layers != o.bf16_layers && !o.finetune)
+        throw mm::input_error("megamoe-train: " + o.load + " keeps " +
+                              std::to_string((*saved_bf16_layers)[0]) + " first and " +
+                              std::to_string((*saved_bf16_layers)[1]) +
+                              " last layers in BF16; a resumed run keeps them");
     });
     if (o.preset == "medium") {  // its own sequence length and micro-batch unless given
       if (!o.seq_len_given) o.seq_len = 256;

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -480,13 +481,18 @@ TEST(RecipeModules, ATinyModelTrainsCloseToFp32UnderEveryRecipe) {
 
 namespace {
 
-/// Losses of `steps` steps of the tiny model under delayed scaling, with a held-out evaluation
-/// after each step or without.
-std::vector<double> delayed_losses(bool evaluate, int steps) {
-  using config = tiny_model<fp8_delayed>;
+/// What `steps` steps of the tiny model under Precision give: each step's loss and every
+/// parameter after. `given` may keep layers in BF16; after_step(trainer, ctx) runs after each step.
+struct tiny_run {
+  std::vector<double> losses;
+  std::vector<float> parameters;
+};
+template <class Precision, class AfterStep>
+tiny_run train_tiny(mm::startup_values const& given, int steps, AfterStep&& after_step) {
+  using config = tiny_model<Precision>;
   auto const corpus = megamoe::train::byte_corpus::load(std::filesystem::path(MEGAMOE_TEST_DATA) /
                                                         "corpus_sample.txt");
-  mm::transformer<config> model;
+  mm::transformer<config> model(given);
   model.initialize(1, 0.05);
   megamoe::train::train_settings settings;
   settings.seq_length = 32;
@@ -494,18 +500,111 @@ std::vector<double> delayed_losses(bool evaluate, int steps) {
   settings.steps = steps;
   megamoe::train::trainer<config> trainer(model, corpus, settings);
   mm::context ctx(2);
-  std::vector<double> losses;
+  tiny_run run;
   for (int i = 0; i < steps; ++i) {
-    losses.push_back(trainer.step(ctx).loss);
-    if (evaluate) trainer.heldout_bits_per_byte(ctx, 8);
+    run.losses.push_back(trainer.step(ctx).loss);
+    after_step(trainer, ctx);
   }
-  return losses;
+  model.for_each_parameter([&](std::string_view, auto value, auto, auto) {
+    run.parameters.insert(run.parameters.end(), value.data(), value.data() + value.size());
+  });
+  return run;
+}
+
+/// Losses of `steps` steps of the tiny model under delayed scaling, with a held-out evaluation
+/// after each step or without.
+std::vector<double> delayed_losses(bool evaluate, int steps) {
+  return train_tiny<fp8_delayed>({}, steps,
+                                 [&](auto& trainer, mm::context& ctx) {
+                                   if (evaluate) trainer.heldout_bits_per_byte(ctx, 8);
+                                 })
+      .losses;
 }
 
 // An evaluation's forwards quantize with the current scales and record no amaxes: training under
 // delayed scaling is the same however often it is evaluated.
 TEST(RecipeModules, EvaluatingDoesNotChangeDelayedScaling) {
   EXPECT_EQ(delayed_losses(true, 6), delayed_losses(false, 6));
+}
+
+/// train_tiny with `bf16_start` / `bf16_end` layers kept in BF16 (none where not given).
+template <class Precision>
+tiny_run tiny_run_of(std::optional<int> bf16_start, std::optional<int> bf16_end, int steps = 3) {
+  mm::startup_values given;
+  given.bf16_layers_at_start = bf16_start;
+  given.bf16_layers_at_end = bf16_end;
+  return train_tiny<Precision>(given, steps, [](auto&, mm::context&) {});
+}
+
+// A layer kept in BF16 under an FP8 or FP4 recipe runs the bf16 recipe's modules: with every
+// layer kept, the model trains as the bf16 model does, bit for bit; with none, as the recipe's.
+TEST(RecipeModules, LayersKeptInBf16RunTheBf16Recipe) {
+  auto const bf16 = tiny_run_of<pr::bf16>({}, {});
+  for (auto const& run : {tiny_run_of<pr::nvfp4>(1, 1), tiny_run_of<fp8_delayed>(2, 0),
+                          tiny_run_of<pr::mxfp8>(0, 2)}) {
+    EXPECT_EQ(run.losses, bf16.losses);
+    EXPECT_EQ(run.parameters, bf16.parameters);
+  }
+  auto const nvfp4 = tiny_run_of<pr::nvfp4>({}, {});
+  auto const none = tiny_run_of<pr::nvfp4>(0, 0);
+  EXPECT_EQ(none.losses, nvfp4.losses);
+  EXPECT_EQ(none.parameters, nvfp4.parameters);
+  EXPECT_NE(nvfp4.losses, bf16.losses);
+  // One layer of two: neither model's.
+  auto const first = tiny_run_of<pr::nvfp4>(1, 0);
+  EXPECT_NE(first.losses, bf16.losses);
+  EXPECT_NE(first.losses, nvfp4.losses);
+}
+
+// Which layers are kept, and the delayed-scaling state only the others have.
+TEST(RecipeModules, OnlyLayersUnderTheRecipeKeepDelayedScalingState) {
+  using config =
+      mm::make_config<mm::shape<mm::hidden<64>, mm::ffn<64>, mm::experts<4>>, rt::top_k<2>,
+                      mm::dispatch::local, mm::expert::mlp<mm::expert::swiglu>, fp8_delayed,
+                      md::decoder<md::layers<4>, md::heads<4>, md::vocabulary<256>,
+                                  md::dense_ffn<128>, md::moe_layer_freq<2>>>;
+  mm::startup_values given;
+  given.bf16_layers_at_start = 1;
+  given.bf16_layers_at_end = 1;
+  mm::transformer<config> model(given);
+  std::vector<bool> kept;
+  for (int i = 0; i < model.layers(); ++i) kept.push_back(model.is_bf16_layer(i));
+  EXPECT_EQ(kept, (std::vector<bool>{true, false, false, true}));
+  std::vector<std::string> names;
+  model.for_each_persistent_state(
+      [&](mm::persistent_state const& s) { names.emplace_back(s.name); });
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"decoder.layers.1.mlp.fp8_delayed_state",
+                                             "decoder.layers.1.self_attention.fp8_delayed_state",
+                                             "decoder.layers.2.mlp.experts.fp8_delayed_state",
+                                             "decoder.layers.2.self_attention.fp8_delayed_state"}));
+  int moe_layers = 0;
+  model.for_each_moe_layer([&](auto const&, int ordinal) { EXPECT_EQ(ordinal, moe_layers++); });
+  EXPECT_EQ(moe_layers, 2);
+}
+
+// R053: a count outside [0, num_layers], or BF16 layers under a recipe that is not FP8 or FP4.
+TEST(RecipeModules, LayersKeptInBf16AreCheckedByR053) {
+  auto fails = [](auto make) {
+    try {
+      make();
+    } catch (mm::config_error const& e) {
+      return e.which() == mm::rules::id::bf16_edge_layers;
+    }
+    return false;
+  };
+  auto given = [](std::optional<int> start, std::optional<int> end) {
+    mm::startup_values g;
+    g.bf16_layers_at_start = start;
+    g.bf16_layers_at_end = end;
+    return g;
+  };
+  EXPECT_TRUE(fails([&] { mm::transformer<tiny_model<pr::nvfp4>> m(given(3, {})); }));
+  EXPECT_TRUE(fails([&] { mm::transformer<tiny_model<pr::nvfp4>> m(given({}, -1)); }));
+  EXPECT_TRUE(fails([&] { mm::transformer<tiny_model<pr::bf16>> m(given(1, {})); }));
+  EXPECT_TRUE(fails([&] { mm::transformer<tiny_model<pr::fp32>> m(given({}, 1)); }));
+  EXPECT_FALSE(fails([&] { mm::transformer<tiny_model<pr::fp32>> m(given(0, 0)); }));
+  EXPECT_FALSE(fails([&] { mm::transformer<tiny_model<pr::nvfp4>> m(given(2, 2)); }));
 }
 
 }  // namespace

@@ -188,9 +188,13 @@ void check_resume(mm::testing::tally& result, mm::parallel::process_groups const
                whole.trainer.optimizer().steps(), 1, 0);
   if constexpr (mm::transformer<Config>::moe_type::quantized_weights) {
     using role = mm::precision::operand_role;
-    for (std::size_t l = 0; l < whole.model.moe_layers().size(); ++l) {
-      auto const& m = *resumed.model.moe_layers()[l];
-      auto const& w = *whole.model.moe_layers()[l];
+    auto const resumed_layers = resumed.model.recipe_moe_layers();
+    auto const whole_layers = whole.model.recipe_moe_layers();
+    result.close(what + ": MoE layers", static_cast<double>(resumed_layers.size()),
+                 static_cast<double>(whole_layers.size()), 1, 0);
+    for (std::size_t l = 0; l < whole_layers.size() && l < resumed_layers.size(); ++l) {
+      auto const& m = *resumed_layers[l];
+      auto const& w = *whole_layers[l];
       for (auto lin : {mm::expert::linear::fc1, mm::expert::linear::fc2})
         for (int e = 0; e < m.local_experts(); ++e) {
           auto const& x = m.routed_operands().codes_of(lin, role::weight,

@@ -290,10 +290,16 @@ int main(int argc, char** argv) {
                    codes.forward(ctx, tokens, targets, seq, micro).cross_entropy,
                    plain.forward(ctx, tokens, targets, seq, micro).cross_entropy, 1.0, 0.0);
       std::int64_t expert_elements = 0;
-      std::size_t layers = 0;
       using role = mm::precision::operand_role;
-      for (auto const& m : codes.moe_layers()) {
-        auto const& p = *plain.moe_layers()[layers++];
+      // Every layer runs under the recipe (none is kept in BF16).
+      auto const plain_layers = plain.recipe_moe_layers();
+      auto const codes_layers = codes.recipe_moe_layers();
+      result.close("quantized weights: MoE layers under the recipe",
+                   static_cast<double>(codes_layers.size()),
+                   static_cast<double>(plain_layers.size()), 1.0, 0.0);
+      for (std::size_t i = 0; i < codes_layers.size() && i < plain_layers.size(); ++i) {
+        auto const* m = codes_layers[i];
+        auto const& p = *plain_layers[i];
         int const L = m->local_experts(), H = m->hidden_size(), F = m->local_ffn();
         expert_elements += std::int64_t{L} * (2 * F * H + H * F);
         for (auto l : {mm::expert::linear::fc1, mm::expert::linear::fc2})
@@ -314,7 +320,8 @@ int main(int argc, char** argv) {
                    static_cast<double>(codes_job.optimizer().master_bytes()) / sizeof(float), shard,
                    1.0, 0.0);
       result.close("quantized weights: no fp32 master in a layer",
-                   codes.moe_layers().front()->holds_weight_values() ? 1 : 0, 0, 1, 0);
+                   !codes_layers.empty() && codes_layers.front()->holds_weight_values() ? 1 : 0, 0,
+                   1, 0);
     }
     return result.finish(world,
                          "training on " + std::to_string(world.size()) + " ranks (TP " +

@@ -25,6 +25,8 @@
 #include <boost/mp11/list.hpp>
 #include <boost/mp11/utility.hpp>
 
+#include <type_traits>
+
 namespace megamoe {
 
 /// The visible defaults of every slot but `shape`, which has none.
@@ -107,5 +109,32 @@ struct make_config_impl {
 /// `megamoe::defaults`. Two policies of one kind break R020, a non-policy R021, no shape R022.
 template <class... Policies>
 using make_config = typename detail::make_config_impl<Policies...>::type;
+
+namespace detail {
+template <class Option>
+using stores_quantized = boost::mp11::mp_bool<
+    std::is_same_v<typename Option::option_kind, memory::option::quantized_activations_kind> ||
+    std::is_same_v<typename Option::option_kind, memory::option::quantized_weights_kind>>;
+template <class Memory>
+struct without_quantized_storage {
+  using type = Memory;
+};
+template <class... Options>
+struct without_quantized_storage<memory::plan<Options...>> {
+  using type = boost::mp11::mp_rename<
+      boost::mp11::mp_remove_if<boost::mp11::mp_list<Options...>, stores_quantized>, memory::plan>;
+};
+}  // namespace detail
+
+/// What a layer kept in BF16 under `Config`'s FP8 or FP4 recipe runs (the reference's
+/// first_last_layers_bf16): the bf16 recipe, and the memory plan without its quantized storage,
+/// which needs a quantized recipe (R030). For a `make_config` configuration this is the very
+/// type its bf16 counterpart is, so no module is built twice.
+template <training_config Config>
+using bf16_layer_config_t =
+    basic_config<typename Config::shape, typename Config::router, typename Config::dispatch,
+                 typename Config::expert, precision::bf16, typename Config::parallel,
+                 typename detail::without_quantized_storage<typename Config::memory>::type,
+                 typename Config::model>;
 
 }  // namespace megamoe

@@ -16,6 +16,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace megamoe {
 
@@ -31,6 +32,10 @@ struct startup_values {
   // rest split evenly; evenly over all without them).
   std::optional<int> vpp{}, first_stage_layers{}, last_stage_layers{};
   std::string pipeline_layout{};  // the reference's --pipeline-model-parallel-layout, or empty
+  // The layers kept in BF16 at the model's start and end under an FP8 or FP4 recipe (the
+  // reference's num_layers_at_start_in_bf16 / num_layers_at_end_in_bf16; none where not given):
+  // the transformer's, R053.
+  std::optional<int> bf16_layers_at_start{}, bf16_layers_at_end{};
 };
 
 namespace detail {
@@ -81,6 +86,15 @@ inline config_values resolve(config_values v, startup_values const& given) {
   }
   if (given.world_size) v.world_size = given.world_size;
   rules::require_valid(v);
+  for (auto const& [count, name] :
+       {std::pair{given.bf16_layers_at_start, "start"}, std::pair{given.bf16_layers_at_end, "end"}})
+    if (count && (*count < 0 || *count > v.model.layers ||
+                  (*count > 0 && !precision::is_quantized(v.precision.recipe))))
+      throw config_error(rules::id::bf16_edge_layers,
+                         "num_layers_at_" + std::string(name) + "_in_bf16 " +
+                             std::to_string(*count) + " of " + std::to_string(v.model.layers) +
+                             " layers under the " +
+                             std::string(precision::name_of(v.precision.recipe)) + " recipe");
   return v;
 }
 

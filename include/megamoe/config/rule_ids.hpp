@@ -147,6 +147,10 @@
   "megamoe[R052]: a BF16 unit asked for by name (amx, avx512_bf16) must be usable in this " \
   "process on every rank: the CPU lists it, the OS grants AMX's tile state, and no "        \
   "MEGAMOE_DISABLE_AMX / MEGAMOE_DISABLE_AVX512 is set"
+#define MEGAMOE_RULE_R053                                                                       \
+  "megamoe[R053]: layers kept in BF16 at the start and end of the model (the reference's "      \
+  "num_layers_at_start_in_bf16 / num_layers_at_end_in_bf16) number from 0 to num_layers each, " \
+  "and only under an FP8 or FP4 recipe"
 
 namespace megamoe {
 
@@ -205,6 +209,7 @@ enum class id : int {
   pipeline_micro_batches = 50,
   merged_schedule_needs_interleaving = 51,
   bf16_unit_usable = 52,
+  bf16_edge_layers = 53,
 };
 }  // namespace rules
 
@@ -217,7 +222,7 @@ struct rule_info {
 };
 
 /// Every rule megamoe checks, in id order. `rule_catalog[i].id == i + 1`.
-inline constexpr std::array<rule_info, 52> rule_catalog{{
+inline constexpr std::array<rule_info, 53> rule_catalog{{
     {1, "shape_sizes_valid", MEGAMOE_RULE_R001},
     {2, "top_k_within_experts", MEGAMOE_RULE_R002},
     {3, "ep_divides_experts", MEGAMOE_RULE_R003},
@@ -270,6 +275,7 @@ inline constexpr std::array<rule_info, 52> rule_catalog{{
     {50, "pipeline_micro_batches", MEGAMOE_RULE_R050},
     {51, "merged_schedule_needs_interleaving", MEGAMOE_RULE_R051},
     {52, "bf16_unit_usable", MEGAMOE_RULE_R052},
+    {53, "bf16_edge_layers", MEGAMOE_RULE_R053},
 }};
 
 /// The catalogue entry of rule `id` (1-based).

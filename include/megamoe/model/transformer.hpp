@@ -17,6 +17,7 @@
 // rows are S / CP positions, its chunks in that order, t = s*B + b over them.
 #pragma once
 
+#include <megamoe/config/config.hpp>
 #include <megamoe/config/error.hpp>
 #include <megamoe/config/resolve.hpp>
 #include <megamoe/core/error.hpp>
@@ -65,8 +66,14 @@ class transformer {
   static_assert(rules::check<Config>());
 
  public:
+  /// The MoE layers under the configuration's recipe.
   using moe_type = moe_layer<Config>;
   using scalar = typename moe_type::scalar;
+  /// Under an FP8 or FP4 recipe the first and last layers may be kept in BF16 (the reference's
+  /// first_last_layers_bf16; startup_values::bf16_layers_at_start / _end, R053): their modules
+  /// are those of bf16_layer_config_t<Config>.
+  static constexpr bool keeps_bf16_layers =
+      precision::is_quantized(Config::precision::value.recipe);
   /// How context parallelism moves keys and values (the mapping's cp_comm_type).
   static constexpr parallel::cp_comm_type cp_comm = Config::parallel::cp_comm;
   /// Whether a chunk sets each micro-batch's saved values aside between its forward and backward
@@ -93,15 +100,25 @@ class transformer {
   [[nodiscard]] int layers() const noexcept { return values_.model.layers; }
   [[nodiscard]] int hidden_size() const noexcept { return values_.shape.hidden; }
   [[nodiscard]] bool is_moe(int layer) const { return values_.model.is_moe(layer); }
-  /// This rank's MoE layers (all of them without PP), and each one's place among all the model's.
-  [[nodiscard]] std::vector<std::unique_ptr<moe_type>> const& moe_layers() const noexcept {
-    return moe_;
+  /// f(layer, ordinal) for this rank's MoE layers (all of them without PP) in order, with each
+  /// one's place among all the model's MoE layers; `layer` is a moe_type, or under
+  /// keeps_bf16_layers a BF16 layer's moe_layer<bf16_layer_config_t<Config>>.
+  template <class F>
+  void for_each_moe_layer(F&& f) {
+    for (auto const& b : blocks_)
+      if (b.moe >= 0) with_moe(b, [&](auto& m) { f(m, moe_ordinal(b.layer)); });
   }
-  [[nodiscard]] std::vector<int> const& moe_ordinals() const noexcept { return moe_ordinals_; }
-  [[nodiscard]] int moe_layer_count() const {
-    int n = 0;
-    for (int i = 0; i < layers(); ++i) n += is_moe(i) ? 1 : 0;
-    return n;
+  /// This rank's MoE layers that run under the recipe (all but those kept in BF16), in order.
+  [[nodiscard]] std::vector<moe_type const*> recipe_moe_layers() const {
+    std::vector<moe_type const*> out;
+    for (auto const& m : recipe_.moes) out.push_back(m.get());
+    return out;
+  }
+  [[nodiscard]] int moe_layer_count() const { return moe_ordinal(layers()); }
+  /// Whether layer i (of the whole model) runs in BF16 rather than under the recipe.
+  [[nodiscard]] bool is_bf16_layer(int layer) const noexcept {
+    return keeps_bf16_layers &&
+           (layer < bf16_at_start_ || layer >= values_.model.layers - bf16_at_end_);
   }
 
   /// Context-parallel ranks (the CP degree; 1 without).
@@ -252,15 +269,6 @@ class transformer {
   void restore_chunk(int v, std::uint64_t key) requires parks_micro_batches {
     for_each_saving_module(v, [&](auto& m) { m.restore(key); });
   }
-  /// Chunk v's MoE layers: indices [first, last) into moe_layers().
-  [[nodiscard]] std::pair<int, int> chunk_moe_layers(int v) const {
-    auto const [first, last] = chunk_blocks_[static_cast<std::size_t>(v)];
-    int before = 0, in = 0;
-    for (int i = 0; i < last; ++i)
-      (i < first ? before : in) += blocks_[static_cast<std::size_t>(i)].moe >= 0 ? 1 : 0;
-    return {before, before + in};
-  }
-
   /// Model FLOPs of one token's forward + backward in a sequence of `seq` (megamoe::
   /// flops_per_token).
   [[nodiscard]] double flops_per_token(int seq) const {
@@ -323,7 +331,7 @@ class transformer {
   /// input rows, this rank's q k v and context columns, log-sum-exp rows, gathered keys).
   [[nodiscard]] std::size_t attention_saved_bytes() const noexcept {
     std::size_t total = 0;
-    for (auto const& b : blocks_) total += b.attention.saved_bytes();
+    for (auto const& b : blocks_) with_attention(b, [&](auto& a) { total += a.saved_bytes(); });
     return total;
   }
 
@@ -331,24 +339,28 @@ class transformer {
   /// for the recipe's operands (delayed scaling's amaxes over the DP replicas; collective on a
   /// job).
   void finish_global_batch() {
-    for (auto& m : moe_) m->finish_global_batch();
-    if constexpr (rounds_operands_v<linear_ops>) {
-      auto const replicas = groups_ == nullptr ? parallel::communicator_max()
-                                               : parallel::communicator_max(groups_->dp());
-      for (auto& b : blocks_) b.attention.linears().end_of_step(replicas);
-      for (auto& d : dense_) d.end_of_step(replicas);
-    }
+    auto const replicas = groups_ == nullptr ? parallel::communicator_max()
+                                             : parallel::communicator_max(groups_->dp());
+    for_each_modules([&](auto& m) {
+      for (auto& l : m.moes) l->finish_global_batch();
+      if constexpr (rounds_of<decltype(m)>) {
+        for (auto& a : m.attentions) a.linears().end_of_step(replicas);
+        for (auto& d : m.denses) d.end_of_step(replicas);
+      }
+    });
   }
 
   void zero_grad() {
     embedding_.zero_grad();
     for (auto& b : blocks_) {
       b.input_norm.zero_grad();
-      b.attention.zero_grad();
       b.pre_mlp_norm.zero_grad();
     }
-    for (auto& d : dense_) d.zero_grad();
-    for (auto& m : moe_) m->zero_grad();
+    for_each_modules([](auto& m) {
+      for (auto& a : m.attentions) a.zero_grad();
+      for (auto& d : m.denses) d.zero_grad();
+      for (auto& l : m.moes) l->zero_grad();
+    });
     final_norm_.zero_grad();
     head_.zero_grad();
   }
@@ -372,12 +384,12 @@ class transformer {
     for (auto& b : blocks_) {
       std::string const prefix = "decoder.layers." + std::to_string(b.layer);
       b.input_norm.for_each_parameter(prefix + ".input_layernorm", dense);
-      b.attention.for_each_parameter(prefix + ".self_attention", split);
+      with_attention(b, [&](auto& a) { a.for_each_parameter(prefix + ".self_attention", split); });
       b.pre_mlp_norm.for_each_parameter(prefix + ".pre_mlp_layernorm", dense);
       if (b.moe >= 0)
-        moe_[static_cast<std::size_t>(b.moe)]->for_each_parameter(f);
+        with_moe(b, [&](auto& m) { m.for_each_parameter(f); });
       else
-        dense_[static_cast<std::size_t>(b.dense)].for_each_parameter(prefix + ".mlp", split);
+        with_dense(b, [&](auto& d) { d.for_each_parameter(prefix + ".mlp", split); });
     }
     if (!holds_head_) return;
     final_norm_.for_each_parameter("decoder.final_layernorm", dense);
@@ -395,44 +407,50 @@ class transformer {
       else if (kind == parameter_kind::dense)
         f(name, value, grad, kind, element_numbering{grad.cols()});
     });
-    for (auto& m : moe_)
-      m->for_each_numbered_parameter([&](std::string_view name, row_matrix_map<scalar> value,
-                                         row_matrix_map<scalar> grad, parameter_kind kind,
-                                         element_numbering const& numbering) {
+    for_each_moe_layer([&](auto& m, int) {
+      m.for_each_numbered_parameter([&](std::string_view name, row_matrix_map<scalar> value,
+                                        row_matrix_map<scalar> grad, parameter_kind kind,
+                                        element_numbering const& numbering) {
         if (kind != parameter_kind::dense) f(name, value, grad, kind, numbering);
       });
+    });
   }
   /// f(persistent_state) for the state besides parameters: the MoE layers' (moe_layer) and, under
   /// delayed scaling, each attention's and dense FFN's amax histories and scales (named
-  /// `decoder.layers.{i}.self_attention.fp8_delayed_state`, `....mlp.fp8_delayed_state`).
+  /// `decoder.layers.{i}.self_attention.fp8_delayed_state`, `....mlp.fp8_delayed_state`; none
+  /// for a layer kept in BF16).
   template <class F>
   void for_each_persistent_state(F&& f) {
-    for (auto& m : moe_) m->for_each_persistent_state(f);
-    if constexpr (rounds_operands_v<linear_ops>) {
-      auto visit = [&](linear_ops& ops, std::string const& name) {
-        visit_operand_state(ops, name, 1, 0, state_owner::attention_grid_first, f);
+    for_each_moe_layer([&](auto& m, int) { m.for_each_persistent_state(f); });
+    for (auto& b : blocks_) {
+      std::string const prefix = "decoder.layers." + std::to_string(b.layer);
+      auto visit = [&](auto& ops, char const* name) {
+        visit_operand_state(ops, prefix + name, 1, 0, state_owner::attention_grid_first, f);
       };
-      for (auto& b : blocks_) {
-        std::string const prefix = "decoder.layers." + std::to_string(b.layer);
-        visit(b.attention.linears().operands(), prefix + ".self_attention.fp8_delayed_state");
-        if (b.dense >= 0)
-          visit(dense_[static_cast<std::size_t>(b.dense)].operands(),
-                prefix + ".mlp.fp8_delayed_state");
-      }
+      with_attention(
+          b, [&](auto& a) { visit(a.linears().operands(), ".self_attention.fp8_delayed_state"); });
+      if (b.dense >= 0)
+        with_dense(b, [&](auto& d) { visit(d.operands(), ".mlp.fp8_delayed_state"); });
     }
   }
   /// Training steps the recipe's operands have ended (all modules alike).
   [[nodiscard]] std::uint64_t operand_steps() const noexcept {
-    if constexpr (rounds_operands_v<linear_ops>)
-      if (!blocks_.empty()) return blocks_.front().attention.linears().operands().steps_taken();
-    return moe_.empty() ? 0 : moe_.front()->operand_steps();
+    if constexpr (recipe_modules::rounds)
+      if (!recipe_.attentions.empty())
+        return recipe_.attentions.front().linears().operands().steps_taken();
+    if constexpr (keeps_bf16_layers)
+      if (!bf16_.attentions.empty())
+        return bf16_.attentions.front().linears().operands().steps_taken();
+    return recipe_.moes.empty() ? 0 : recipe_.moes.front()->operand_steps();
   }
   void set_operand_steps(std::uint64_t steps) noexcept {
-    for (auto& m : moe_) m->set_operand_steps(steps);
-    if constexpr (rounds_operands_v<linear_ops>) {
-      for (auto& b : blocks_) b.attention.linears().operands().set_steps_taken(steps);
-      for (auto& d : dense_) d.operands().set_steps_taken(steps);
-    }
+    for_each_modules([&](auto& m) {
+      for (auto& l : m.moes) l->set_operand_steps(steps);
+      if constexpr (rounds_of<decltype(m)>) {
+        for (auto& a : m.attentions) a.linears().operands().set_steps_taken(steps);
+        for (auto& d : m.denses) d.operands().set_steps_taken(steps);
+      }
+    });
   }
 
   /// Weights from N(0, std^2) as a function of (seed, parameter name, element), norms at 1 (QK
@@ -461,20 +479,22 @@ class transformer {
     for (auto& b : blocks_) {
       index = drawn_before(b.layer);
       std::uint64_t const layer_seed = seed + 1000003ULL * static_cast<std::uint64_t>(b.layer + 1);
-      b.attention.for_each_parameter("self_attention",
-                                     [&](std::string const& name, auto value, auto) {
-                                       if (name.ends_with("layernorm.weight"))
-                                         value.setOnes();
-                                       else
-                                         fill_whole(name, value, layer_seed);
-                                     });
+      with_attention(b, [&](auto& a) {
+        a.for_each_parameter("self_attention", [&](std::string const& name, auto value, auto) {
+          if (name.ends_with("layernorm.weight"))
+            value.setOnes();
+          else
+            fill_whole(name, value, layer_seed);
+        });
+      });
       if (b.moe >= 0)
-        moe_[static_cast<std::size_t>(b.moe)]->initialize(layer_seed + 500000, std);
+        with_moe(b, [&](auto& m) { m.initialize(layer_seed + 500000, std); });
       else
-        dense_[static_cast<std::size_t>(b.dense)].for_each_parameter(
-            "mlp", [&](std::string const& name, auto value, auto) {
-              fill_whole(name, value, layer_seed);
-            });
+        with_dense(b, [&](auto& d) {
+          d.for_each_parameter("mlp", [&](std::string const& name, auto value, auto) {
+            fill_whole(name, value, layer_seed);
+          });
+        });
     }
     index = drawn_before(layers());
     if (holds_head_)
@@ -484,13 +504,14 @@ class transformer {
   }
 
   /// With memory::quantized_weights, for an optimizer holding the MoE layers' fp32 masters
-  /// (moe_layer::release_weight_values, moe_layer::for_each_quantized_weight), layer by layer.
+  /// (moe_layer::release_weight_values, moe_layer::for_each_quantized_weight), layer by layer;
+  /// a layer kept in BF16 stores no codes.
   void release_weight_values() requires moe_type::quantized_weights {
-    for (auto& m : moe_) m->release_weight_values();
+    for (auto& m : recipe_.moes) m->release_weight_values();
   }
   template <class F>
   void for_each_quantized_weight(F&& f) requires moe_type::quantized_weights {
-    for (auto& m : moe_) m->for_each_quantized_weight(f);
+    for (auto& m : recipe_.moes) m->for_each_quantized_weight(f);
   }
 
  private:
@@ -510,12 +531,12 @@ class transformer {
   void for_each_block_module(int i, F&& f) {
     auto& b = blocks_[static_cast<std::size_t>(i)];
     f(b.input_norm);
-    f(b.attention);
+    with_attention(b, f);
     f(b.pre_mlp_norm);
     if (b.moe >= 0)
-      f(*moe_[static_cast<std::size_t>(b.moe)]);
+      with_moe(b, f);
     else
-      f(dense_[static_cast<std::size_t>(b.dense)]);
+      with_dense(b, f);
   }
   /// A chunk's first step: the embedding, or the previous virtual stage's rows.
   void start_chunk(context& ctx, int v, const_row_matrix_map<scalar> input) {
@@ -608,30 +629,34 @@ class transformer {
     norm_of_residual(ctx, b.input_norm);
     times.time(stage::attention, [&] {
       auto f = ctx.scratch<scalar>().open();
-      b.attention.linears().bind(ctx, f);
-      b.attention.forward(ctx.executor<scalar>(), all_rows(cmap(normed_), whole_), seq, batch,
-                          whole_output(map(branch_), N));
+      with_attention(b, [&](auto& a) {
+        a.linears().bind(ctx, f);
+        a.forward(ctx.executor<scalar>(), all_rows(cmap(normed_), whole_), seq, batch,
+                  whole_output(map(branch_), N));
+      });
       sum_to_my_rows(map(branch_));
     });
     times.time(stage::norms_residuals, [&] {
       b.pre_mlp_norm.add_forward(ctx.pool(), map(residual_), cmap(branch_), map(normed_));
     });
     if (b.moe >= 0) {
-      auto const result =
-          moe_[static_cast<std::size_t>(b.moe)]->forward(ctx, normed_, seq / tp, batch);
-      pending_ = result.y.data();
-      for (auto const& l :
-           {result.losses.aux_loss, result.losses.seq_aux_loss, result.losses.global_aux_loss})
-        if (l) out.aux_loss += static_cast<double>(l->value);
-      if (result.losses.z_loss) out.z_loss += static_cast<double>(result.losses.z_loss->value);
+      with_moe(b, [&](auto& m) {
+        auto const result = m.forward(ctx, normed_, seq / tp, batch);
+        pending_ = result.y.data();
+        for (auto const& l :
+             {result.losses.aux_loss, result.losses.seq_aux_loss, result.losses.global_aux_loss})
+          if (l) out.aux_loss += static_cast<double>(l->value);
+        if (result.losses.z_loss) out.z_loss += static_cast<double>(result.losses.z_loss->value);
+      });
       out.router_losses = out.aux_loss + out.z_loss;
     } else {
       times.time(stage::dense_ffn, [&] {
-        auto& dense = dense_[static_cast<std::size_t>(b.dense)];
         auto f = ctx.scratch<scalar>().open();
-        dense.bind_operands(ctx, f);
-        dense.forward(ctx.executor<scalar>(), all_rows(cmap(normed_), whole_),
-                      whole_output(map(branch_), N));
+        with_dense(b, [&](auto& dense) {
+          dense.bind_operands(ctx, f);
+          dense.forward(ctx.executor<scalar>(), all_rows(cmap(normed_), whole_),
+                        whole_output(map(branch_), N));
+        });
         sum_to_my_rows(map(branch_));
       });
       pending_ = branch_.data();
@@ -674,16 +699,19 @@ class transformer {
     using stage = step_stage;
     auto& b = blocks_[static_cast<std::size_t>(i)];
     if (b.moe >= 0) {
-      auto const dx = moe_[static_cast<std::size_t>(b.moe)]->backward(ctx, grad_);
-      times.time(stage::norms_residuals,
-                 [&] { b.pre_mlp_norm.backward(pool, dx, map(grad_), true); });
+      with_moe(b, [&](auto& m) {
+        auto const dx = m.backward(ctx, grad_);
+        times.time(stage::norms_residuals,
+                   [&] { b.pre_mlp_norm.backward(pool, dx, map(grad_), true); });
+      });
     } else {
       times.time(stage::dense_ffn, [&] {
-        auto& dense = dense_[static_cast<std::size_t>(b.dense)];
         auto f = ctx.scratch<scalar>().open();
-        dense.bind_operands(ctx, f);
-        dense.backward(ctx.executor<scalar>(), all_rows(cmap(grad_), grad_whole_),
-                       whole_output(map(grad_normed_), N));
+        with_dense(b, [&](auto& dense) {
+          dense.bind_operands(ctx, f);
+          dense.backward(ctx.executor<scalar>(), all_rows(cmap(grad_), grad_whole_),
+                         whole_output(map(grad_normed_), N));
+        });
         sum_to_my_rows(map(grad_normed_));
       });
       times.time(stage::norms_residuals,
@@ -691,9 +719,11 @@ class transformer {
     }
     times.time(stage::attention, [&] {
       auto f = ctx.scratch<scalar>().open();
-      b.attention.linears().bind(ctx, f);
-      b.attention.backward(ctx.executor<scalar>(), all_rows(cmap(grad_), grad_whole_),
-                           whole_output(map(grad_normed_), N));
+      with_attention(b, [&](auto& a) {
+        a.linears().bind(ctx, f);
+        a.backward(ctx.executor<scalar>(), all_rows(cmap(grad_), grad_whole_),
+                   whole_output(map(grad_normed_), N));
+      });
       sum_to_my_rows(map(grad_normed_));
     });
     times.time(stage::norms_residuals,
@@ -718,30 +748,87 @@ class transformer {
                   mine.begin() + static_cast<std::ptrdiff_t>(i * run));
   }
 
-  /// The operands of attention's and the dense FFNs' linears under the model's recipe, and their
-  /// GEMM backend: the experts' BF16 unit where the configuration names one (R037: only under a
-  /// recipe, whose operands are BF16 values over their units), else the grouped fp32 backend.
-  using linear_ops = linear_operands_t<typename Config::precision>;
+  /// The GEMM backend of attention's and the dense FFNs' linears: the experts' BF16 unit where
+  /// the configuration names one (R037: only under a recipe, whose operands are BF16 values over
+  /// their units), else the grouped fp32 backend.
   using expert_backend = typename moe_types<Config>::backend;
   using linear_backend = std::conditional_t<expert::multiplies_bf16<expert_backend>, expert_backend,
                                             expert::grouped_gemm>;
-  using attention_type = causal_attention<scalar, Config::model::value.qk_layernorm, cp_comm,
-                                          linear_ops, linear_backend>;
-  using dense_type =
-      dense_mlp<scalar, expert::activation_function::swiglu, linear_backend, linear_ops>;
-  /// A module's operands: its amaxes reduced over TP x CP; stochastic rounding seeded by its
-  /// place in the whole model (attention 2i, dense FFN 2i + 1 past the MoE layers' seeds).
-  linear_ops module_operands(int layer, int which) const {
-    return make_linear_operands<linear_ops>((std::uint64_t{1} << 32) + 2 * layer + which,
-                                            groups_ == nullptr ? nullptr : &groups_->tp_cp());
-  }
+  /// The modules of this rank's layers that run under one configuration's recipe, each kind in
+  /// layer order.
+  template <class LayerConfig>
+  struct layer_modules {
+    using ops = linear_operands_t<typename LayerConfig::precision>;
+    static constexpr bool rounds = rounds_operands_v<ops>;
+    using attention_type =
+        causal_attention<scalar, Config::model::value.qk_layernorm, cp_comm, ops, linear_backend>;
+    using dense_type = dense_mlp<scalar, expert::activation_function::swiglu, linear_backend, ops>;
+    std::vector<attention_type> attentions;
+    std::vector<std::unique_ptr<moe_layer<LayerConfig>>> moes;
+    std::vector<dense_type> denses;
+  };
+  struct no_modules {};
+  template <class Modules>
+  static constexpr bool rounds_of = std::remove_reference_t<Modules>::rounds;
+  using recipe_modules = layer_modules<Config>;
+  using bf16_modules =
+      std::conditional_t<keeps_bf16_layers, layer_modules<bf16_layer_config_t<Config>>, no_modules>;
+  /// A layer: its norms and where its attention and FFN lie among its recipe's modules.
   struct block {
     rms_norm<scalar> input_norm;
-    attention_type attention;
     rms_norm<scalar> pre_mlp_norm;
     int layer = 0;             // in the whole model
-    int moe = -1, dense = -1;  // index into moe_ or dense_
+    bool bf16 = false;         // its modules are bf16_modules'
+    int attention = 0;         // index into attentions
+    int moe = -1, dense = -1;  // index into moes or denses
   };
+  /// f(modules) for the modules of block b's layer: the recipe's, or those kept in BF16.
+  template <class F>
+  void with_modules(block const& b, F&& f) {
+    if constexpr (keeps_bf16_layers)
+      if (b.bf16) return f(bf16_);
+    f(recipe_);
+  }
+  template <class F>
+  void with_modules(block const& b, F&& f) const {
+    if constexpr (keeps_bf16_layers)
+      if (b.bf16) return f(bf16_);
+    f(recipe_);
+  }
+  template <class F>
+  void for_each_modules(F&& f) {
+    f(recipe_);
+    if constexpr (keeps_bf16_layers) f(bf16_);
+  }
+  template <class F>
+  void with_attention(block const& b, F&& f) {
+    with_modules(b, [&](auto& m) { f(m.attentions[static_cast<std::size_t>(b.attention)]); });
+  }
+  template <class F>
+  void with_attention(block const& b, F&& f) const {
+    with_modules(b, [&](auto& m) { f(m.attentions[static_cast<std::size_t>(b.attention)]); });
+  }
+  template <class F>
+  void with_moe(block const& b, F&& f) {
+    with_modules(b, [&](auto& m) { f(*m.moes[static_cast<std::size_t>(b.moe)]); });
+  }
+  template <class F>
+  void with_dense(block const& b, F&& f) {
+    with_modules(b, [&](auto& m) { f(m.denses[static_cast<std::size_t>(b.dense)]); });
+  }
+  /// Of all the model's MoE layers, how many come before layer i.
+  [[nodiscard]] int moe_ordinal(int layer) const {
+    int n = 0;
+    for (int j = 0; j < layer; ++j) n += is_moe(j) ? 1 : 0;
+    return n;
+  }
+  /// A module's operands: its amaxes reduced over TP x CP; stochastic rounding seeded by its
+  /// place in the whole model (attention 2i, dense FFN 2i + 1 past the MoE layers' seeds).
+  template <class Ops>
+  Ops module_operands(int layer, int which) const {
+    return make_linear_operands<Ops>((std::uint64_t{1} << 32) + 2 * layer + which,
+                                     groups_ == nullptr ? nullptr : &groups_->tp_cp());
+  }
 
   static row_matrix_map<scalar> map(row_matrix<scalar>& m) {
     return {m.data(), m.rows(), m.cols()};
@@ -872,6 +959,11 @@ class transformer {
 
   void build(parallel::process_groups const* groups) {
     groups_ = groups;
+    bf16_at_start_ = given_.bf16_layers_at_start.value_or(0);
+    bf16_at_end_ = given_.bf16_layers_at_end.value_or(0);
+    // A layer's modules run one recipe: the counts are the model's, not theirs (R053).
+    startup_values layer_given = given_;
+    layer_given.bf16_layers_at_start = layer_given.bf16_layers_at_end = std::nullopt;
     auto const& m = values_.model;
     int const H = hidden_size();
     pipeline_ = pipeline_of(values_, given_);
@@ -884,17 +976,6 @@ class transformer {
           {static_cast<int>(mine.size()), static_cast<int>(mine.size()) + pipeline_.layers(stage)});
       for (int i = first; i < first + pipeline_.layers(stage); ++i) mine.push_back(i);
     }
-    for (int i : mine) {
-      if (!is_moe(i)) continue;
-      if (groups != nullptr) {
-        moe_.push_back(std::make_unique<moe_type>(*groups, i, given_));
-      } else {
-        if constexpr (!moe_type::distributed) moe_.push_back(std::make_unique<moe_type>(i, given_));
-      }
-      int ordinal = 0;
-      for (int j = 0; j < i; ++j) ordinal += is_moe(j) ? 1 : 0;
-      moe_ordinals_.push_back(ordinal);
-    }
     int const tp = values_.parallel.tp, part = tp > 1 ? groups->tp().rank() : 0;
     holds_embedding_ = chunk_embeds(0);
     holds_head_ = chunk_has_head(pipeline_.vpp() - 1);
@@ -903,20 +984,32 @@ class transformer {
       final_norm_ = rms_norm<scalar>(H, m.norm_epsilon);
       head_ = lm_head<scalar>(H, vocabulary_part(part), tp > 1 ? &groups->tp() : nullptr);
     }
-    int next_moe = 0, next_dense = 0;
     blocks_.reserve(mine.size());
     for (int i : mine) {
       blocks_.push_back(block{rms_norm<scalar>(H, m.norm_epsilon),
-                              attention_type(H, m.heads, m.query_groups, m.rope_base,
-                                             m.norm_epsilon, tp, module_operands(i, 0)),
-                              rms_norm<scalar>(H, m.norm_epsilon), i});
-      if (values_.parallel.cp > 1) blocks_.back().attention.set_context_parallel(groups->cp());
-      if (is_moe(i)) {
-        blocks_.back().moe = next_moe++;
-      } else {
-        blocks_.back().dense = next_dense++;
-        dense_.emplace_back(H, m.dense_ffn / tp, module_operands(i, 1));
-      }
+                              rms_norm<scalar>(H, m.norm_epsilon), i, is_bf16_layer(i)});
+      with_modules(blocks_.back(), [&](auto& modules) {
+        using modules_type = std::decay_t<decltype(modules)>;
+        using layer_type = typename decltype(modules.moes)::value_type::element_type;
+        auto& b = blocks_.back();
+        b.attention = static_cast<int>(modules.attentions.size());
+        modules.attentions.emplace_back(H, m.heads, m.query_groups, m.rope_base, m.norm_epsilon, tp,
+                                        module_operands<typename modules_type::ops>(i, 0));
+        if (values_.parallel.cp > 1) modules.attentions.back().set_context_parallel(groups->cp());
+        if (is_moe(i)) {
+          b.moe = static_cast<int>(modules.moes.size());
+          if (groups != nullptr) {
+            modules.moes.push_back(std::make_unique<layer_type>(*groups, i, layer_given));
+          } else {
+            if constexpr (!layer_type::distributed)
+              modules.moes.push_back(std::make_unique<layer_type>(i, layer_given));
+          }
+        } else {
+          b.dense = static_cast<int>(modules.denses.size());
+          modules.denses.emplace_back(H, m.dense_ffn / tp,
+                                      module_operands<typename modules_type::ops>(i, 1));
+        }
+      });
     }
   }
 
@@ -924,8 +1017,9 @@ class transformer {
   config_values values_;
   token_embedding<scalar> embedding_{1, 1};
   std::vector<block> blocks_;
-  std::vector<std::unique_ptr<moe_type>> moe_;
-  std::vector<dense_type> dense_;
+  recipe_modules recipe_;
+  [[no_unique_address]] bf16_modules bf16_;
+  int bf16_at_start_ = 0, bf16_at_end_ = 0;  // layers kept in BF16 (keeps_bf16_layers)
   rms_norm<scalar> final_norm_{1};
   lm_head<scalar> head_{1, 1};
   parallel::process_groups const* groups_ = nullptr;        // kept by reference; null on one rank
@@ -935,12 +1029,11 @@ class transformer {
   row_matrix<scalar> whole_, grad_whole_, parts_;
   std::vector<std::int64_t> rows_per_tp_;
   scalar const* final_hidden_ = nullptr;  // the last forward's final hidden states, all N rows
-  // The pipeline: the layout, this rank's place, its chunks' blocks [first, last), the ordinal
-  // among all the model's MoE layers of each of its own, and which ends of the model it holds.
+  // The pipeline: the layout, this rank's place, its chunks' blocks [first, last), and which ends
+  // of the model it holds.
   parallel::pipeline_layout pipeline_;
   int pp_rank_ = 0;
   std::vector<std::pair<int, int>> chunk_blocks_;
-  std::vector<int> moe_ordinals_;
   bool holds_embedding_ = true, holds_head_ = true;
   // The micro-batch being run (this rank's CP chunks) and the last FFN output not yet added.
   std::span<std::int32_t const> tokens_, targets_;

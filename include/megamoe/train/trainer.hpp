@@ -151,14 +151,12 @@ class trainer {
                                S, B, std::span(tokens_).subspan(m * per_batch, per_batch),
                                std::span(targets_).subspan(m * per_batch, per_batch));
     });
-    auto const& moe = model_.moe_layers();
-    auto const& ordinals = model_.moe_ordinals();
     // Every layer's loads on every rank (a stage without the layer adds zeros), so the sums have
     // one length on all ranks.
     out.expert_load.resize(static_cast<std::size_t>(model_.moe_layer_count()));
     for (auto& layer : out.expert_load)
       layer.assign(static_cast<std::size_t>(model_.values().shape.experts), 0.0);
-    for (auto& layer : moe) layer->clear_expert_load();
+    model_.for_each_moe_layer([](auto& layer, int) { layer.clear_expert_load(); });
     double loss = 0.0, router_loss = 0.0, aux_loss = 0.0, z_loss = 0.0;
     auto const schedule_start = std::chrono::steady_clock::now();
     runner_.run(
@@ -175,11 +173,11 @@ class trainer {
           aux_loss += r.output.aux_loss;
           z_loss += r.output.z_loss;
         });
-    for (std::size_t l = 0; l < moe.size(); ++l) {
-      auto const counts = moe[l]->expert_load();
+    model_.for_each_moe_layer([&](auto& layer, int ordinal) {
+      auto const counts = layer.expert_load();
       std::copy(counts.begin(), counts.end(),
-                out.expert_load[static_cast<std::size_t>(ordinals[l])].begin());
-    }
+                out.expert_load[static_cast<std::size_t>(ordinal)].begin());
+    });
     double const schedule_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - schedule_start).count();
     // Logged values over the global batch (every rank the same): a CP rank's cross-entropy is

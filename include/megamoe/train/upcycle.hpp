@@ -33,6 +33,7 @@
 #include <optional>
 #include <regex>
 #include <string>
+#include <type_traits>
 
 namespace megamoe::train {
 
@@ -148,7 +149,9 @@ int upcycle(transformer<Config>& model, boost::mpi::communicator const& world,
     });
   });
   if constexpr (transformer<Config>::moe_type::quantized_weights)
-    for (auto const& m : model.moe_layers()) m->refresh_weight_codes();
+    model.for_each_moe_layer([](auto& m, int) {
+      if constexpr (std::decay_t<decltype(m)>::quantized_weights) m.refresh_weight_codes();
+    });
   return granularity;
 }
 
