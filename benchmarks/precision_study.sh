@@ -2,10 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 # The loss-curve study of the precision recipes: megamoe-train's `small` preset for STEPS steps
 # (default 700, README command 1's run) under fp32 and every recipe (NVFP4 with its first and last
-# layers in BF16 and without), the same seed and batches, held-out bits per byte every EVAL steps
-# over every held-out window. Draws one picture (held-out bits per byte and training bits per byte
-# against step, a curve per run) and prints the table of benchmarks/README.md (final held-out bpb,
-# its difference from fp32, tokens/s).
+# layers in BF16 and without) on the grouped fp32 backend, the same seed and batches, held-out
+# bits per byte every EVAL steps over every held-out window. Draws one picture (held-out bits per
+# byte and training bits per byte against step, a curve per run) and prints the table of
+# benchmarks/README.md (final held-out bpb, its difference from fp32, tokens/s).
 #   benchmarks/precision_study.sh [MEGAMOE_TRAIN] [CORPUS] [STEPS] [EVAL] [OUT_SVG]
 set -euo pipefail
 here=$(dirname "$0")
@@ -26,6 +26,7 @@ for run in "${runs[@]}"; do
   [ -s "$work/$name/final.json" ] && continue # a rerun keeps finished runs
   # shellcheck disable=SC2086 # the flags are words
   "$train" --data "$corpus" --preset small --steps "$steps" --eval-interval "$eval" $flags \
+    --backend grouped \
     --out "$work/$name" 2>"$work/$name.log" | grep '^{"final"' >"$work/$name.final"
   mv "$work/$name.final" "$work/$name/final.json"
   echo "$name: $(cat "$work/$name/final.json")" >&2
