@@ -5,6 +5,8 @@
 // GEMMs itself (RoPE, the attention core, SwiGLU), and each value it hands a GEMM is checked to
 // quantize to those codes within the recipe's quantization error; so the whole module, not only
 // its products, is checked. A short training run of a tiny model per recipe against fp32.
+#include "reference/recipe_reference.hpp"
+#include "support/expert_codes.hpp"
 #include "support/layer_helpers.hpp"
 
 #include <megamoe/config/config.hpp>
@@ -26,6 +28,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <iostream>
+#include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -35,6 +39,7 @@
 namespace mm = megamoe;
 namespace pr = megamoe::precision;
 namespace ex = megamoe::expert;
+namespace ref = megamoe::reference;
 
 namespace {
 
@@ -605,6 +610,248 @@ TEST(RecipeModules, LayersKeptInBf16AreCheckedByR053) {
   EXPECT_TRUE(fails([&] { mm::transformer<tiny_model<pr::fp32>> m(given({}, 1)); }));
   EXPECT_FALSE(fails([&] { mm::transformer<tiny_model<pr::fp32>> m(given(0, 0)); }));
   EXPECT_FALSE(fails([&] { mm::transformer<tiny_model<pr::nvfp4>> m(given(2, 2)); }));
+}
+
+}  // namespace
+
+namespace {
+
+using dmat = mm::row_matrix<double>;
+
+/// RMSNorm in double, forward and backward (model/norm.hpp's formulas), keeping its input.
+struct double_norm {
+  dmat w, x;
+  std::vector<double> r;
+  double eps;
+  dmat forward(dmat const& in) {
+    x = in;
+    r.resize(static_cast<std::size_t>(x.rows()));
+    dmat y(x.rows(), x.cols());
+    for (Eigen::Index t = 0; t < x.rows(); ++t) {
+      r[static_cast<std::size_t>(t)] =
+          1.0 / std::sqrt(x.row(t).squaredNorm() / static_cast<double>(x.cols()) + eps);
+      y.row(t) = (x.row(t) * r[static_cast<std::size_t>(t)]).cwiseProduct(w);
+    }
+    return y;
+  }
+  dmat backward(dmat const& dy, dmat& dw) const {
+    dmat dx(x.rows(), x.cols());
+    for (Eigen::Index t = 0; t < x.rows(); ++t) {
+      double const rt = r[static_cast<std::size_t>(t)];
+      dw += (dy.row(t).cwiseProduct(x.row(t)) * rt);
+      Eigen::RowVectorXd const g = dy.row(t).cwiseProduct(w);
+      double const mean_gx = g.dot(x.row(t)) / static_cast<double>(x.cols());
+      dx.row(t) = rt * (g - x.row(t) * (rt * rt * mean_gx));
+    }
+    return dx;
+  }
+};
+
+dmat of_ref(ref::mat const& m) {
+  dmat out(static_cast<Eigen::Index>(m.size()),
+           static_cast<Eigen::Index>(m.empty() ? 0 : m[0].size()));
+  for (std::size_t r = 0; r < m.size(); ++r)
+    for (std::size_t c = 0; c < m[r].size(); ++c)
+      out(static_cast<Eigen::Index>(r), static_cast<Eigen::Index>(c)) = m[r][c];
+  return out;
+}
+
+/// One training step of the tiny whole model (an MoE layer, then a dense one) under Recipe against
+/// a double model on its own codes: the embedding, norms, residuals, attention's core, the
+/// router, the activation and the loss in double, every GEMM on the dequantized codes the fp32
+/// model's modules used (attention and the dense FFN through their double twins, the MoE layer
+/// through the plain reference). The loss and every gradient agree to 1e-5.
+template <class Recipe>
+void whole_model_matches_its_codes() {
+  using config = tiny_model<Recipe>;
+  constexpr int S = 16, B = 2, N = S * B;
+  constexpr double loss_scale = 0.5;
+  mm::context ctx(2);
+  mm::transformer<config> model;
+  model.initialize(3, 0.05);
+  int const H = model.hidden_size(), V = model.values().model.vocabulary;
+  std::vector<std::int32_t> tokens(N), targets(N);
+  for (int t = 0; t < N; ++t) {
+    tokens[static_cast<std::size_t>(t)] = (37 * t + 11) % V;
+    targets[static_cast<std::size_t>(t)] = (53 * t + 7) % V;
+  }
+  model.for_each_layer_modules([](int, auto& attention, auto& ffn) {
+    attention.linears().operands().keep_all_codes(true);
+    if constexpr (requires { ffn.keep_all_operand_codes(true); })
+      ffn.keep_all_operand_codes(true);
+    else
+      ffn.operands().keep_all_codes(true);
+  });
+  ctx.step.mode = mm::router::pass::training;
+  ctx.step.loss_backward_scale = loss_scale;
+  model.zero_grad();
+  double const loss = model.forward(ctx, tokens, targets, S, B).cross_entropy;
+  model.backward(ctx, 1.0);
+
+  std::map<std::string, dmat> value, grad, want;
+  model.for_each_parameter([&](std::string_view name, auto v, auto g, mm::parameter_kind) {
+    value[std::string(name)] = v.template cast<double>();
+    grad[std::string(name)] = g.template cast<double>();
+    want[std::string(name)] = dmat::Zero(g.rows(), g.cols());
+  });
+  double const eps = model.model_settings().norm_epsilon;
+  auto norm_of = [&](std::string const& name) { return double_norm{value.at(name), {}, {}, eps}; };
+  auto& exec = ctx.executor<double>();
+
+  // Forward, keeping what each layer's backward needs.
+  dmat x(N, H);
+  for (int t = 0; t < N; ++t)
+    x.row(t) =
+        value.at("embedding.word_embeddings.weight").row(tokens[static_cast<std::size_t>(t)]);
+  using attention_twin = mm::causal_attention<double, config::model::value.qk_layernorm,
+                                              mm::parallel::cp_comm_type::p2p, replay_operands>;
+  using dense_twin =
+      mm::dense_mlp<double, ex::activation_function::swiglu, ex::grouped_gemm, replay_operands>;
+  struct layer_twin {
+    std::string prefix;
+    double_norm input_norm, pre_mlp_norm;
+    std::unique_ptr<attention_twin> attention;
+    std::unique_ptr<dense_twin> dense;
+    std::optional<ref::recipe_result> moe;
+  };
+  std::vector<layer_twin> layers;
+  model.for_each_layer_modules([&](int layer, auto& attention, auto& ffn) {
+    auto& l = layers.emplace_back();
+    l.prefix = "decoder.layers." + std::to_string(layer);
+    auto const& m = model.model_settings();
+    l.input_norm = norm_of(l.prefix + ".input_layernorm.weight");
+    l.pre_mlp_norm = norm_of(l.prefix + ".pre_mlp_layernorm.weight");
+    l.attention = std::make_unique<attention_twin>(H, m.heads, m.query_groups, m.rope_base, eps, 1);
+    std::vector<dmat> values;
+    attention.for_each_parameter("a", [&](std::string const&, auto v, auto) {
+      values.emplace_back(v.template cast<double>());
+    });
+    std::size_t at = 0;
+    l.attention->for_each_parameter("a",
+                                    [&](std::string const&, auto v, auto) { v = values[at++]; });
+    for (auto lin : {ex::linear::fc1, ex::linear::fc2})
+      l.attention->linears().operands().linears[static_cast<std::size_t>(lin)] =
+          values_of(attention.linears().operands(), lin);
+    dmat const h = l.input_norm.forward(x);
+    dmat a(N, H);
+    l.attention->forward(exec, in(h), S, B, out(a));
+    x += a;
+    dmat const h2 = l.pre_mlp_norm.forward(x);
+    if constexpr (requires { ffn.keep_all_operand_codes(true); }) {
+      auto const& perm = ffn.permutation();
+      auto const& probs = ffn.router().output().probs;
+      ref::recipe_rows rows{perm.source_token, perm.row_expert, {}};
+      for (int j = 0; j < perm.rows(); ++j)
+        rows.row_prob.push_back(
+            static_cast<double>(probs(perm.source_token[static_cast<std::size_t>(j)],
+                                      perm.row_expert[static_cast<std::size_t>(j)])));
+      std::vector<ref::expert_operands> ops;
+      std::int64_t first_row = 0;
+      for (int e = 0; e < ffn.num_experts(); ++e) {
+        ops.push_back(mm::testing::operands_of(ffn, e, first_row));
+        first_row += perm.tokens_per_expert[static_cast<std::size_t>(e)];
+      }
+      l.moe = ref::recipe_forward_backward(std::decay_t<decltype(ffn)>::activation,
+                                           to_mat(value.at(l.prefix + ".mlp.router.weight")),
+                                           ffn.router().config(), ffn.router().state().expert_bias,
+                                           to_mat(h2), B, loss_scale, rows, ops);
+      x += of_ref(l.moe->y);
+    } else {
+      l.dense = std::make_unique<dense_twin>(H, m.dense_ffn);
+      values.clear();
+      ffn.for_each_parameter("m", [&](std::string const&, auto v, auto) {
+        values.emplace_back(v.template cast<double>());
+      });
+      at = 0;
+      l.dense->for_each_parameter("m", [&](std::string const&, auto v, auto) { v = values[at++]; });
+      auto& replay = l.dense->operands();
+      for (auto lin : {ex::linear::fc1, ex::linear::fc2})
+        replay.linears[static_cast<std::size_t>(lin)] = values_of(ffn.operands(), lin);
+      auto const kept = ffn.operands().fc1_output_kept();
+      replay.kept_fc1_output.assign(static_cast<std::size_t>(N) * 2 * m.dense_ffn, 0.0);
+      for (std::size_t i = 0; i < replay.kept_fc1_output.size(); ++i)
+        replay.kept_fc1_output[i] = pr::from_bf16_bits(kept[i]);
+      dmat f(N, H);
+      l.dense->forward(exec, in(h2), out(f));
+      x += f;
+    }
+  });
+  ASSERT_EQ(layers.size(), 2U);
+  auto final_norm = norm_of("decoder.final_layernorm.weight");
+  dmat const hf = final_norm.forward(x);
+  dmat const& w_out = value.at("output_layer.weight");
+  dmat const logits = hf * w_out.transpose();
+  double cross_entropy = 0.0;
+  dmat dlogits(N, V);
+  for (int t = 0; t < N; ++t) {
+    double const top = logits.row(t).maxCoeff();
+    double const sum = (logits.row(t).array() - top).exp().sum();
+    int const target = targets[static_cast<std::size_t>(t)];
+    cross_entropy += top + std::log(sum) - logits(t, target);
+    dlogits.row(t) = (logits.row(t).array() - top).exp() / sum / N;
+    dlogits(t, target) -= 1.0 / N;
+  }
+  cross_entropy /= N;
+
+  // Backward.
+  want.at("output_layer.weight") = dlogits.transpose() * hf;
+  dmat dx = final_norm.backward(dlogits * w_out, want.at("decoder.final_layernorm.weight"));
+  for (auto l = layers.rbegin(); l != layers.rend(); ++l) {
+    dmat dh2(N, H);
+    if (l->moe) {
+      dh2 = of_ref(l->moe->grad.x);
+      want.at(l->prefix + ".mlp.router.weight") = of_ref(l->moe->grad.router);
+      for (std::size_t e = 0; e < l->moe->grad.fc1.size(); ++e) {
+        want.at(l->prefix + ".mlp.experts.linear_fc1.weight" + std::to_string(e)) =
+            of_ref(l->moe->grad.fc1[e]);
+        want.at(l->prefix + ".mlp.experts.linear_fc2.weight" + std::to_string(e)) =
+            of_ref(l->moe->grad.fc2[e]);
+      }
+    } else {
+      l->dense->backward(exec, in(dx), out(dh2));
+      l->dense->for_each_parameter(
+          l->prefix + ".mlp", [&](std::string const& name, auto, auto g) { want.at(name) = g; });
+    }
+    dx += l->pre_mlp_norm.backward(dh2, want.at(l->prefix + ".pre_mlp_layernorm.weight"));
+    dmat dh(N, H);
+    l->attention->backward(exec, in(dx), out(dh));
+    l->attention->for_each_parameter(
+        l->prefix + ".self_attention",
+        [&](std::string const& name, auto, auto g) { want.at(name) = g; });
+    dx += l->input_norm.backward(dh, want.at(l->prefix + ".input_layernorm.weight"));
+  }
+  auto& d_embedding = want.at("embedding.word_embeddings.weight");
+  for (int t = 0; t < N; ++t) d_embedding.row(tokens[static_cast<std::size_t>(t)]) += dx.row(t);
+
+  std::string const where = std::string(Recipe::name);
+  EXPECT_NEAR(loss, cross_entropy, 1e-5 * cross_entropy) << where;
+  for (auto const& [name, g] : want)
+    EXPECT_LT(relative_error(grad.at(name), to_mat(g)), 1e-5) << name << ", " << where;
+  for (auto const& l : layers) {
+    EXPECT_GT(l.attention->linears().operands().drift, 0.0) << l.prefix << ", " << where;
+    if (l.dense) {
+      EXPECT_GT(l.dense->operands().drift, 0.0) << l.prefix << ", " << where;
+    }
+  }
+}
+
+TEST(RecipeModules, WholeModelMatchesItsCodesBf16) {
+  whole_model_matches_its_codes<pr::bf16>();
+}
+TEST(RecipeModules, WholeModelMatchesItsCodesFp8Delayed) {
+  whole_model_matches_its_codes<fp8_delayed>();
+}
+TEST(RecipeModules, WholeModelMatchesItsCodesFp8Current) {
+  whole_model_matches_its_codes<fp8_current>();
+}
+TEST(RecipeModules, WholeModelMatchesItsCodesFp8Blockwise) {
+  whole_model_matches_its_codes<pr::fp8_blockwise>();
+}
+TEST(RecipeModules, WholeModelMatchesItsCodesMxfp8) {
+  whole_model_matches_its_codes<pr::mxfp8>();
+}
+TEST(RecipeModules, WholeModelMatchesItsCodesNvfp4) {
+  whole_model_matches_its_codes<pr::nvfp4>();
 }
 
 }  // namespace

@@ -108,6 +108,18 @@ class transformer {
     for (auto const& b : blocks_)
       if (b.moe >= 0) with_moe(b, [&](auto& m) { f(m, moe_ordinal(b.layer)); });
   }
+  /// f(layer, attention, ffn) for this rank's layers in order: the modules each runs (its
+  /// attention, and its moe_layer or dense FFN), to look into, as tests read their operands.
+  template <class F>
+  void for_each_layer_modules(F&& f) {
+    for (auto const& b : blocks_)
+      with_attention(b, [&](auto& a) {
+        if (b.moe >= 0)
+          with_moe(b, [&](auto& m) { f(b.layer, a, m); });
+        else
+          with_dense(b, [&](auto& d) { f(b.layer, a, d); });
+      });
+  }
   /// This rank's MoE layers that run under the recipe (all but those kept in BF16), in order.
   [[nodiscard]] std::vector<moe_type const*> recipe_moe_layers() const {
     std::vector<moe_type const*> out;
