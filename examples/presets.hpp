@@ -24,35 +24,35 @@ using job_mapping =
                           mm::parallel::pp<mm::dynamic>, mm::parallel::ep<mm::dynamic>>;
 
 template <int H, int F, int E, class Router, class Model, class Precision = mm::precision::fp32,
-          class Backend = mm::expert::grouped>
+          class Backend = mm::expert::grouped, class Memory = mm::memory::keep_all>
 using preset_config =
     mm::make_config<mm::shape<mm::hidden<H>, mm::ffn<F>, mm::experts<E>>, Router,
                     mm::dispatch::all_to_all, mm::expert::mlp<mm::expert::swiglu, Backend>,
-                    Precision, job_mapping, Model>;
+                    Precision, job_mapping, Model, Memory>;
 
 /// tiny: quick runs; small (default): 4 layers, MoE every other layer, 8 experts top-2;
 /// fine: fine-grained experts, every layer MoE, 16 experts top-4 with the aux-loss-free router.
 using tiny_config = preset_config<64, 128, 4, rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>,
                                   md::decoder<md::layers<2>, md::heads<4>, md::vocabulary<256>,
                                               md::dense_ffn<256>, md::moe_layer_freq<2>>>;
-template <class Precision, class Backend = mm::expert::grouped>
+template <class Precision, class Backend = mm::expert::grouped, class Memory = mm::memory::keep_all>
 using small_config_in =
     preset_config<128, 256, 8, rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>,
                   md::decoder<md::layers<4>, md::heads<4>, md::vocabulary<256>, md::dense_ffn<512>,
                               md::moe_layer_freq<2>>,
-                  Precision, Backend>;
+                  Precision, Backend, Memory>;
 using small_config = small_config_in<mm::precision::fp32>;
 using fine_config = preset_config<128, 96, 16, rt::aux_loss_free<4, rt::seq_aux_loss<1e-4>>,
                                   md::decoder<md::layers<4>, md::heads<4>, md::vocabulary<256>>>;
 /// medium: big enough that compute decides the step: H 512, 8 layers of 8 heads, MoE every other
 /// layer (16 experts of width 1024, top-2), dense SwiGLU layers of width 2048; megamoe-train runs
 /// it with sequences of 256 bytes, 8 per micro-batch.
-template <class Precision, class Backend = mm::expert::grouped>
+template <class Precision, class Backend = mm::expert::grouped, class Memory = mm::memory::keep_all>
 using medium_config_in =
     preset_config<512, 1024, 16, rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>,
                   md::decoder<md::layers<8>, md::heads<8>, md::vocabulary<256>, md::dense_ffn<2048>,
                               md::moe_layer_freq<2>>,
-                  Precision, Backend>;
+                  Precision, Backend, Memory>;
 using medium_config = medium_config_in<mm::precision::fp32>;
 /// dense: `small` with each MoE layer's FFN a dense SwiGLU FFN of the experts' width (256), the
 /// model `--upcycle` starts `small` from. Such a layer is one expert with top-1 routing, whose
@@ -65,12 +65,18 @@ static_assert(mm::rules::check<tiny_config>() && mm::rules::check<small_config>(
               mm::rules::check<dense_config>());
 
 /// The precision recipes by their command-line names (moe_layer_bench's): every linear layer's
-/// GEMMs read the recipe's operands. Each is a configuration of its own, built for the presets
-/// that recipes_built_for() names (fp32 for every preset), to keep the build small.
+/// GEMMs read the recipe's operands. Each is a configuration of its own, built where
+/// recipe_built_for() says, to keep the build small: fp32 for every preset, bf16 for small and
+/// medium (the speed comparison), the FP8 and FP4 recipes for small (the loss-curve study).
 inline constexpr std::array<std::string_view, 7> precision_names = {
     "fp32", "bf16", "fp8_delayed", "fp8_current", "fp8_blockwise", "mxfp8", "nvfp4"};
-inline bool recipes_built_for(std::string const& preset) {
-  return preset == "small" || preset == "medium";
+inline bool recipe_built_for(std::string const& preset, std::string const& precision) {
+  return precision == "fp32" || preset == "small" || (preset == "medium" && precision == "bf16");
+}
+/// The presets recipe `precision` is built for, in words.
+inline std::string presets_built_for(std::string const& precision) {
+  if (precision == "fp32") return "every preset";
+  return precision == "bf16" ? "the small and medium presets" : "the small preset";
 }
 
 /// The GEMM backends by their command-line names: `grouped` (fp32 units) for every recipe, the
@@ -79,46 +85,65 @@ inline bool bf16_units_built_for(std::string const& precision) {
   return precision == "bf16";
 }
 
-/// Calls run.template operator()<Preset<Precision, Backend>>() with the recipe named `precision`
-/// (fp32 otherwise) on the backend named `backend` (grouped otherwise; a BF16 unit only for bf16).
-template <template <class, class> class Preset, class Run>
-auto with_recipe(std::string const& precision, std::string const& backend, Run& run) {
+/// The linear weights held as the recipe's codes, their fp32 masters in the optimizer
+/// (memory::quantized_weights; the reference's --fp8-param-gather and --fp4-param-gather): built
+/// for the FP8 and FP4 recipes on the small preset.
+inline bool quantized_weights_built_for(std::string const& preset) {
+  return preset == "small";
+}
+using quantized_weights_plan = mm::memory::plan<mm::memory::quantized_weights>;
+
+/// Calls run.template operator()<Preset<Precision, Backend, Memory>>() with the fp32 recipe, or
+/// bf16 on the backend named `backend` (grouped otherwise).
+template <template <class, class, class> class Preset, class Run>
+auto with_unquantized_recipe(std::string const& precision, std::string const& backend, Run& run) {
   namespace pr = mm::precision;
   using mm::expert::grouped;
+  using keep = mm::memory::keep_all;
 #if MEGAMOE_HAS_AMX_INTRINSICS
   if (precision == "bf16" && backend == "amx")
-    return run.template operator()<Preset<pr::bf16, mm::expert::amx>>();
+    return run.template operator()<Preset<pr::bf16, mm::expert::amx, keep>>();
   if (precision == "bf16" && backend == "avx512_bf16")
-    return run.template operator()<Preset<pr::bf16, mm::expert::avx512_bf16>>();
+    return run.template operator()<Preset<pr::bf16, mm::expert::avx512_bf16, keep>>();
 #endif
-  if (precision == "bf16") return run.template operator()<Preset<pr::bf16, grouped>>();
-  if (precision == "fp8_delayed")
-    return run.template operator()<Preset<pr::fp8_tensorwise<pr::delayed>, grouped>>();
-  if (precision == "fp8_current")
-    return run.template operator()<Preset<pr::fp8_tensorwise<pr::current>, grouped>>();
-  if (precision == "fp8_blockwise")
-    return run.template operator()<Preset<pr::fp8_blockwise, grouped>>();
-  if (precision == "mxfp8") return run.template operator()<Preset<pr::mxfp8, grouped>>();
-  if (precision == "nvfp4") return run.template operator()<Preset<pr::nvfp4, grouped>>();
-  return run.template operator()<Preset<pr::fp32, grouped>>();
+  if (precision == "bf16") return run.template operator()<Preset<pr::bf16, grouped, keep>>();
+  return run.template operator()<Preset<pr::fp32, grouped, keep>>();
 }
 
-/// Calls run.template operator()<Config>() with the preset named `name` (tiny, small, fine,
-/// medium, dense; small otherwise) under the recipe named `precision` (fp32 where the preset
-/// has no other: recipes_built_for) on the backend named `backend` (with_recipe) and returns what
-/// it returns.
-template <class Run>
-auto with_preset(std::string const& name, std::string const& precision, std::string const& backend,
-                 Run& run) {
-  if (name == "tiny") return run.template operator()<tiny_config>();
-  if (name == "fine") return run.template operator()<fine_config>();
-  if (name == "medium") return with_recipe<medium_config_in>(precision, backend, run);
-  if (name == "dense") return run.template operator()<dense_config>();
-  return with_recipe<small_config_in>(precision, backend, run);
+/// The same with the FP8 or FP4 recipe named `precision` (nvfp4 otherwise) on the grouped
+/// backend, with memory plan Memory (quantized_weights_plan: the linear weights held as codes).
+template <template <class, class, class> class Preset, class Memory = mm::memory::keep_all,
+          class Run>
+auto with_quantized_recipe(std::string const& precision, Run& run) {
+  namespace pr = mm::precision;
+  using mm::expert::grouped;
+  if (precision == "fp8_delayed")
+    return run.template operator()<Preset<pr::fp8_tensorwise<pr::delayed>, grouped, Memory>>();
+  if (precision == "fp8_current")
+    return run.template operator()<Preset<pr::fp8_tensorwise<pr::current>, grouped, Memory>>();
+  if (precision == "fp8_blockwise")
+    return run.template operator()<Preset<pr::fp8_blockwise, grouped, Memory>>();
+  if (precision == "mxfp8") return run.template operator()<Preset<pr::mxfp8, grouped, Memory>>();
+  return run.template operator()<Preset<pr::nvfp4, grouped, Memory>>();
 }
+
+/// Either of the two above, by `precision`.
+template <template <class, class, class> class Preset, class Run>
+auto with_recipe(std::string const& precision, std::string const& backend, Run& run) {
+  if (precision == "fp32" || precision == "bf16")
+    return with_unquantized_recipe<Preset>(precision, backend, run);
+  return with_quantized_recipe<Preset>(precision, run);
+}
+
+/// Calls run.template operator()<Config>() with the fp32 configuration of the preset named
+/// `name` (tiny, small, fine, medium, dense; small otherwise) and returns what it returns.
 template <class Run>
 auto with_preset(std::string const& name, Run& run) {
-  return with_preset(name, "fp32", "grouped", run);
+  if (name == "tiny") return run.template operator()<tiny_config>();
+  if (name == "fine") return run.template operator()<fine_config>();
+  if (name == "medium") return run.template operator()<medium_config>();
+  if (name == "dense") return run.template operator()<dense_config>();
+  return run.template operator()<small_config>();
 }
 
 }  // namespace megamoe::presets

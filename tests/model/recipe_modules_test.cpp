@@ -855,3 +855,177 @@ TEST(RecipeModules, WholeModelMatchesItsCodesNvfp4) {
 }
 
 }  // namespace
+
+// memory::quantized_weights on the whole model: attention's projections, the dense FFNs and the
+// routed experts hold their weights as the recipe's codes, the fp32 masters in the optimizer's
+// shards. Against the same model quantizing its fp32 weights at every forward: the same training,
+// bit for bit, under every kind of scaling. What the modules hold, and the errors of a model whose
+// weights have no codes.
+namespace {
+
+/// tiny_model with its linear weights held as codes.
+template <class Precision>
+using tiny_codes_model =
+    mm::make_config<mm::shape<mm::hidden<64>, mm::ffn<64>, mm::experts<4>>,
+                    rt::top_k<2, rt::aux_loss<1e-2>>, mm::dispatch::local,
+                    mm::expert::mlp<mm::expert::swiglu>, Precision,
+                    mm::memory::plan<mm::memory::quantized_weights>,
+                    md::decoder<md::layers<2>, md::heads<4>, md::vocabulary<256>,
+                                md::dense_ffn<128>, md::moe_layer_freq<2>>>;
+std::filesystem::path sample() {
+  return std::filesystem::path(MEGAMOE_TEST_DATA) / "corpus_sample.txt";
+}
+
+/// What `steps` steps of the tiny model give: each step's loss, every parameter's fp32 values by
+/// name (for weights held as codes: the optimizer's masters; one rank holds every element) and,
+/// after an evaluation (whose forwards quantize the last update's weights where they are not held
+/// as codes), the rowwise weight codes of attention's projections and of the dense FFN.
+struct codes_run {
+  std::vector<double> losses;
+  std::map<std::string, std::vector<float>> parameters;
+  std::vector<std::vector<std::uint8_t>> weight_codes;
+  std::size_t master_bytes = 0, freed_bytes = 0;
+};
+template <class Config>
+codes_run train_codes_run(std::optional<int> bf16_start, int steps) {
+  auto const corpus = mm::train::byte_corpus::load(sample());
+  mm::startup_values given;
+  given.bf16_layers_at_start = bf16_start;
+  mm::transformer<Config> model(given);
+  model.initialize(1, 0.05);
+  mm::train::train_settings settings;
+  settings.seq_length = 32;
+  settings.micro_batch = 4;
+  settings.steps = steps;
+  mm::train::trainer<Config> trainer(model, corpus, settings);
+  mm::context ctx(2);
+  codes_run run;
+  for (int i = 0; i < steps; ++i) run.losses.push_back(trainer.step(ctx).loss);
+  model.for_each_parameter([&](std::string_view name, auto value, auto grad, auto kind) {
+    if (mm::holds_codes(kind)) run.freed_bytes += static_cast<std::size_t>(grad.size()) * 4;
+    if (value.size() > 0)
+      run.parameters[std::string(name)].assign(value.data(), value.data() + value.size());
+  });
+  trainer.optimizer().for_each_shard_piece([&](auto const& piece) {
+    if (!mm::holds_codes(piece.kind)) return;
+    auto& v = run.parameters[std::string(piece.name)];
+    v.resize(static_cast<std::size_t>(piece.rows * piece.cols));
+    std::copy_n(piece.values, piece.count, v.begin() + piece.first);
+  });
+  run.master_bytes = trainer.optimizer().master_bytes();
+  trainer.heldout_bits_per_byte(ctx, 8);
+  model.for_each_layer_modules([&](int, auto& attention, auto& ffn) {
+    using role = pr::operand_role;
+    auto keep = [&](auto const& ops) {
+      if constexpr (mm::rounds_operands_v<std::decay_t<decltype(ops)>>)
+        for (auto l : {mm::expert::linear::fc1, mm::expert::linear::fc2})
+          run.weight_codes.push_back(
+              ops.codes_of(l, role::weight, pr::operand_usage::rowwise, 0).codes);
+    };
+    keep(attention.linears().operands());
+    if constexpr (requires { ffn.operands(); }) keep(ffn.operands());
+  });
+  return run;
+}
+
+/// Weights held as codes train as the recipe quantizing them at every forward, bit for bit:
+/// losses, every fp32 value (the masters) and the weight codes; the modules free their fp32
+/// copies of those weights and the optimizer holds them instead.
+template <class Precision>
+void codes_train_as_quantizing_every_forward(std::optional<int> bf16_start) {
+  SCOPED_TRACE(std::string(Precision::name));
+  auto const plain = train_codes_run<tiny_model<Precision>>(bf16_start, 4);
+  auto const held = train_codes_run<tiny_codes_model<Precision>>(bf16_start, 4);
+  EXPECT_EQ(held.losses, plain.losses);
+  EXPECT_EQ(held.parameters, plain.parameters);
+  ASSERT_FALSE(held.weight_codes.empty());
+  EXPECT_EQ(held.weight_codes, plain.weight_codes);
+  EXPECT_EQ(plain.master_bytes, 0U);
+  EXPECT_EQ(plain.freed_bytes, 0U);
+  EXPECT_GT(held.master_bytes, 0U);
+  EXPECT_EQ(held.master_bytes, held.freed_bytes);  // one rank: its shard is everything
+}
+
+TEST(QuantizedWeights, WholeModelTrainsAsQuantizingEveryForward) {
+  // Delayed scaling: each update is quantized after the step's end, with the scale and into the
+  // amax history slot of the next step's forwards.
+  codes_train_as_quantizing_every_forward<fp8_delayed>({});
+  codes_train_as_quantizing_every_forward<fp8_current>({});
+  codes_train_as_quantizing_every_forward<pr::mxfp8>({});
+  // NVFP4 with the MoE layer kept in BF16 (its weights stay fp32) and the dense layer as codes.
+  codes_train_as_quantizing_every_forward<pr::nvfp4>(1);
+}
+
+// The kinds and values of a model whose weights are codes, once an optimizer holds them; a
+// layer kept in BF16 keeps its fp32 weights.
+TEST(QuantizedWeights, ModulesHoldOnlyCodes) {
+  using config = tiny_codes_model<fp8_current>;
+  auto const corpus = mm::train::byte_corpus::load(sample());
+  mm::startup_values given;
+  given.bf16_layers_at_start = 1;  // layer 0 (MoE) in BF16, layer 1 (dense) under the recipe
+  mm::transformer<config> model(given);
+  model.initialize(1, 0.05);
+  mm::train::train_settings settings;
+  settings.seq_length = 32;
+  settings.micro_batch = 4;
+  mm::train::trainer<config> trainer(model, corpus, settings);
+  std::map<std::string, mm::parameter_kind> kinds;
+  std::size_t elements = 0;
+  model.for_each_parameter([&](std::string_view name, auto value, auto grad, auto kind) {
+    kinds[std::string(name)] = kind;
+    if (mm::holds_codes(kind)) {
+      EXPECT_EQ(value.rows(), 0) << name;
+      elements += static_cast<std::size_t>(grad.size());
+    } else {
+      EXPECT_EQ(value.size(), grad.size()) << name;
+    }
+  });
+  using kind = mm::parameter_kind;
+  EXPECT_EQ(kinds.at("decoder.layers.1.self_attention.linear_qkv.weight"), kind::quantized_dense);
+  EXPECT_EQ(kinds.at("decoder.layers.1.self_attention.linear_proj.weight"), kind::quantized_dense);
+  EXPECT_EQ(kinds.at("decoder.layers.1.mlp.linear_fc1.weight"), kind::quantized_dense);
+  EXPECT_EQ(kinds.at("decoder.layers.1.mlp.linear_fc2.weight"), kind::quantized_dense);
+  EXPECT_EQ(kinds.at("decoder.layers.1.input_layernorm.weight"), kind::dense);
+  EXPECT_EQ(kinds.at("decoder.layers.0.self_attention.linear_qkv.weight"), kind::dense);
+  EXPECT_EQ(kinds.at("decoder.layers.0.mlp.experts.linear_fc1.weight0"), kind::expert);
+  EXPECT_EQ(kinds.at("embedding.word_embeddings.weight"), kind::dense);
+  EXPECT_EQ(kinds.at("output_layer.weight"), kind::dense);
+  EXPECT_EQ(trainer.optimizer().master_bytes(), elements * sizeof(float));
+  // Drawing the weights again would leave the codes behind: the optimizer holds the values.
+  EXPECT_THROW(model.initialize(2), mm::input_error);
+  EXPECT_THROW(model.refresh_weight_codes(), mm::input_error);
+  EXPECT_THROW((mm::train::trainer<config>(model, corpus, settings)), mm::input_error);
+}
+
+// Without codes a forward stops with the reason; weights written through for_each_parameter
+// reach the codes with refresh_weight_codes(), and the model then runs as one quantizing them
+// at every forward.
+TEST(QuantizedWeights, WrittenWeightsNeedTheirCodesRefreshed) {
+  std::vector<std::int32_t> tokens(64), targets(64);
+  for (std::size_t t = 0; t < tokens.size(); ++t) {
+    tokens[t] = static_cast<std::int32_t>((37 * t + 11) % 256);
+    targets[t] = static_cast<std::int32_t>((53 * t + 7) % 256);
+  }
+  mm::context ctx(2);
+  ctx.step.mode = mm::router::pass::eval;
+  mm::transformer<tiny_codes_model<fp8_current>> held;
+  try {
+    held.forward(ctx, tokens, targets, 16, 4);
+    ADD_FAILURE() << "a forward without codes ran";
+  } catch (mm::input_error const& e) {
+    EXPECT_NE(std::string(e.what()).find("no codes yet"), std::string::npos) << e.what();
+  }
+  mm::transformer<tiny_model<fp8_current>> plain;
+  held.initialize(4, 0.05);
+  plain.initialize(4, 0.05);
+  auto twice = [](std::string_view, auto value, auto, auto) { value *= 2.0F; };
+  held.for_each_parameter(twice);
+  plain.for_each_parameter(twice);
+  double const stale = held.forward(ctx, tokens, targets, 16, 4).cross_entropy;
+  double const want = plain.forward(ctx, tokens, targets, 16, 4).cross_entropy;
+  EXPECT_NE(stale, want);
+  held.refresh_weight_codes();
+  EXPECT_EQ(held.forward(ctx, tokens, targets, 16, 4).cross_entropy, want);
+}
+
+}  // namespace

@@ -6,9 +6,10 @@
 //   - fp32: the first micro-batch's loss and every gradient after reduce_gradients equal one
 //     rank's on the same global batch (1e-5 of the tensor's largest entry);
 //   - FP8 (current scaling) with memory::quantized_weights against the same job keeping fp32
-//     expert weights: every step's loss and the expert weights' codes after the last are the
-//     same bits, and the optimizer keeps this rank's 1/EDP of the expert weights in fp32 (the
-//     amaxes of an expert's ETP shards are reduced over ETP).
+//     weights: every step's loss and the expert weights' and attention's weight codes after the
+//     last are the same bits, and the optimizer keeps this rank's shard of those weights in fp32
+//     (1/EDP of the experts', 1/(TP DP CP) of whole attention and dense-FFN weights, 1/(DP CP) of
+//     their TP shards; the amaxes of a weight's ETP or TP shards are reduced over them).
 // The one-rank run uses micro_batches x DP micro-batches of the same size, which hold exactly the
 // same sequences (train/trainer.hpp).
 //
@@ -26,8 +27,10 @@
 #include <megamoe/parallel/process_groups.hpp>
 #include <megamoe/train/trainer.hpp>
 
+#include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace mm = megamoe;
@@ -313,9 +316,38 @@ int main(int argc, char** argv) {
                          1, 1, 0);
           }
       }
-      int const edp = groups.expert_dp().size(), me = groups.expert_dp().rank();
-      double const shard =
-          static_cast<double>(expert_elements * (me + 1) / edp - expert_elements * me / edp);
+      // Attention's and the dense FFNs' weights, as codes too: the plain model's copies of them,
+      // whole (sharded over TP x DP x CP) or TP shards (over DP x CP).
+      std::int64_t dense_elements = 0, tp_elements = 0;
+      plain.for_each_parameter([&](std::string_view name, auto, auto grad, mm::parameter_kind k) {
+        bool const linear = name.ends_with("self_attention.linear_qkv.weight") ||
+                            name.ends_with("self_attention.linear_proj.weight") ||
+                            name.ends_with("mlp.linear_fc1.weight") ||
+                            name.ends_with("mlp.linear_fc2.weight");
+        if (!linear) return;
+        (k == mm::parameter_kind::tensor_parallel ? tp_elements : dense_elements) += grad.size();
+      });
+      auto shard_of = [](std::int64_t n, boost::mpi::communicator const& g) {
+        return static_cast<double>(n * (g.rank() + 1) / g.size() - n * g.rank() / g.size());
+      };
+      double const shard = shard_of(expert_elements, groups.expert_dp()) +
+                           shard_of(dense_elements, groups.tp_dp_cp()) +
+                           shard_of(tp_elements, groups.dp_cp());
+      // The projections' codes after the last update, as the plain job's last forward made them.
+      std::vector<std::vector<std::uint8_t>> plain_codes, held_codes;
+      auto keep = [](std::vector<std::vector<std::uint8_t>>& out) {
+        return [&out](int, auto& attention, auto&) {
+          for (auto l : {mm::expert::linear::fc1, mm::expert::linear::fc2})
+            out.push_back(attention.linears()
+                              .operands()
+                              .codes_of(l, role::weight, mm::precision::operand_usage::rowwise, 0)
+                              .codes);
+        };
+      };
+      plain.for_each_layer_modules(keep(plain_codes));
+      codes.for_each_layer_modules(keep(held_codes));
+      result.close("quantized weights: attention's weight codes",
+                   !held_codes.empty() && held_codes == plain_codes ? 1 : 0, 1, 1, 0);
       result.close("quantized weights: fp32 master elements",
                    static_cast<double>(codes_job.optimizer().master_bytes()) / sizeof(float), shard,
                    1.0, 0.0);

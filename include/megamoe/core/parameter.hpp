@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -22,7 +23,43 @@ namespace megamoe {
 /// tensor_parallel: a TP shard of an attention, dense-FFN, embedding or output-layer weight (TP
 /// above 1): each TP rank holds different elements, so its gradient is summed over DP x CP only
 /// and scaled by 1/(DP*CP).
-enum class parameter_kind { dense, expert, quantized_expert, tensor_parallel };
+/// quantized_dense, quantized_tensor_parallel: attention's or a dense FFN's linear weight (whole,
+/// or its TP shard) whose primary copy is the recipe's codes; reduced as `dense` and
+/// `tensor_parallel`, with values as for quantized_expert.
+enum class parameter_kind {
+  dense,
+  expert,
+  quantized_expert,
+  tensor_parallel,
+  quantized_dense,
+  quantized_tensor_parallel
+};
+inline constexpr std::size_t parameter_kinds = 6;
+
+/// Whether a parameter of kind k is held as a recipe's codes (its fp32 master in an optimizer).
+constexpr bool holds_codes(parameter_kind k) noexcept {
+  return k == parameter_kind::quantized_expert || k == parameter_kind::quantized_dense ||
+         k == parameter_kind::quantized_tensor_parallel;
+}
+/// The kind whose group a parameter of kind k is reduced and sharded over: k itself, or for a
+/// quantized kind the kind of the same weight held in fp32.
+constexpr parameter_kind reduced_as(parameter_kind k) noexcept {
+  switch (k) {
+    case parameter_kind::quantized_expert: return parameter_kind::expert;
+    case parameter_kind::quantized_dense: return parameter_kind::dense;
+    case parameter_kind::quantized_tensor_parallel: return parameter_kind::tensor_parallel;
+    default: return k;
+  }
+}
+/// The quantized kind of a weight of kind k held as codes (k itself where it already is one).
+constexpr parameter_kind quantized_kind_of(parameter_kind k) noexcept {
+  switch (k) {
+    case parameter_kind::expert: return parameter_kind::quantized_expert;
+    case parameter_kind::dense: return parameter_kind::quantized_dense;
+    case parameter_kind::tensor_parallel: return parameter_kind::quantized_tensor_parallel;
+    default: return k;
+  }
+}
 
 /// How element (r, c) of this rank's [rows, cols] copy or shard of a parameter is numbered in the
 /// whole parameter (row-major): ETP shards are row and column offsets; a SwiGLU fc1 shard holds

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -49,6 +50,8 @@ class causal_attention {
   /// linear_qkv and linear_proj in the operands' two slots.
   static constexpr expert::linear qkv_linear = expert::linear::fc1;
   static constexpr expert::linear proj_linear = expert::linear::fc2;
+  /// memory::quantized_weights: both projections' weights are held as the recipe's codes.
+  static constexpr bool quantized_weights = holds_weight_codes_v<Ops>;
 
   /// `query_groups` 0: one key/value head per query head; `norm_epsilon` is QK layernorm's. With
   /// tensor parallelism over `tensor_parallel` ranks this rank holds 1/TP of the query groups
@@ -117,6 +120,11 @@ class causal_attention {
       throw input_error("causal_attention: input of shape [" + std::to_string(x.rows()) + ", " +
                         std::to_string(x.cols()) + "] for S = " + std::to_string(seq) +
                         ", B = " + std::to_string(batch) + ", H = " + std::to_string(hidden_));
+    if constexpr (quantized_weights)
+      if (!holds_weight_codes())
+        throw input_error(
+            "causal_attention: memory::quantized_weights: the projections' weights have no "
+            "codes yet; call refresh_weight_codes() after writing the weights");
     seq_ = seq;
     batch_ = batch;
     int const H = hidden_, N = static_cast<int>(x.rows()), W = qkv_width(), C = context_width();
@@ -178,6 +186,40 @@ class causal_attention {
       qk_norm_.q.for_each_parameter(prefix + ".q_layernorm", f);
       qk_norm_.k.for_each_parameter(prefix + ".k_layernorm", f);
     }
+  }
+
+  // memory::quantized_weights: the projections' codes are their primary weights; the fp32
+  // values stay until an optimizer takes its shard (then release_weight_values()), and after each
+  // update the optimizer hands each whole weight back through for_each_quantized_weight.
+  /// Quantizes both weights from their fp32 values (collective over the operands' amax group).
+  void refresh_weight_codes() requires quantized_weights {
+    if (!holds_weight_values())
+      throw input_error(
+          "causal_attention: refresh_weight_codes() needs the fp32 weights, which an optimizer "
+          "holds now");
+    store_linear_weight(linears_.operands(), qkv_linear, qkv_weight_.data(), qkv_width(), hidden_);
+    store_linear_weight(linears_.operands(), proj_linear, proj_weight_.data(), hidden_,
+                        context_width());
+  }
+  void release_weight_values() requires quantized_weights {
+    qkv_weight_.resize(0, hidden_);
+    proj_weight_.resize(0, context_width());
+  }
+  [[nodiscard]] bool holds_weight_values() const noexcept { return qkv_weight_.rows() > 0; }
+  [[nodiscard]] bool holds_weight_codes() const requires quantized_weights {
+    return holds_linear_weight(linears_.operands(), qkv_linear, qkv_width(), hidden_) &&
+           holds_linear_weight(linears_.operands(), proj_linear, hidden_, context_width());
+  }
+  /// f(name, store) for `prefix.linear_qkv.weight` and `prefix.linear_proj.weight`, as
+  /// for_each_parameter names them; store(w) quantizes the weight from its fp32 values w.
+  template <class F>
+  void for_each_quantized_weight(std::string const& prefix, F&& f) requires quantized_weights {
+    f(std::string_view(prefix + ".linear_qkv.weight"), [&](T const* w) {
+      store_linear_weight(linears_.operands(), qkv_linear, w, qkv_width(), hidden_);
+    });
+    f(std::string_view(prefix + ".linear_proj.weight"), [&](T const* w) {
+      store_linear_weight(linears_.operands(), proj_linear, w, hidden_, context_width());
+    });
   }
 
   /// Sets micro-batch `key`'s kept values aside (core/stash.hpp), or brings them back.

@@ -15,6 +15,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -25,6 +26,8 @@ template <class T, expert::activation_function A = expert::activation_function::
 class dense_mlp {
  public:
   static constexpr bool rounds_operands = rounds_operands_v<Ops>;
+  /// memory::quantized_weights: both weights are held as the recipe's codes.
+  static constexpr bool quantized_weights = holds_weight_codes_v<Ops>;
 
   dense_mlp(int hidden, int ffn, Ops ops = Ops{})
       : params_(expert::mlp_sizes{1, hidden, ffn, A, false}),
@@ -48,6 +51,11 @@ class dense_mlp {
 
   /// y [N,H] from x [N,H]; keeps x and the activations for backward.
   void forward(expert::executor<T>& exec, const_row_matrix_map<T> x, row_matrix_map<T> y) {
+    if constexpr (quantized_weights)
+      if (!holds_weight_codes())
+        throw input_error(
+            "dense_mlp: memory::quantized_weights: the weights have no codes yet; call "
+            "refresh_weight_codes() after writing the weights");
     int const N = static_cast<int>(x.rows());
     x_ = x;
     ones_.assign(static_cast<std::size_t>(N), T(1));
@@ -74,6 +82,32 @@ class dense_mlp {
   void park(std::uint64_t key) { stash_.park(key, x_, fc1_, act_); }
   void restore(std::uint64_t key) { stash_.restore(key, x_, fc1_, act_); }
 
+  // memory::quantized_weights: as causal_attention's projections.
+  /// Quantizes both weights from their fp32 values (collective over the operands' amax group).
+  void refresh_weight_codes() requires quantized_weights {
+    if (!holds_weight_values())
+      throw input_error(
+          "dense_mlp: refresh_weight_codes() needs the fp32 weights, which an optimizer holds "
+          "now");
+    store_linear_weight(ops_, expert::linear::fc1, params_.fc1_data(0), fc1_rows(), hidden());
+    store_linear_weight(ops_, expert::linear::fc2, params_.fc2_data(0), hidden(), ffn());
+  }
+  void release_weight_values() requires quantized_weights { params_.release_weights(); }
+  [[nodiscard]] bool holds_weight_values() const noexcept { return params_.holds_weights(); }
+  [[nodiscard]] bool holds_weight_codes() const requires quantized_weights {
+    return holds_linear_weight(ops_, expert::linear::fc1, fc1_rows(), hidden()) &&
+           holds_linear_weight(ops_, expert::linear::fc2, hidden(), ffn());
+  }
+  /// f(name, store) for `prefix.linear_fc1.weight` and `prefix.linear_fc2.weight`, as
+  /// for_each_parameter names them; store(w) quantizes the weight from its fp32 values w.
+  template <class F>
+  void for_each_quantized_weight(std::string const& prefix, F&& f) requires quantized_weights {
+    f(std::string_view(prefix + ".linear_fc1.weight"),
+      [&](T const* w) { store_linear_weight(ops_, expert::linear::fc1, w, fc1_rows(), hidden()); });
+    f(std::string_view(prefix + ".linear_fc2.weight"),
+      [&](T const* w) { store_linear_weight(ops_, expert::linear::fc2, w, hidden(), ffn()); });
+  }
+
   /// f(name, value, grad) for `prefix.linear_fc1.weight` and `prefix.linear_fc2.weight`.
   template <class F>
   void for_each_parameter(std::string const& prefix, F&& f) {
@@ -82,6 +116,7 @@ class dense_mlp {
   }
 
  private:
+  [[nodiscard]] int fc1_rows() const noexcept { return params_.sizes().fc1_rows(); }
   expert::grouped_rows<T> rows() const {
     return {static_cast<int>(x_.rows()), count_, ones_.data()};
   }

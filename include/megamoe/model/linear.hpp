@@ -35,16 +35,40 @@
 
 namespace megamoe {
 
-/// The operands of the dense modules (attention, dense FFN) under `Recipe` (a precision tag).
-template <class Recipe>
-using linear_operands_t =
-    std::conditional_t<precision::rounds_operands(Recipe::value),
-                       precision::grouped_operands<Recipe, parallel::communicator_max>,
-                       expert::exact_operands>;
+/// The operands of the dense modules (attention, dense FFN) under `Recipe` (a precision tag);
+/// with `QuantizedWeights` (memory::quantized_weights) the weights' codes are their primary copy.
+template <class Recipe, bool QuantizedWeights = false>
+using linear_operands_t = std::conditional_t<
+    precision::rounds_operands(Recipe::value),
+    precision::grouped_operands<Recipe, parallel::communicator_max, false, QuantizedWeights>,
+    expert::exact_operands>;
 
 /// Whether Ops quantizes (a recipe's operands) or reads the values themselves.
 template <class Ops>
 inline constexpr bool rounds_operands_v = !std::is_same_v<Ops, expert::exact_operands>;
+
+/// Whether Ops holds the weights' codes as their primary copy (memory::quantized_weights).
+template <class Ops>
+inline constexpr bool holds_weight_codes_v = false;
+template <class Recipe, class Reduction, bool QuantizedActivations>
+inline constexpr bool holds_weight_codes_v<
+    precision::grouped_operands<Recipe, Reduction, QuantizedActivations, true>> = true;
+
+/// memory::quantized_weights for a dense module: quantizes linear l's weight [rows, cols] from
+/// its fp32 values w into the operands' codes, its primary copy (collective over the operands'
+/// amax group). An optimizer holding the module's fp32 masters calls it after each update.
+template <class Ops>
+void store_linear_weight(Ops& ops, expert::linear l, float const* w, std::int64_t rows,
+                         std::int64_t cols) {
+  ops.store_weights(l, w, static_cast<int>(rows), static_cast<int>(cols), 0, 1);
+}
+/// Whether linear l's weight codes of that shape are held.
+template <class Ops>
+bool holds_linear_weight(Ops const& ops, expert::linear l, std::int64_t rows, std::int64_t cols) {
+  auto const& q =
+      ops.codes_of(l, precision::operand_role::weight, precision::operand_usage::rowwise, 0);
+  return q.rows == rows && q.cols == cols;
+}
 
 /// A recipe's operands of `experts` experts (a dense module: one) for one rank, or the values
 /// themselves; `seed` drives stochastic rounding; amaxes reduced over `amax_group` (none: this

@@ -79,6 +79,10 @@ class transformer {
   /// Whether a chunk sets each micro-batch's saved values aside between its forward and backward
   /// (a schedule then never repeats a forward): not under a precision recipe.
   static constexpr bool parks_micro_batches = moe_layer<Config>::parks_micro_batches;
+  /// memory::quantized_weights: the linear weights of the layers under the recipe (attention's
+  /// projections, the dense FFNs, the routed experts) are held as the recipe's codes, their fp32
+  /// masters in the optimizer; a layer kept in BF16 keeps its fp32 weights.
+  static constexpr bool quantized_weights = moe_type::quantized_weights;
 
   /// One rank (the MoE layers' dispatcher must be local): `given` supplies what the type leaves
   /// to start-up; degrees it leaves dynamic are 1.
@@ -392,16 +396,27 @@ class transformer {
                      row_matrix_map<scalar> grad) {
       f(std::string_view(name), value, grad, kind_of(name));
     };
+    // A module's linear weights held as codes (memory::quantized_weights): their quantized kind.
+    auto split_of = [&]<class Module>(Module const&) {
+      return
+          [&](std::string const& name, row_matrix_map<scalar> value, row_matrix_map<scalar> grad) {
+            parameter_kind kind = kind_of(name);
+            if constexpr (Module::quantized_weights)
+              if (!name.ends_with("layernorm.weight")) kind = quantized_kind_of(kind);
+            f(std::string_view(name), value, grad, kind);
+          };
+    };
     if (holds_embedding_) embedding_.for_each_parameter("embedding.word_embeddings", split);
     for (auto& b : blocks_) {
       std::string const prefix = "decoder.layers." + std::to_string(b.layer);
       b.input_norm.for_each_parameter(prefix + ".input_layernorm", dense);
-      with_attention(b, [&](auto& a) { a.for_each_parameter(prefix + ".self_attention", split); });
+      with_attention(
+          b, [&](auto& a) { a.for_each_parameter(prefix + ".self_attention", split_of(a)); });
       b.pre_mlp_norm.for_each_parameter(prefix + ".pre_mlp_layernorm", dense);
       if (b.moe >= 0)
         with_moe(b, [&](auto& m) { m.for_each_parameter(f); });
       else
-        with_dense(b, [&](auto& d) { d.for_each_parameter(prefix + ".mlp", split); });
+        with_dense(b, [&](auto& d) { d.for_each_parameter(prefix + ".mlp", split_of(d)); });
     }
     if (!holds_head_) return;
     final_norm_.for_each_parameter("decoder.final_layernorm", dense);
@@ -414,9 +429,9 @@ class transformer {
   void for_each_numbered_parameter(F&& f) {
     for_each_parameter([&](std::string_view name, row_matrix_map<scalar> value,
                            row_matrix_map<scalar> grad, parameter_kind kind) {
-      if (kind == parameter_kind::tensor_parallel)
+      if (reduced_as(kind) == parameter_kind::tensor_parallel)
         f(name, value, grad, kind, numbering_of(name, grad.rows(), grad.cols()));
-      else if (kind == parameter_kind::dense)
+      else if (reduced_as(kind) == parameter_kind::dense)
         f(name, value, grad, kind, element_numbering{grad.cols()});
     });
     for_each_moe_layer([&](auto& m, int) {
@@ -491,6 +506,11 @@ class transformer {
     for (auto& b : blocks_) {
       index = drawn_before(b.layer);
       std::uint64_t const layer_seed = seed + 1000003ULL * static_cast<std::uint64_t>(b.layer + 1);
+      // A module holding its weights as codes quantizes them once drawn.
+      auto codes_follow = [](auto& module) {
+        if constexpr (std::remove_reference_t<decltype(module)>::quantized_weights)
+          module.refresh_weight_codes();
+      };
       with_attention(b, [&](auto& a) {
         a.for_each_parameter("self_attention", [&](std::string const& name, auto value, auto) {
           if (name.ends_with("layernorm.weight"))
@@ -498,6 +518,7 @@ class transformer {
           else
             fill_whole(name, value, layer_seed);
         });
+        codes_follow(a);
       });
       if (b.moe >= 0)
         with_moe(b, [&](auto& m) { m.initialize(layer_seed + 500000, std); });
@@ -506,6 +527,7 @@ class transformer {
           d.for_each_parameter("mlp", [&](std::string const& name, auto value, auto) {
             fill_whole(name, value, layer_seed);
           });
+          codes_follow(d);
         });
     }
     index = drawn_before(layers());
@@ -515,18 +537,48 @@ class transformer {
       });
   }
 
-  /// With memory::quantized_weights, for an optimizer holding the MoE layers' fp32 masters
-  /// (moe_layer::release_weight_values, moe_layer::for_each_quantized_weight), layer by layer;
-  /// a layer kept in BF16 stores no codes.
-  void release_weight_values() requires moe_type::quantized_weights {
-    for (auto& m : recipe_.moes) m->release_weight_values();
+  /// With memory::quantized_weights, for an optimizer holding the fp32 masters of the weights
+  /// held as codes: frees their values, and f(name, store) for each of them in for_each_parameter's
+  /// order (store(w) quantizes it from w; collective over each module's amax group). A layer kept
+  /// in BF16 holds no codes.
+  void release_weight_values() requires quantized_weights {
+    for_each_code_module([](auto& m, std::string const&) { m.release_weight_values(); });
   }
   template <class F>
-  void for_each_quantized_weight(F&& f) requires moe_type::quantized_weights {
-    for (auto& m : recipe_.moes) m->for_each_quantized_weight(f);
+  void for_each_quantized_weight(F&& f) requires quantized_weights {
+    for_each_code_module([&](auto& m, std::string const& prefix) {
+      if constexpr (requires { m.for_each_quantized_weight(prefix, f); })
+        m.for_each_quantized_weight(prefix, f);
+      else
+        m.for_each_quantized_weight(f);
+    });
+  }
+  /// Quantizes every weight held as codes from its fp32 values, after they were written
+  /// (initialize() does it itself); the values must still be the model's (no optimizer holds
+  /// them).
+  void refresh_weight_codes() requires quantized_weights {
+    for_each_code_module([](auto& m, std::string const&) { m.refresh_weight_codes(); });
   }
 
  private:
+  /// f(module, prefix) for the modules whose weights are held as codes, in for_each_parameter's
+  /// order: each recipe layer's attention (prefix `decoder.layers.{i}.self_attention`), then its
+  /// MoE layer or dense FFN (`decoder.layers.{i}.mlp`).
+  template <class F>
+  void for_each_code_module(F&& f) {
+    for (auto const& b : blocks_) {
+      std::string const prefix = "decoder.layers." + std::to_string(b.layer);
+      auto visit = [&](auto& m, char const* name) {
+        if constexpr (std::remove_reference_t<decltype(m)>::quantized_weights) f(m, prefix + name);
+      };
+      with_attention(b, [&](auto& a) { visit(a, ".self_attention"); });
+      if (b.moe >= 0)
+        with_moe(b, [&](auto& m) { visit(m, ".mlp"); });
+      else
+        with_dense(b, [&](auto& d) { visit(d, ".mlp"); });
+    }
+  }
+
   // ---- the passes forward(), backward() and the chunks are made of ----
   /// f(module) for every module of chunk v that keeps values from forward to backward.
   template <class F>
@@ -770,7 +822,8 @@ class transformer {
   /// layer order.
   template <class LayerConfig>
   struct layer_modules {
-    using ops = linear_operands_t<typename LayerConfig::precision>;
+    using ops = linear_operands_t<typename LayerConfig::precision,
+                                  moe_layer<LayerConfig>::quantized_weights>;
     static constexpr bool rounds = rounds_operands_v<ops>;
     using attention_type =
         causal_attention<scalar, Config::model::value.qk_layernorm, cp_comm, ops, linear_backend>;

@@ -12,12 +12,14 @@
 // each rank updates its shards; an all-gather per group gives every rank the whole updated
 // parameters. On one rank (no groups) the shard is everything.
 //
-// Weights of kind quantized_expert (memory::quantized_weights: the layer's primary copy is a
-// recipe's codes) are sharded over EDP like expert weights, but this optimizer keeps the fp32
-// master of its shard itself: it copies the shard at construction (then collective over EDP) and
-// has the model free its fp32 values. After each update every whole tensor is gathered from the
-// shards, one tensor at a time, and handed to the model, which quantizes it (step(lr, model)). So a
-// rank holds 1/EDP of those weights in fp32 and all of them as codes.
+// Weights of a quantized kind (memory::quantized_weights: the module's primary copy is a recipe's
+// codes; quantized_expert, quantized_dense, quantized_tensor_parallel) are sharded like the kind
+// they are reduced as (over EDP, TP x DP x CP, DP x CP), but this optimizer keeps the fp32 master
+// of its shard itself: it copies the shard at construction (then collective over those groups)
+// and has the model free its fp32 values. After each update every whole tensor is gathered from
+// the shards, one tensor at a time in the model's order, and handed to the model, which quantizes
+// it (step(lr, model)). So a rank holds its shard of those weights in fp32 and all of them as
+// codes.
 //
 // The moments are kept as the Moments policy says: in the parameters' precision by default, or in
 // BF16 (bf16_moments, the reference's precision-aware optimizer with --exp-avg-dtype bf16
@@ -46,6 +48,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace megamoe::optim {
@@ -76,9 +79,9 @@ inline bool decays(std::string_view name, Eigen::Index rows) {
          name.find(".bias") == std::string_view::npos;
 }
 
-/// Models whose quantized_expert weights an optimizer holds the fp32 masters of: they free their
-/// fp32 values and take whole updated tensors back (megamoe::moe_layer with
-/// memory::quantized_weights, transformer with such layers).
+/// Models whose weights of a quantized kind an optimizer holds the fp32 masters of: they free
+/// their fp32 values and take whole updated tensors back, in the order for_each_parameter gives
+/// them (megamoe::moe_layer and transformer with memory::quantized_weights).
 template <class Model>
 concept holds_quantized_weights = requires(Model& m) {
   m.release_weight_values();
@@ -134,11 +137,15 @@ class distributed_adamw {
                     adamw_settings const& settings)
       : settings_(settings), world_(boost::mpi::communicator()) {
     collect(model);
-    kinds_[0].group = &groups.tp_dp_cp();
-    kinds_[1].group = &groups.expert_dp();
-    kinds_[2].group = &groups.expert_dp();
-    kinds_[tensor_parallel].group = &groups.dp_cp();
-    for (auto& k : kinds_) place(k, k.group->rank(), k.group->size());
+    for (std::size_t kind = 0; kind < kinds_.size(); ++kind) {
+      auto& k = kinds_[kind];
+      switch (reduced_as(static_cast<parameter_kind>(kind))) {
+        case parameter_kind::expert: k.group = &groups.expert_dp(); break;
+        case parameter_kind::tensor_parallel: k.group = &groups.dp_cp(); break;
+        default: k.group = &groups.tp_dp_cp(); break;
+      }
+      place(k, k.group->rank(), k.group->size());
+    }
     take_masters(model);
   }
 
@@ -148,9 +155,11 @@ class distributed_adamw {
     for (auto const& k : kinds_) n += k.end - k.begin;
     return n;
   }
-  /// Bytes of the fp32 masters this optimizer keeps for quantized_expert weights (its shard).
+  /// Bytes of the fp32 masters this optimizer keeps for weights of a quantized kind (its shard).
   [[nodiscard]] std::size_t master_bytes() const noexcept {
-    return kinds_[quantized].master.size() * sizeof(T);
+    std::size_t bytes = 0;
+    for (auto const& k : kinds_) bytes += k.master.size() * sizeof(T);
+    return bytes;
   }
   /// Bytes of Adam's moments on this rank.
   [[nodiscard]] std::size_t state_bytes() const noexcept {
@@ -165,7 +174,7 @@ class distributed_adamw {
 
   /// What this rank owns of one parameter (its shard's piece of it): local elements
   /// [first, first + count) of the parameter's [rows, cols] copy, their values (the fp32 masters
-  /// for quantized_expert weights) and Adam's moments. A checkpoint saves exactly these pieces,
+  /// for weights of a quantized kind) and Adam's moments. A checkpoint saves exactly these pieces,
   /// so every element of the model is saved once, and loads them back.
   struct shard_piece {
     std::string_view name;
@@ -197,9 +206,7 @@ class distributed_adamw {
   /// the whole parameters, and `models` holding quantized weights their re-quantized tensors.
   template <class... Models>
   void publish(Models&... models) {
-    gather(kinds_[0]);
-    gather(kinds_[1]);
-    gather(kinds_[tensor_parallel]);
+    gather_values();
     (hand_back(models), ...);
   }
 
@@ -241,7 +248,7 @@ class distributed_adamw {
  private:
   template <kernels::gradient_after After = kernels::gradient_after::kept, class... Models>
   step_report step_on(thread_pool* pool, double lr, Models&... models) {
-    if (kinds_[quantized].total > 0 && sizeof...(Models) == 0)
+    if (quantized_total() > 0 && sizeof...(Models) == 0)
       throw input_error(
           "distributed_adamw: this optimizer holds the fp32 masters of quantized weights; call "
           "step(lr, model) so that the updated weights reach the model");
@@ -264,9 +271,7 @@ class distributed_adamw {
                                         settings_.weight_decay,
                                         lr};
     for (auto& k : kinds_) update<After>(pool, k, constants);
-    gather(kinds_[0]);
-    gather(kinds_[1]);
-    gather(kinds_[tensor_parallel]);
+    gather_values();
     (hand_back(models), ...);
     return report;
   }
@@ -285,8 +290,7 @@ class distributed_adamw {
     std::int64_t first, count, at;
   };
   static constexpr std::int64_t chunk = std::int64_t{1} << 15;
-  /// All parameters of one kind (dense, expert, quantized expert), flattened, and this rank's
-  /// shard of them.
+  /// All parameters of one kind, flattened, and this rank's shard of them.
   struct kind_state {
     std::vector<entry> entries;
     std::int64_t total = 0, begin = 0, end = 0;
@@ -294,7 +298,7 @@ class distributed_adamw {
     std::vector<exp_avg_type> m;
     std::vector<exp_avg_sq_type> v;
     std::vector<T> flat, mine;               // gather buffers
-    std::vector<T> master;                   // quantized experts: the shard's fp32 values
+    std::vector<T> master;                   // a quantized kind: the shard's fp32 values
     std::vector<std::int64_t> shard_pieces;  // per group rank: its part of one tensor
     boost::mpi::communicator const* group = nullptr;
     // The shard cut into chunks of `chunk` elements for the threads (runs of one entry each),
@@ -304,17 +308,25 @@ class distributed_adamw {
     std::vector<double> chunk_sums;
     std::vector<segment> outside;  // the gradients outside the shard in pieces of `chunk`
   };
-  static constexpr std::size_t quantized = 2;        // kinds_[quantized]: quantized_expert weights
-  static constexpr std::size_t tensor_parallel = 3;  // TP shards, over DP x CP
+  /// Elements of the quantized kinds' weights (over the whole model).
+  [[nodiscard]] std::int64_t quantized_total() const noexcept {
+    std::int64_t n = 0;
+    for (std::size_t kind = 0; kind < kinds_.size(); ++kind)
+      if (holds_codes(static_cast<parameter_kind>(kind))) n += kinds_[kind].total;
+    return n;
+  }
 
   template <class Model>
   void collect(Model& model) {
     model.for_each_parameter([&](std::string_view name, row_matrix_map<T> value,
                                  row_matrix_map<T> grad, parameter_kind kind) {
       auto& k = kinds_[static_cast<std::size_t>(kind)];
-      if (kind == parameter_kind::quantized_expert && value.size() != grad.size())
-        throw input_error("distributed_adamw: " + std::string(name) +
-                          " has no fp32 values: another optimizer holds its master already");
+      if (holds_codes(kind)) {
+        if (value.size() != grad.size())
+          throw input_error("distributed_adamw: " + std::string(name) +
+                            " has no fp32 values: another optimizer holds its master already");
+        quantized_order_.push_back({static_cast<std::size_t>(kind), k.entries.size()});
+      }
       k.entries.push_back({std::string(name), value, grad, k.total, decays(name, grad.rows())});
       k.total += grad.size();
     });
@@ -322,36 +334,49 @@ class distributed_adamw {
 
   /// Copies this rank's shard of the quantized weights' values into the masters, hands them back
   /// once (so the codes follow the values taken, even ones written without refreshing the codes;
-  /// collective over EDP) and has the model free the values.
+  /// collective over the kinds' groups) and has the model free the values.
   template <class Model>
   void take_masters(Model& model) {
-    auto& k = kinds_[quantized];
-    if (k.total == 0) return;
+    if (quantized_total() == 0) return;
     if constexpr (holds_quantized_weights<Model>) {
-      k.master.resize(static_cast<std::size_t>(k.end - k.begin));
-      for_shard(k, [&](entry const& e, std::int64_t first, std::int64_t count, std::int64_t at) {
-        std::copy_n(e.value.data() + first, count, k.master.begin() + at);
-      });
+      for (std::size_t kind = 0; kind < kinds_.size(); ++kind) {
+        if (!holds_codes(static_cast<parameter_kind>(kind))) continue;
+        auto& k = kinds_[kind];
+        k.master.resize(static_cast<std::size_t>(k.end - k.begin));
+        for_shard(k, [&](entry const& e, std::int64_t first, std::int64_t count, std::int64_t at) {
+          std::copy_n(e.value.data() + first, count, k.master.begin() + at);
+        });
+      }
       hand_back(model);
       model.release_weight_values();
     } else {
       throw input_error(
-          "distributed_adamw: the model has quantized_expert weights but cannot release them");
+          "distributed_adamw: the model has weights held as codes but cannot release them");
     }
   }
 
-  /// Gathers each quantized weight from the group's shards and gives it to the model, one tensor
-  /// at a time (so one tensor's fp32 values are the most this needs at once).
+  /// Every rank of each group gets the updated values of the kinds held in fp32.
+  void gather_values() {
+    for (std::size_t kind = 0; kind < kinds_.size(); ++kind)
+      if (!holds_codes(static_cast<parameter_kind>(kind))) gather(kinds_[kind]);
+  }
+
+  /// Gathers each quantized weight from its group's shards and gives it to the model, one tensor
+  /// at a time in the model's order (so one tensor's fp32 values are the most this needs at once).
   template <class Model>
   void hand_back(Model& model) {
     if constexpr (holds_quantized_weights<Model>) {
-      auto& k = kinds_[quantized];
       std::size_t i = 0;
       model.for_each_quantized_weight([&](std::string_view name, auto&& store) {
-        if (i >= k.entries.size())
+        if (i >= quantized_order_.size())
           throw input_error("distributed_adamw: " + std::string(name) +
                             " is not a weight this optimizer was built with");
-        entry const& e = k.entries[i++];
+        auto const [kind, index] = quantized_order_[i++];
+        auto& k = kinds_[kind];
+        entry const& e = k.entries[index];
+        if (e.name != name)
+          throw input_error("distributed_adamw: the model handed back " + std::string(name) +
+                            " where this optimizer holds " + e.name);
         std::int64_t const lo = std::max(k.begin, e.offset);
         std::int64_t const hi = std::max(lo, std::min(k.end, e.offset + e.grad.size()));
         T const* mine = hi > lo ? k.master.data() + (lo - k.begin) : k.master.data();
@@ -372,7 +397,7 @@ class distributed_adamw {
         parallel::all_gather_v(*k.group, mine, k.flat.data(), k.shard_pieces, 1);
         store(static_cast<T const*>(k.flat.data()));
       });
-      if (i != k.entries.size())
+      if (i != quantized_order_.size())
         throw input_error(
             "distributed_adamw: the model handed back fewer quantized weights than "
             "this optimizer was built with");
@@ -499,7 +524,9 @@ class distributed_adamw {
 
   adamw_settings settings_;
   std::optional<boost::mpi::communicator> world_;  // on a job: the norm's sum
-  std::array<kind_state, 4> kinds_;
+  std::array<kind_state, parameter_kinds> kinds_;
+  // The quantized kinds' weights in the model's order: (kind, index into its entries).
+  std::vector<std::pair<std::size_t, std::size_t>> quantized_order_;
   int step_ = 0;
 };
 

@@ -88,9 +88,9 @@ class gradient_reduction {
     row_matrix_map<T> grad;
     parameter_kind kind;
   };
-  /// Dense, expert (quantized too), tensor-parallel.
+  /// Dense, expert, tensor-parallel (a quantized kind as the kind it is reduced as).
   static std::size_t bucket_of(parameter_kind kind) noexcept {
-    switch (kind) {
+    switch (reduced_as(kind)) {
       case parameter_kind::dense: return 0;
       case parameter_kind::tensor_parallel: return 2;
       default: return 1;

@@ -57,6 +57,7 @@ inline bool runtime_field(std::string const& key) {
                                                "recompute_granularity",
                                                "recompute_modules",
                                                "quantized_activations",
+                                               "quantized_weights",
                                                "defaults",
                                                "policies"};
   return fields.contains(key);
@@ -83,8 +84,7 @@ struct load_options {
   bool finetune = false;  // weights only: fresh optimizer, step 0
 };
 
-namespace detail {
-
+/// Where each of this rank's parameters lies in the whole one, by name.
 template <class Config>
 std::map<std::string, element_numbering> parameter_numbering(transformer<Config>& model) {
   std::map<std::string, element_numbering> out;
@@ -94,6 +94,8 @@ std::map<std::string, element_numbering> parameter_numbering(transformer<Config>
       });
   return out;
 }
+
+namespace detail {
 
 /// Whether this rank writes a replicated state owned by `owner`.
 inline bool writes(parallel::process_groups const* groups, state_owner owner) {

@@ -204,6 +204,10 @@ class trainer {
     for (auto& layer : out.expert_load)
       for (double& v : layer) v = sums[at++];
     if (groups_) times.time(step_stage::gradient_reduction, [&] { gradients_(*groups_); });
+    // The expert-bias updates and the recipe's end of step (delayed scaling's next scales) come
+    // before the update: weights held as codes are quantized as the update hands them back, with
+    // the scales (and into the amax history slot) a forward of the next step would use.
+    model_.finish_global_batch();
     auto const report = times.time(step_stage::optimizer, [&] {
       return optimizer_.step_and_zero_grad(ctx.pool(), out.lr, model_);
     });
@@ -219,7 +223,6 @@ class trainer {
             " at step " + std::to_string(step_) +
             (out.nonfinite_at.empty() ? "" : " (first in " + out.nonfinite_at + ")"));
     }
-    model_.finish_global_batch();
     parallel::watchdog::instance().set_step(0);
     out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     out.tokens_per_s = static_cast<double>(global_batch_tokens()) / out.seconds;

@@ -148,10 +148,7 @@ int upcycle(transformer<Config>& model, boost::mpi::communicator const& world,
           value(r, c) = static_cast<scalar>(d.values[static_cast<std::size_t>(n.global(r, c))]);
     });
   });
-  if constexpr (transformer<Config>::moe_type::quantized_weights)
-    model.for_each_moe_layer([](auto& m, int) {
-      if constexpr (std::decay_t<decltype(m)>::quantized_weights) m.refresh_weight_codes();
-    });
+  if constexpr (transformer<Config>::quantized_weights) model.refresh_weight_codes();
   return granularity;
 }
 
