@@ -43,7 +43,8 @@
 // under an FP8 or FP4 recipe.
 // --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 keeps Adam's moments
 // in BF16 (the reference's precision-aware optimizer): half their bytes, the update still computed
-// in fp32; the start-up line and the final JSON give the moments' bytes and the bytes saved.
+// in fp32; the start-up line and the final JSON give the moments' bytes and the bytes saved. They
+// are built for small (every recipe, weights in fp32) and medium.
 // --fp8-param-gather (FP8 recipes) and --fp4-param-gather (nvfp4) hold the linear weights under
 // the recipe as their codes, the fp32 masters in the optimizer's shards (small preset); a resumed
 // run keeps this.
@@ -408,6 +409,12 @@ int main(int argc, char** argv) {
                               std::to_string((*saved_bf16_layers)[1]) +
                               " last layers in BF16; a resumed run keeps them");
       o.quantized_weights = quantized_weights_from_flags(o);
+      if (o.moments == "bf16" &&
+          !megamoe::presets::bf16_moments_built_for(o.preset, o.quantized_weights))
+        throw mm::input_error(
+            "megamoe-train: Adam's moments in bf16 are built for the small preset with fp32 "
+            "weights and for medium, not " +
+            o.preset + (o.quantized_weights ? " with its weights held as codes" : ""));
     });
     if (o.preset == "medium") {  // its own sequence length and micro-batch unless given
       if (!o.seq_len_given) o.seq_len = 256;
@@ -420,6 +427,7 @@ int main(int argc, char** argv) {
       return job::run_fp32_presets(env, o, from);
     if (o.preset == "medium") return job::run_medium(env, o, from);
     if (o.quantized_weights) return job::run_small_codes(env, o, from);
-    return job::run_small(env, o, from);
+    if (o.precision == "fp32" || o.precision == "bf16") return job::run_small(env, o, from);
+    return job::run_small_recipes(env, o, from);
   });
 }

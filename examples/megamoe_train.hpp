@@ -869,20 +869,26 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
   return 0;
 }
 
-/// One configuration's job: --describe, or training with the moments' dtype `o.moments`.
-template <class Config>
+/// One configuration's job: --describe, or training with the moments' dtype `o.moments` (fp32
+/// only where Bf16Moments is false; presets::bf16_moments_built_for refuses bf16 before).
+template <class Config, bool Bf16Moments = true>
 int run_config(mm::parallel::environment& env, options const& o,
                mm::io::checkpoint_reader* resume) {
   if (o.describe) return describe_job<Config>(env, o);
-  if (o.moments == "bf16") return train<Config, mm::optim::bf16_moments>(env, o, resume);
+  if constexpr (Bf16Moments)
+    if (o.moments == "bf16") return train<Config, mm::optim::bf16_moments>(env, o, resume);
   return train<Config, mm::optim::master_moments<typename mm::transformer<Config>::scalar>>(env, o,
                                                                                             resume);
 }
 
-/// The job of the preset and recipe `o` names: the small preset under every recipe
-/// (megamoe_train_small.cpp); small with its weights held as codes, medium and the presets built
-/// for fp32 only (megamoe_train_other.cpp).
+/// The job of the preset and recipe `o` names, one group of configurations per translation unit:
+/// small under fp32 and bf16 (megamoe_train_small.cpp) and under the FP8 and FP4 recipes
+/// (megamoe_train_small_recipes.cpp), small with its weights held as codes
+/// (megamoe_train_codes.cpp), medium and the presets built for fp32 only
+/// (megamoe_train_other.cpp).
 int run_small(mm::parallel::environment& env, options const& o, mm::io::checkpoint_reader* resume);
+int run_small_recipes(mm::parallel::environment& env, options const& o,
+                      mm::io::checkpoint_reader* resume);
 int run_small_codes(mm::parallel::environment& env, options const& o,
                     mm::io::checkpoint_reader* resume);
 int run_medium(mm::parallel::environment& env, options const& o, mm::io::checkpoint_reader* resume);

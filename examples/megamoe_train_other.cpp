@@ -1,17 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// megamoe-train's other configurations: small with its linear weights held as codes
-// (--fp8-param-gather, --fp4-param-gather), medium under fp32 and bf16, and the presets built for
-// fp32 only (tiny, fine, dense).
+// megamoe-train's other presets: medium under fp32 and bf16, and the presets built for fp32 with
+// fp32 moments only (tiny, fine, dense).
 #include "megamoe_train.hpp"
 
 namespace megamoe::train_job {
-
-int run_small_codes(mm::parallel::environment& env, options const& o,
-                    mm::io::checkpoint_reader* resume) {
-  auto run = [&]<class Config>() { return run_config<Config>(env, o, resume); };
-  return presets::with_quantized_recipe<presets::small_config_in, presets::quantized_weights_plan>(
-      o.precision, run);
-}
 
 int run_medium(mm::parallel::environment& env, options const& o,
                mm::io::checkpoint_reader* resume) {
@@ -21,7 +13,7 @@ int run_medium(mm::parallel::environment& env, options const& o,
 
 int run_fp32_presets(mm::parallel::environment& env, options const& o,
                      mm::io::checkpoint_reader* resume) {
-  auto run = [&]<class Config>() { return run_config<Config>(env, o, resume); };
+  auto run = [&]<class Config>() { return run_config<Config, false>(env, o, resume); };
   if (o.preset == "tiny") return run.template operator()<presets::tiny_config>();
   if (o.preset == "fine") return run.template operator()<presets::fine_config>();
   return run.template operator()<presets::dense_config>();

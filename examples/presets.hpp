@@ -93,6 +93,13 @@ inline bool quantized_weights_built_for(std::string const& preset) {
 }
 using quantized_weights_plan = mm::memory::plan<mm::memory::quantized_weights>;
 
+/// Adam's moments in BF16 (the precision-aware optimizer): each configuration with them is a
+/// second build of the whole job, so they are built where the memory study runs: small with its
+/// weights in fp32, under every recipe, and medium.
+inline bool bf16_moments_built_for(std::string const& preset, bool quantized_weights) {
+  return (preset == "small" && !quantized_weights) || preset == "medium";
+}
+
 /// Calls run.template operator()<Preset<Precision, Backend, Memory>>() with the fp32 recipe, or
 /// bf16 on the backend named `backend` (grouped otherwise).
 template <template <class, class, class> class Preset, class Run>
@@ -125,14 +132,6 @@ auto with_quantized_recipe(std::string const& precision, Run& run) {
     return run.template operator()<Preset<pr::fp8_blockwise, grouped, Memory>>();
   if (precision == "mxfp8") return run.template operator()<Preset<pr::mxfp8, grouped, Memory>>();
   return run.template operator()<Preset<pr::nvfp4, grouped, Memory>>();
-}
-
-/// Either of the two above, by `precision`.
-template <template <class, class, class> class Preset, class Run>
-auto with_recipe(std::string const& precision, std::string const& backend, Run& run) {
-  if (precision == "fp32" || precision == "bf16")
-    return with_unquantized_recipe<Preset>(precision, backend, run);
-  return with_quantized_recipe<Preset>(precision, run);
 }
 
 /// Calls run.template operator()<Config>() with the fp32 configuration of the preset named

@@ -19,7 +19,7 @@ namespace pr = megamoe::precision;
 
 namespace {
 
-std::vector<float> values(int rows, int cols, std::uint64_t seed) {
+std::vector<float> normal_values(int rows, int cols, std::uint64_t seed) {
   std::vector<float> v(static_cast<std::size_t>(rows) * cols);
   for (std::size_t i = 0; i < v.size(); ++i)
     v[i] = static_cast<float>(mm::standard_normal(seed, i));
@@ -53,7 +53,7 @@ void every_expert_is_quantized_on_its_own() {
   // shared with the first would be wrong for both.
   int const cols = 64;
   std::vector<std::int64_t> const offsets{0, 40, 40, 75};
-  auto x = values(75, cols, 1);
+  auto x = normal_values(75, cols, 1);
   for (std::size_t i = 40 * cols; i < x.size(); ++i) x[i] *= 100.0F;
   float const* got = ops.input(mm::expert::linear::fc1, x.data(), cols, offsets, 0, 3);
   for (int e = 0; e < 3; ++e) {
@@ -66,7 +66,7 @@ void every_expert_is_quantized_on_its_own() {
   }
   // The weights [E, rows, cols]: each expert's matrix on its own too.
   int const rows = 48;
-  auto w = values(3 * rows, cols, 2);
+  auto w = normal_values(3 * rows, cols, 2);
   for (std::size_t i = 0; i < static_cast<std::size_t>(rows) * cols; ++i) w[i] *= 0.01F;
   float const* wq =
       ops.weight(mm::expert::linear::fc1, pr::operand_usage::rowwise, w.data(), rows, cols, 0, 3);

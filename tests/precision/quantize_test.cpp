@@ -24,7 +24,7 @@ namespace ref = megamoe::reference;
 
 namespace {
 
-std::vector<float> values(int rows, int cols, std::uint64_t seed) {
+std::vector<float> graded_values(int rows, int cols, std::uint64_t seed) {
   std::vector<float> v(static_cast<std::size_t>(rows) * cols);
   for (std::size_t i = 0; i < v.size(); ++i)
     v[i] = static_cast<float>(mm::standard_normal(seed, i) * (1.0 + static_cast<double>(i % 7)));
@@ -70,7 +70,7 @@ TEST(Quantize, PerTensorMatchesTheReference) {
   constexpr auto f = pr::format_of(pr::fp8_tensorwise<pr::current>::value, pr::operand_role::grad,
                                    pr::operand_usage::rowwise);
   static_assert(f.element == pr::element_kind::e5m2 && f.scale == pr::scale_kind::per_tensor);
-  auto const v = values(rows, cols, 1);
+  auto const v = graded_values(rows, cols, 1);
   float const scale = pr::scale_from_amax(pr::amax_of(v), pr::max_finite<pr::e5m2>);
   auto const q = quantized<f>(v, rows, cols, scale);
   auto const want = ref::quantize_per_tensor<pr::e5m2>(v, rows, cols, scale);
@@ -80,7 +80,7 @@ TEST(Quantize, PerTensorMatchesTheReference) {
 }
 
 TEST(Quantize, BlockwiseMatchesTheReference) {
-  auto const v = values(rows, cols, 2);
+  auto const v = graded_values(rows, cols, 2);
   constexpr auto x =
       pr::format_of(pr::fp8_blockwise::value, pr::operand_role::input, pr::operand_usage::rowwise);
   constexpr auto w =
@@ -101,7 +101,7 @@ TEST(Quantize, BlockwiseMatchesTheReference) {
 }
 
 TEST(Quantize, Mxfp8MatchesTheReference) {
-  auto const v = values(rows, cols, 3);
+  auto const v = graded_values(rows, cols, 3);
   constexpr auto f =
       pr::format_of(pr::mxfp8::value, pr::operand_role::grad, pr::operand_usage::columnwise);
   static_assert(f.block_cols == 32 && f.scale == pr::scale_kind::e8m0_blocks);
@@ -113,7 +113,7 @@ TEST(Quantize, Mxfp8MatchesTheReference) {
 }
 
 TEST(Quantize, Nvfp4MatchesTheReference) {
-  auto const v = values(rows, cols, 4);
+  auto const v = graded_values(rows, cols, 4);
   constexpr auto x =
       pr::format_of(pr::nvfp4::value, pr::operand_role::input, pr::operand_usage::rowwise);
   constexpr auto w =
@@ -146,7 +146,7 @@ TEST(Quantize, Nvfp4MatchesTheReference) {
 }
 
 TEST(Quantize, Bf16IsRoundToNearestEven) {
-  auto const v = values(rows, cols, 5);
+  auto const v = graded_values(rows, cols, 5);
   constexpr auto f =
       pr::format_of(pr::bf16::value, pr::operand_role::input, pr::operand_usage::rowwise);
   auto const q = quantized<f>(v, rows, cols);

@@ -5,6 +5,7 @@
 #include <megamoe/router/groups.hpp>
 
 #include <gtest/gtest.h>
+#include "support/identical_ranks.hpp"
 
 #include <span>
 #include <type_traits>
@@ -14,14 +15,7 @@ namespace mr = megamoe::router;
 
 namespace {
 
-/// A group of `ranks` identical ranks: every sum multiplies by the rank count.
-struct identical_ranks {
-  int ranks = 1;
-  [[nodiscard]] int size() const { return ranks; }
-  void sum(std::span<double> values) const {
-    for (double& v : values) v *= ranks;
-  }
-};
+using megamoe::testing::identical_ranks;
 struct size_only {
   [[nodiscard]] int size() const { return 1; }
 };

@@ -11,6 +11,7 @@
 #include <megamoe/router/output.hpp>
 #include <megamoe/router/plan.hpp>
 
+#include "support/identical_ranks.hpp"
 #include "support/routing_inputs.hpp"
 
 #include "reference/router_reference.hpp"
@@ -45,14 +46,7 @@ ref::table to_table(matrix const& m) {
   return t;
 }
 
-/// A group of `ranks` ranks holding the same data as this one: every sum multiplies by the count.
-struct identical_ranks {
-  int ranks = 2;
-  [[nodiscard]] int size() const { return ranks; }
-  void sum(std::span<double> values) const {
-    for (double& v : values) v *= ranks;
-  }
-};
+using megamoe::testing::identical_ranks;
 
 struct loss_case {
   char const* name;
