@@ -3,19 +3,25 @@
 // can compute alone: every row carries (sender, receiver, row, column) in its values, so a row that
 // lands in the wrong place or with the wrong width is seen. Blocking, non-blocking and checked
 // forms, for float and double; and malformed counts on one rank, which every rank must report as
-// the same agreed error (and then carry on: nothing is left half-sent).
+// the same agreed error (and then carry on: nothing is left half-sent). The shared-memory window of
+// parallel/shared_window.hpp: segments of different sizes (one empty) read and written by every
+// rank across fences, a larger window after the first, and the space checks as agreed errors.
 //
 //   mpiexec -n 4 megamoe_collectives_mpi
 #include <megamoe/parallel/collectives.hpp>
 #include <megamoe/parallel/environment.hpp>
 #include <megamoe/parallel/progress.hpp>
+#include <megamoe/parallel/shared_window.hpp>
 
 #include <megamoe/core/thread_pool.hpp>
 
 #include <boost/mpi/collectives/all_reduce.hpp>
+#include <boost/mpi/collectives/broadcast.hpp>
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -183,6 +189,78 @@ void progress_during_compute(boost::mpi::communicator const& comm) {
   expect(values[0] == comm.size() && values[999] == comm.size(), "the sum arrived");
 }
 
+/// The byte at `offset` of the segment rank `owner` fills in round `round`.
+std::byte segment_byte(int owner, std::size_t offset, int round) {
+  return static_cast<std::byte>((owner * 131 + static_cast<int>(offset % 251) * 7 + round * 29) &
+                                255);
+}
+
+/// Segments of rank-dependent sizes (rank 1's empty): every rank fills its own, fences, and checks
+/// every other rank's byte for byte; then each rank writes its right neighbour's segment and the
+/// owner checks it after the next fence.
+void shared_window_rounds(boost::mpi::communicator const& comm, std::size_t scale) {
+  int const n = comm.size(), me = comm.rank();
+  auto bytes_of = [&](int r) {
+    return r == 1 ? std::size_t{0} : scale * static_cast<std::size_t>(r + 1) + 3;
+  };
+  mp::shared_window window(comm, bytes_of(me));
+  expect(window.allocated() && window.size() == n, "the window has a segment per rank");
+  for (int r = 0; r < n; ++r)
+    expect(window.segment_bytes(r) == bytes_of(r), "segment " + std::to_string(r) + " holds " +
+                                                       std::to_string(window.segment_bytes(r)) +
+                                                       " bytes");
+  for (std::size_t i = 0; i < bytes_of(me); ++i) window.segment(me)[i] = segment_byte(me, i, 0);
+  window.fence();
+  for (int r = 0; r < n; ++r) {
+    bool same = true;
+    for (std::size_t i = 0; i < bytes_of(r); ++i)
+      same = same && window.segment(r)[i] == segment_byte(r, i, 0);
+    expect(same,
+           "rank " + std::to_string(r) + "'s segment as rank " + std::to_string(me) + " reads it");
+  }
+  window.fence();  // every read above is done before any rank overwrites a segment
+  int const right = (me + 1) % n, left = (me + n - 1) % n;
+  for (std::size_t i = 0; i < bytes_of(right); ++i)
+    window.segment(right)[i] = segment_byte(right, i, 1 + me);
+  window.fence();
+  bool same = true;
+  for (std::size_t i = 0; i < bytes_of(me); ++i)
+    same = same && window.segment(me)[i] == segment_byte(me, i, 1 + left);
+  expect(same, "rank " + std::to_string(me) + "'s segment as its left neighbour wrote it");
+  window.free();
+  expect(!window.allocated(), "a freed window is empty");
+}
+
+/// The space checks end as the same agreed error on every rank, and nothing is left allocated: a
+/// backing directory that is not writable, and more bytes than the backing directory has free.
+void shared_window_errors(boost::mpi::communicator const& comm) {
+  ::setenv("OMPI_MCA_osc_sm_backing_directory", "/nonexistent/megamoe", 1);
+  expect_agreed_error(comm, "shared window in a missing directory", "is not a writable directory",
+                      [&] { mp::shared_window window(comm, 4096); });
+  ::unsetenv("OMPI_MCA_osc_sm_backing_directory");
+  std::uint64_t free_bytes = 0;
+  if (comm.rank() == 0)
+    if (auto const space = mp::shared_memory_space_for_windows()) free_bytes = space->free_bytes;
+  boost::mpi::broadcast(comm, free_bytes, 0);
+  if (free_bytes > 0) {
+    // Rank 0 asks for all of it, the others for a little: the sum decides, not one rank's share.
+    std::size_t const mine = comm.rank() == 0 ? free_bytes : 4096;
+    expect_agreed_error(comm, "a window larger than the free shared memory", "MiB free in",
+                        [&] { mp::shared_window window(comm, mine); });
+  }
+  mp::shared_memory_space const small{"/dev/shm", std::uint64_t{3} << 20};
+  bool refused = false;
+  try {
+    mp::require_shared_memory_space(small, (std::uint64_t{2} << 20) + 1);
+  } catch (megamoe::input_error const& e) {
+    refused = std::strstr(e.what(),
+                          "2.0 MiB of shared memory asked for (and 1 MiB for Open MPI), 3.0 MiB "
+                          "free in /dev/shm") != nullptr;
+  }
+  expect(refused, "2 MiB and a byte, with the 1 MiB margin, is refused in 3 MiB");
+  mp::require_shared_memory_space(small, std::uint64_t{2} << 20);  // exactly fits
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -200,6 +278,10 @@ int main(int argc, char** argv) {
     // Still in step after the agreed errors: one more exchange must work.
     all_to_all<float>(world, true);
     progress_during_compute(world);
+    shared_window_rounds(world, 1000);
+    shared_window_rounds(world, 100000);  // a second, larger window after the first was freed
+    shared_window_errors(world);
+    shared_window_rounds(world, 10);  // still in step after the agreed errors
     int const failed = boost::mpi::all_reduce(world, failures, std::plus<int>());
     if (world.rank() == 0)
       std::cout << "collectives on " << world.size() << " ranks: " << checks << " checks per rank, "
