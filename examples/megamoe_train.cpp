@@ -35,10 +35,9 @@
 // layer (attention's linear_qkv and linear_proj, the dense FFNs, the experts) on the recipe's
 // operands, emulated bit for bit; the router, norms, attention's softmax, embedding, output layer
 // and loss stay fp32 (the small preset; bf16 on medium too). The reference's flags say the same:
-// --bf16,
-// --fp8-format hybrid|e4m3 with --fp8-recipe delayed|tensorwise|blockwise|mxfp8, --fp4-format
-// e2m1 with --fp4-recipe nvfp4. --first-last-layers-bf16 (on by default for nvfp4, as the
-// reference's NVFP4 recipes; --no-first-last-layers-bf16 turns it off) keeps the first
+// --bf16, --fp8-format hybrid|e4m3 with --fp8-recipe delayed|tensorwise|blockwise|mxfp8,
+// --fp4-format e2m1 with --fp4-recipe nvfp4. --first-last-layers-bf16 (on by default for nvfp4, as
+// the reference's NVFP4 recipes; --no-first-last-layers-bf16 turns it off) keeps the first
 // --num-layers-at-start-in-bf16 and last --num-layers-at-end-in-bf16 layers (1 and 1) in BF16
 // under an FP8 or FP4 recipe.
 // --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 keeps Adam's moments
