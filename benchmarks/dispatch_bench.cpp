@@ -2,7 +2,8 @@
 // dispatch_bench — the token exchange of one MoE layer over EP ranks (run under mpiexec; EP = the
 // number of ranks, ETP = 1), against raw MPI_Alltoallv on the same buffer sizes in the same run.
 //
-//   mpiexec -n 4 build/benchmarks/dispatch_bench --dispatcher all_to_all --shape C [--iters N]
+//   mpiexec -n 4 build/benchmarks/dispatch_bench --dispatcher all_to_all|all_gather|shared_memory
+//       --shape C [--iters N]
 //
 // Each rank routes T tokens of hidden size H (softmax top-k over E experts, random logits from a
 // fixed seed), then times `dispatch` (tokens and probs to the experts' ranks, permutations
@@ -12,9 +13,16 @@
 // rank (the permutations' local copies are not counted), against the theoretical
 // T*k*H*(EP-1)/EP elements per direction of a uniform routing. The combine of an identity expert
 // must give k*x for every token (dropless): otherwise exit 1. An unknown choice exits 2.
-// rank 0 prints one JSON line.
+// shared_memory runs as the MoE layer runs it: the tokens wait in its window (token_rows(), the
+// layer's input copy, made before timing as raw MPI's send rows are), and the expert rows are its
+// window's own (combined in place).
+// The limit of any exchange on one machine is one memcpy of the bytes a rank sends (timed in the
+// same run, each rank copying its own token bytes); the JSON reports it, and Open MPI's
+// single-copy mechanism for shared memory as configured (raw MPI's transport). rank 0 prints one
+// JSON line.
 #include <megamoe/dispatch/all_gather.hpp>
 #include <megamoe/dispatch/all_to_all.hpp>
+#include <megamoe/dispatch/shared_memory.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 #include <megamoe/router/router.hpp>
 
@@ -25,9 +33,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <random>
+#include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace mm = megamoe;
@@ -90,6 +102,20 @@ struct raw_exchange {
   }
 };
 
+/// Open MPI's single-copy mechanism for shared-memory messages, as the environment sets it.
+std::string single_copy_mechanism() {
+  for (char const* name :
+       {"OMPI_MCA_btl_vader_single_copy_mechanism", "OMPI_MCA_btl_sm_single_copy_mechanism"})
+    if (char const* value = std::getenv(name)) return value;
+  return "default";
+}
+
+/// Whether a dispatcher sends rows straight to their experts (the all-to-all's splits).
+template <class Dispatcher>
+constexpr bool sends_rows =
+    std::is_same_v<Dispatcher, mm::dispatch::all_to_all_dispatcher<float, float>> ||
+    std::is_same_v<Dispatcher, mm::dispatch::shared_memory_dispatcher<float, float>>;
+
 template <class Dispatcher>
 int run(boost::mpi::communicator const& world, mm::parallel::process_groups const& groups,
         std::string const& name, std::string const& shape_name, shape const& s, int iters,
@@ -115,27 +141,47 @@ int run(boost::mpi::communicator const& world, mm::parallel::process_groups cons
   mm::row_matrix<float> rows(std::max(N, 1), H), out(T, H);
   std::vector<float> row_probs(static_cast<std::size_t>(std::max(N, 1)));
 
+  // The expert rows: the shared-memory dispatcher's own, in its window, as the layer uses them
+  // (combined in place).
+  auto expert_rows = [&] {
+    if constexpr (requires { dispatcher.expert_output_rows(); })
+      return dispatcher.expert_output_rows();
+    else
+      return rows.data();
+  };
+  // The tokens: the shared-memory dispatcher's wait in its window, where the layer keeps its input
+  // (the copy of x there stands for the layer's input copy, which every dispatcher's layer makes).
+  auto tokens = [&]() -> float const* {
+    if constexpr (requires { dispatcher.token_rows(); }) {
+      float* waiting = dispatcher.token_rows();
+      std::copy_n(x.data(), x.size(), waiting);
+      return waiting;
+    } else {
+      return x.data();
+    }
+  };
   // Identity expert: every token comes back k times.
-  dispatcher.dispatch(pool, x.data(), rows.data(), routing.probs, row_probs.data());
-  dispatcher.combine(pool, rows.data(), out.data());
+  dispatcher.dispatch(pool, tokens(), expert_rows(), routing.probs, row_probs.data());
+  dispatcher.combine(pool, expert_rows(), out.data());
   double const err = (out - static_cast<float>(s.top_k) * x).cwiseAbs().maxCoeff();
   double const worst = boost::mpi::all_reduce(world, err, boost::mpi::maximum<double>());
 
   // Rows this rank sends to each rank (tokens; probs ride along with one float per row).
   std::vector<std::int64_t> rows_to(static_cast<std::size_t>(EP), 0);
   double extra_bytes = 0.0;  // what besides token and prob rows leaves the rank
-  if constexpr (std::is_same_v<Dispatcher, mm::dispatch::all_to_all_dispatcher<float, float>>) {
-    auto const splits = dispatcher.send_splits();
+  if constexpr (sends_rows<Dispatcher>) {
+    std::span<std::int64_t const> splits;
+    if constexpr (requires { dispatcher.chunks(); })
+      splits = dispatcher.chunks().send_splits();
+    else
+      splits = dispatcher.send_splits();
     std::copy(splits.begin(), splits.end(), rows_to.begin());
   } else {
     std::fill(rows_to.begin(), rows_to.end(), T);         // every token to every rank
     extra_bytes = static_cast<double>(T) * E * (EP - 1);  // the routing map (one byte per entry)
   }
   double token_bytes = 0.0, prob_bytes = 0.0;
-  int const prob_width =
-      std::is_same_v<Dispatcher, mm::dispatch::all_to_all_dispatcher<float, float>>
-          ? 1
-          : E;  // all-gather moves whole prob rows
+  int const prob_width = sends_rows<Dispatcher> ? 1 : E;  // all-gather moves whole prob rows
   for (int j = 0; j < EP; ++j)
     if (j != me) {
       token_bytes += static_cast<double>(rows_to[static_cast<std::size_t>(j)]) * H * 4;
@@ -149,19 +195,27 @@ int run(boost::mpi::communicator const& world, mm::parallel::process_groups cons
       EP;
 
   raw_exchange raw_tokens(world, rows_to, H), raw_probs(world, rows_to, prob_width);
-  std::vector<double> plan_s, dispatch_s, combine_s, raw_forward_s, raw_backward_s;
+  // One memcpy of this rank's outgoing token bytes.
+  std::vector<float> copy_from(static_cast<std::size_t>(token_bytes / 4) + 1, 1.0F),
+      copy_to(copy_from.size(), 0.0F);
+  std::vector<double> plan_s, dispatch_s, combine_s, raw_forward_s, raw_backward_s, copy_s;
   for (int i = 0; i < warmup + iters; ++i) {
     double const p = timed(world, [&] { dispatcher.plan(pool, routing.routing_map, 0); });
+    float const* from = tokens();
     double const d = timed(world, [&] {
-      dispatcher.dispatch(pool, x.data(), rows.data(), routing.probs, row_probs.data());
+      dispatcher.dispatch(pool, from, expert_rows(), routing.probs, row_probs.data());
     });
-    double const c = timed(world, [&] { dispatcher.combine(pool, rows.data(), out.data()); });
+    double const c = timed(world, [&] { dispatcher.combine(pool, expert_rows(), out.data()); });
     double const rf = timed(world, [&] {
       raw_tokens.forward(world);
       raw_probs.forward(world);
     });
     double const rb = timed(world, [&] { raw_tokens.backward(world); });
+    double const mc = timed(world, [&] {
+      std::memcpy(copy_to.data(), copy_from.data(), copy_from.size() * sizeof(float));
+    });
     if (i < warmup) continue;
+    copy_s.push_back(mc);
     plan_s.push_back(p);
     dispatch_s.push_back(d);
     combine_s.push_back(c);
@@ -188,6 +242,10 @@ int run(boost::mpi::communicator const& world, mm::parallel::process_groups cons
     j["raw_combine_ms"] = 1e3 * median(raw_backward_s);
     j["bandwidth_ratio_dispatch"] = median(raw_forward_s) / median(dispatch_s);
     j["bandwidth_ratio_combine"] = median(raw_backward_s) / median(combine_s);
+    j["memcpy_ms"] = 1e3 * median(copy_s);
+    j["memcpy_fraction_dispatch"] = median(copy_s) / median(dispatch_s);
+    j["memcpy_fraction_combine"] = median(copy_s) / median(combine_s);
+    j["single_copy_mechanism"] = single_copy_mechanism();
     j["check_max_abs_err"] = worst;
     std::cout << j.dump() << std::endl;
   }
@@ -202,7 +260,7 @@ int main(int argc, char** argv) {
     CLI::App app{"dispatch_bench: one MoE layer's token exchange over EP ranks"};
     std::string dispatcher = "all_to_all", shape_name = "C";
     int iters = 10, warmup = 2, tokens = 0;
-    app.add_option("--dispatcher", dispatcher, "all_to_all | all_gather");
+    app.add_option("--dispatcher", dispatcher, "all_to_all | all_gather | shared_memory");
     app.add_option("--shape", shape_name, "A | B | C (BENCHMARKS.md), T tokens per rank");
     app.add_option("--tokens", tokens, "tokens per rank instead of the shape's T");
     app.add_option("--iters", iters, "timed iterations");
@@ -241,6 +299,9 @@ int main(int argc, char** argv) {
     if (dispatcher == "all_gather")
       return run<mm::dispatch::all_gather_dispatcher<float, float>>(world, groups, dispatcher,
                                                                     shape_name, s, iters, warmup);
+    if (dispatcher == "shared_memory")
+      return run<mm::dispatch::shared_memory_dispatcher<float, float>>(
+          world, groups, dispatcher, shape_name, s, iters, warmup);
     if (world.rank() == 0) std::cerr << "dispatch_bench: unknown dispatcher " << dispatcher << "\n";
     return 2;
   });

@@ -5,17 +5,19 @@
 //   mpiexec -n 2 build/benchmarks/ep_layer_bench --compare overlap --shape A [--rounds 11]
 //   MEGAMOE_RANKS_PER_NODE=2 mpiexec -n 8 build/benchmarks/ep_layer_bench --compare hierarchical
 //       --shape B
+//   mpiexec -n 4 build/benchmarks/ep_layer_bench --compare shared_memory --shape A
 //
 // --compare overlap: all_to_all (blocking) against all_to_all_overlap<4> (exchanges in pieces of
 // local experts, overlapped with expert compute). --compare hierarchical: all_to_all against the
-// node-aware dispatcher (nodes from MEGAMOE_RANKS_PER_NODE or shared memory). Each rank holds
+// node-aware dispatcher (nodes from MEGAMOE_RANKS_PER_NODE or shared memory). --compare
+// shared_memory: all_to_all against the shared-memory dispatcher (one node). Each rank holds
 // tokens/EP of the shape's tokens (random, seeded per rank); both layers start from the same
 // weights. A round times `--iters` steps of each variant, alternating which goes first; a step's
 // time is the slowest rank's. Reported: per variant the median, min and max over rounds, and the
 // median and range of the per-round ratio (second / first). Bytes: what one dispatch sends from
 // each rank to other ranks (token rows and probs), summed over ranks, in total and across nodes.
-// Before timing, the first step's outputs are compared: equal bit for bit (overlap) or within
-// 1e-4 relative (hierarchical), else exit 1. rank 0 prints one JSON line.
+// Before timing, the first step's outputs are compared: equal bit for bit (overlap,
+// shared_memory) or within 1e-4 relative (hierarchical), else exit 1. rank 0 prints one JSON line.
 #include "standard_shapes.hpp"
 
 #include <megamoe/config/config.hpp>
@@ -34,6 +36,7 @@
 #include <cmath>
 #include <iostream>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -65,7 +68,11 @@ variant_bytes bytes_of(Layer const& layer, std::vector<int> const& node_of_ep, i
     b.inter_node = static_cast<double>(t.inter_node_bytes());
     b.total = b.inter_node + static_cast<double>(t.intra_node_bytes());
   } else {
-    auto const splits = d.send_splits();
+    std::span<std::int64_t const> splits;
+    if constexpr (requires { d.chunks(); })
+      splits = d.chunks().send_splits();
+    else
+      splits = d.send_splits();
     for (std::size_t j = 0; j < splits.size(); ++j) {
       if (static_cast<int>(j) == me) continue;
       double const bytes = static_cast<double>(splits[j]) * (H + 1) * sizeof(float);
@@ -131,7 +138,7 @@ int compare(mm::parallel::environment& env, std::string const& what, std::string
   double const scale = std::max(1e-30, double(y1.cwiseAbs().maxCoeff()));
   double const err = (y1 - y2).cwiseAbs().maxCoeff() / scale;
   double const worst = boost::mpi::all_reduce(world, err, boost::mpi::maximum<double>());
-  bool const exact = what == "overlap";
+  bool const exact = what == "overlap" || what == "shared_memory";
   bool const ok = exact ? worst == 0.0 : worst <= 1e-4;
 
   std::vector<int> world_of_ep;
@@ -213,8 +220,8 @@ int main(int argc, char** argv) {
     CLI::App app{"forward + backward of one MoE layer over EP ranks, two dispatchers alternating"};
     std::string what = "overlap", shape = "A";
     int rounds = 11, iters = 1, progress_us = 200;
-    app.add_option("--compare", what, "overlap | hierarchical")
-        ->check(CLI::IsMember({"overlap", "hierarchical"}));
+    app.add_option("--compare", what, "overlap | hierarchical | shared_memory")
+        ->check(CLI::IsMember({"overlap", "hierarchical", "shared_memory"}));
     app.add_option("--shape", shape, "A | B | C")->check(CLI::IsMember({"A", "B", "C"}));
     app.add_option("--rounds", rounds, "alternating rounds")->check(CLI::PositiveNumber);
     app.add_option("--iters", iters, "steps per variant and round")->check(CLI::PositiveNumber);
@@ -228,6 +235,9 @@ int main(int argc, char** argv) {
     }
     if (what == "overlap")
       return compare<mm::dispatch::all_to_all, mm::dispatch::all_to_all_overlap<4>>(
+          env, what, shape, rounds, iters, progress_us);
+    if (what == "shared_memory")
+      return compare<mm::dispatch::all_to_all, mm::dispatch::shared_memory>(
           env, what, shape, rounds, iters, progress_us);
     return compare<mm::dispatch::all_to_all, mm::dispatch::hierarchical<>>(env, what, shape, rounds,
                                                                            iters, progress_us);

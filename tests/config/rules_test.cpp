@@ -317,7 +317,8 @@ TEST(RuleCatalog, NamedIdsAreTheCatalogueEntries) {
   EXPECT_EQ(mm::rule(mm::rules::id::shape_sizes_valid).name, "shape_sizes_valid");
   EXPECT_EQ(mm::rule(mm::rules::id::etp_divides_ffn).id, 38);
   EXPECT_EQ(mm::rule(mm::rules::id::moe_layer_pattern_valid).name, "moe_layer_pattern_valid");
-  EXPECT_EQ(static_cast<std::size_t>(mm::rules::id::bf16_edge_layers), mm::rule_catalog.size());
+  EXPECT_EQ(static_cast<std::size_t>(mm::rules::id::shared_memory_needs_one_node),
+            mm::rule_catalog.size());
   mm::config_error const e(mm::rules::id::pipeline_stages_divide_layers, "PP 3");
   EXPECT_EQ(e.rule_id(), 36);
   EXPECT_EQ(e.which(), mm::rules::id::pipeline_stages_divide_layers);

@@ -14,18 +14,32 @@
 //   the same results, in min(pieces, local experts) pieces; --pieces 0: all_to_all_overlap<2> with
 //   its default minimum piece (1 MiB per rank), which these small exchanges stay below: one piece.
 //
+// --variant shared_memory: the shared-memory dispatcher in the layer, bit for bit (ETP <= 2), at
+//   one node, also with two micro-batches in flight (park / restore); --nodes 2 (emulated) must
+//   fail with R054 on every rank.
+// --variant shared_memory_alone: the shared-memory dispatcher against the all-to-all dispatcher
+//   without a layer, so that a rank can hold no tokens: three micro-batches of growing size
+//   (the window grows twice), each planned, dispatched with probs and combined, then set aside;
+//   then restored in reverse for dy's dispatch, a repeated dispatch (two of one kind in a row)
+//   and combine_grad; every other exchange on the window's own expert rows (combined in place),
+//   and the tokens of the others waiting in the window (token_rows(), as the layer keeps them).
+//   Every row, prob, output and gradient bit for bit.
+//
 //   mpiexec -n 8 megamoe_dispatch_equivalence_mpi_tests --ep 8 --nodes 1,2,4 --experts 64
 //       --top-k 8 [--tp 2] [--precision fp32] [--router pad] [--fewer-at 4]
 //   mpiexec -n 2 megamoe_dispatch_equivalence_mpi_tests --variant overlap --pieces 4 --ep 2
 #include "support/tally.hpp"
 
 #include <megamoe/config/config.hpp>
+#include <megamoe/dispatch/all_to_all.hpp>
+#include <megamoe/dispatch/shared_memory.hpp>
 #include <megamoe/model/moe_layer.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 
 #include <boost/mpi/collectives/all_gather.hpp>
 #include <boost/mpi/collectives/all_reduce.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -66,6 +80,8 @@ options parse(int argc, char** argv) {
     std::string const key = argv[i], value = argv[i + 1];
     if (key == "--tp") {
       o.degrees.tp = std::stoi(value);
+    } else if (key == "--etp") {
+      o.degrees.etp = std::stoi(value);
     } else if (key == "--ep") {
       o.degrees.ep = std::stoi(value);
     } else if (key == "--nodes") {
@@ -130,7 +146,8 @@ int compare_at(mm::parallel::environment& env, options const& o, int nodes, tall
   using flat_layer = mm::moe_layer<layer_config<mm::dispatch::all_to_all, Precision>>;
   using scalar = typename hier_layer::scalar;
   bool const fp64 = std::is_same_v<scalar, double>;
-  bool const exact = hier_layer::overlapped;
+  constexpr bool shared = Dispatch::value == mm::dispatch::dispatcher::shared_memory;
+  bool const exact = hier_layer::overlapped || (shared && o.degrees.etp <= 2);
   double const rtol = exact ? 0.0 : fp64 ? 1e-12 : 1e-5;
   auto const& world = env.world();
   int const per_node = world.size() / nodes;
@@ -186,7 +203,37 @@ int compare_at(mm::parallel::environment& env, options const& o, int nodes, tall
     return world_of_ep[static_cast<std::size_t>(e / local)] / per_node;
   };
   int const my_node = world.rank() / per_node;
-  if constexpr (exact) {
+  if constexpr (shared) {
+    auto const counts = hier.dispatcher().chunks().counts();
+    auto const flat_counts = flat.dispatcher().global_counts();
+    for (std::size_t i = 0; i < counts.size(); ++i)
+      result.close("count table", static_cast<double>(counts[i]),
+                   static_cast<double>(flat_counts[i]), 1.0, 0.0);
+    result.close("shared window allocated once", hier.dispatcher().window_allocations(), 1, 1.0,
+                 0.0);
+    // Two micro-batches in flight, in a pipeline's order: park sets each input aside (out of the
+    // window, where the next forward's input goes), then both backwards in reverse.
+    auto const x2 = tokens_of<scalar>(world.rank(), o.tokens, 4.0);
+    auto const dy2 = tokens_of<scalar>(world.rank(), o.tokens, 5.0);
+    auto pipelined = [&](auto& layer) {
+      std::vector<mm::row_matrix<scalar>> got;
+      got.emplace_back(layer.forward(ctx, x, S, B).y);
+      layer.park(1);
+      got.emplace_back(layer.forward(ctx, x2, S, B).y);
+      layer.park(2);
+      layer.restore(2);
+      got.emplace_back(layer.backward(ctx, dy2));
+      layer.restore(1);
+      got.emplace_back(layer.backward(ctx, dy));
+      return got;
+    };
+    auto const in_flight = pipelined(hier);
+    auto const in_flight_flat = pipelined(flat);
+    char const* names[] = {"output, first in flight", "output, second in flight",
+                           "input gradient, second in flight", "input gradient, first in flight"};
+    for (std::size_t i = 0; i < in_flight.size(); ++i)
+      compare(names[i], in_flight[i], in_flight_flat[i]);
+  } else if constexpr (hier_layer::overlapped) {
     int const pieces = hier.dispatcher().overlap_pieces();
     result.close("overlap pieces", pieces, o.pieces == 0 ? 1 : std::min(o.pieces, local), 1.0, 0.0);
   } else {
@@ -228,9 +275,10 @@ int run(mm::parallel::environment& env, options const& o) {
   auto const& world = env.world();
   tally result;
   result.against = "all_to_all";
-  if constexpr (mm::moe_layer<layer_config<Dispatch, Precision>>::overlapped) {
+  if constexpr (mm::moe_layer<layer_config<Dispatch, Precision>>::overlapped ||
+                Dispatch::value == mm::dispatch::dispatcher::shared_memory) {
     std::int64_t rows[2] = {0, 0};
-    compare_at<Dispatch, Precision>(env, o, 1, result, rows);
+    compare_at<Dispatch, Precision>(env, o, o.nodes.back(), result, rows);
   } else
     for (int nodes : o.nodes) {
       if (nodes < 1 || world.size() % nodes != 0)
@@ -258,6 +306,121 @@ int run(mm::parallel::environment& env, options const& o) {
                        "all equal all_to_all's");
 }
 
+/// This rank's routing of `count` tokens: top_k distinct experts per token, different on every rank
+/// and micro-batch, some experts left empty on some ranks; probs in (0, 1).
+template <class T>
+std::pair<mm::mask_matrix, mm::row_matrix<T>> routing_of(int rank, int count, int micro,
+                                                         options const& o) {
+  mm::mask_matrix map = mm::mask_matrix::Zero(count, o.experts);
+  mm::row_matrix<T> probs = mm::row_matrix<T>::Zero(count, o.experts);
+  for (int t = 0; t < count; ++t)
+    for (int c = 0, e = (t * 7 + rank * 3 + micro * 5) % o.experts; c < o.top_k;
+         ++c, e = (e + 1 + (t + c) % 3) % o.experts) {
+      while (map(t, e) != 0) e = (e + 1) % o.experts;
+      map(t, e) = 1;
+      probs(t, e) = static_cast<T>(0.1 + 0.8 * std::abs(std::sin(0.3 * t + e + rank)));
+    }
+  return {std::move(map), std::move(probs)};
+}
+
+template <class T>
+int dispatchers_alone(mm::parallel::environment& env, options const& o) {
+  auto const& world = env.world();
+  tally result;
+  result.against = "all_to_all";
+  mm::parallel::process_groups const groups(world, o.degrees);
+  mm::dispatch::expert_groups const experts(groups, o.experts);
+  mm::dispatch::all_to_all_dispatcher<T, T> flat(experts, hidden);
+  mm::dispatch::shared_memory_dispatcher<T, T> shared(experts, hidden);
+  mm::thread_pool pool(2);
+  auto same = [&](std::string const& what, T const* got, T const* ref, std::int64_t n) {
+    for (std::int64_t i = 0; i < n; ++i)
+      result.close(what, static_cast<double>(got[i]), static_cast<double>(ref[i]), 1.0, 0.0);
+  };
+  constexpr int micro_batches = 3;
+  using matrix = mm::row_matrix<T>;
+  std::vector<int> tokens(micro_batches);
+  std::vector<mm::row_matrix<T>> probs(micro_batches);
+  for (int m = 0; m < micro_batches; ++m) {
+    // Rank 1 holds no tokens; the others more in each micro-batch.
+    tokens[m] = world.rank() == 1 ? 0 : o.tokens * (m + 1);
+    auto [map, p] = routing_of<T>(world.rank(), tokens[m], m, o);
+    probs[m] = p;
+    flat.plan(pool, map, 0);
+    shared.plan(pool, map, 0);
+    int const N = flat.expert_rows();
+    result.close("expert rows", shared.expert_rows(), N, 1.0, 0.0);
+    matrix const x = tokens_of<T>(world.rank(), tokens[m], m);
+    matrix rows_flat(N, hidden), rows_own(N, hidden), out_flat(tokens[m], hidden),
+        out_shared(tokens[m], hidden);
+    // Odd micro-batches use the window's own expert rows (combined in place).
+    bool const in_place = m % 2 == 1;
+    T* rows_shared = in_place ? shared.expert_output_rows() : rows_own.data();
+    std::vector<T> row_probs_flat(N), row_probs_shared(N);
+    T const* from = x.data();
+    if (!in_place) {  // the tokens wait in the window
+      T* waiting = shared.token_rows();
+      std::copy_n(x.data(), x.size(), waiting);
+      from = waiting;
+    }
+    flat.dispatch(pool, x.data(), rows_flat.data(), probs[m], row_probs_flat.data());
+    shared.dispatch(pool, from, rows_shared, probs[m], row_probs_shared.data());
+    std::string const at = " (micro-batch " + std::to_string(m) + (in_place ? ", in place)" : ")");
+    same("dispatched rows" + at, rows_shared, rows_flat.data(), rows_flat.size());
+    same("dispatched probs" + at, row_probs_shared.data(), row_probs_flat.data(), N);
+    // A stand-in expert: each row scaled by its prob and its place.
+    for (int r = 0; r < N; ++r) {
+      T const scale = row_probs_flat[static_cast<std::size_t>(r)] * static_cast<T>(1 + r % 5);
+      rows_flat.row(r) *= scale;
+      for (int h = 0; h < hidden; ++h) rows_shared[std::ptrdiff_t{r} * hidden + h] *= scale;
+    }
+    flat.combine(pool, rows_flat.data(), out_flat.data());
+    shared.combine(pool, rows_shared, out_shared.data());
+    same("combined tokens" + at, out_shared.data(), out_flat.data(), out_flat.size());
+    flat.park(static_cast<std::uint64_t>(m));
+    shared.park(static_cast<std::uint64_t>(m));
+  }
+  result.close("window allocations (growing twice)", shared.window_allocations(), 3, 1.0, 0.0);
+  for (int m = micro_batches - 1; m >= 0; --m) {
+    flat.restore(static_cast<std::uint64_t>(m));
+    shared.restore(static_cast<std::uint64_t>(m));
+    int const N = flat.expert_rows();
+    matrix const dy = tokens_of<T>(world.rank(), tokens[m], 7.0 + m);
+    matrix grad_flat(N, hidden), grad_own(N, hidden);
+    bool const in_place = m % 2 == 0;
+    T* grad_shared = in_place ? shared.expert_output_rows() : grad_own.data();
+    flat.dispatch(pool, dy.data(), grad_flat.data());
+    shared.dispatch(pool, dy.data(), grad_shared);
+    shared.dispatch(pool, dy.data(), grad_shared);  // twice in a row: fenced between
+    std::string const at =
+        " (backward, micro-batch " + std::to_string(m) + (in_place ? ", in place)" : ")");
+    same("dispatched gradient rows" + at, grad_shared, grad_flat.data(), grad_flat.size());
+    std::vector<T> grad_row_probs(N);
+    for (int r = 0; r < N; ++r) {
+      auto const scale = static_cast<T>(0.5 + r % 3);
+      grad_flat.row(r) *= scale;
+      for (int h = 0; h < hidden; ++h) grad_shared[std::ptrdiff_t{r} * hidden + h] *= scale;
+      grad_row_probs[static_cast<std::size_t>(r)] = grad_flat.row(r).sum();
+    }
+    matrix dx_flat = tokens_of<T>(world.rank(), tokens[m], 3.0), dx_shared = dx_flat;
+    matrix grad_probs_flat = matrix::Zero(tokens[m], o.experts),
+           grad_probs_shared = grad_probs_flat;
+    flat.combine_grad(pool, grad_flat.data(), grad_row_probs.data(), dx_flat.data(),
+                      grad_probs_flat);
+    shared.combine_grad(pool, grad_shared, grad_row_probs.data(), dx_shared.data(),
+                        grad_probs_shared);
+    same("input gradient" + at, dx_shared.data(), dx_flat.data(), dx_flat.size());
+    same("prob gradients" + at, grad_probs_shared.data(), grad_probs_flat.data(),
+         grad_probs_flat.size());
+  }
+  result.close("window allocations after restoring", shared.window_allocations(), 3, 1.0, 0.0);
+  return result.finish(world,
+                       "shared_memory dispatcher alone, " + o.precision + ", etp " +
+                           std::to_string(o.degrees.etp) + " on " + std::to_string(world.size()) +
+                           " ranks (rank 1 without tokens)",
+                       "all equal all_to_all's");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -275,6 +438,15 @@ int main(int argc, char** argv) {
       if (o.pieces == 0)
         return run<mm::dispatch::all_to_all_overlap<2>, mm::precision::fp64>(env, o);
       return run<mm::dispatch::all_to_all_overlap<2, 0>, mm::precision::fp64>(env, o);
+    }
+    if (o.variant == "shared_memory") {  // --nodes N > 1: R054 on every rank
+      if (o.precision == "fp32")
+        return run<mm::dispatch::shared_memory, mm::precision::fp32>(env, o);
+      return run<mm::dispatch::shared_memory, mm::precision::fp64>(env, o);
+    }
+    if (o.variant == "shared_memory_alone") {
+      if (o.precision == "fp32") return dispatchers_alone<float>(env, o);
+      return dispatchers_alone<double>(env, o);
     }
     if (o.precision == "fp32")
       return run<mm::dispatch::hierarchical<>, mm::precision::fp32>(env, o);

@@ -14,6 +14,7 @@
 
 #include <megamoe/dispatch/all_gather.hpp>
 #include <megamoe/dispatch/all_to_all.hpp>
+#include <megamoe/dispatch/shared_memory.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 #include <megamoe/router/router.hpp>
 
@@ -134,6 +135,17 @@ mv::check_result check(mv::vector_file& file, mm::parallel::environment& env) {
   fmatrix a2a_out(T, H);
   a2a_dispatcher.combine(pool, a2a_rows.data(), a2a_out.data());
 
+  // The shared-memory dispatcher moves the same rows: bit for bit all_to_all's.
+  mm::dispatch::shared_memory_dispatcher<float, float> shm_dispatcher(experts, H);
+  shm_dispatcher.plan(pool, routing.routing_map, 0);
+  fmatrix shm_rows(shm_dispatcher.expert_rows(), H);
+  std::vector<float> shm_probs(static_cast<std::size_t>(shm_dispatcher.expert_rows()));
+  shm_dispatcher.dispatch(pool, x.data(), shm_rows.data(), routing.probs, shm_probs.data());
+  fmatrix const shm_input = shm_rows;
+  fake_expert(shm_rows, shm_dispatcher.tokens_per_local_expert(), first, shm_probs);
+  fmatrix shm_out(T, H);
+  shm_dispatcher.combine(pool, shm_rows.data(), shm_out.data());
+
   mm::dispatch::all_gather_dispatcher<float, float> ag_dispatcher(experts, H);
   ag_dispatcher.plan(pool, routing.routing_map, 0);
   int const Ng = ag_dispatcher.expert_rows();
@@ -216,6 +228,12 @@ mv::check_result check(mv::vector_file& file, mm::parallel::environment& env) {
     cmp.close("alltoall output", a2a_out, mv::matrix_of<float>(a2a.take("output"), "output"), 1e-5,
               1e-6);
     a2a.require_all_handled();
+    cmp.close("shared_memory expert input rows", shm_input, a2a_input, 0.0, 0.0);
+    cmp.close("shared_memory expert input probs",
+              Eigen::Map<fmatrix const>(shm_probs.data(), static_cast<Eigen::Index>(N), 1),
+              Eigen::Map<fmatrix const>(a2a_probs.data(), static_cast<Eigen::Index>(N), 1), 0.0,
+              0.0);
+    cmp.close("shared_memory output", shm_out, a2a_out, 0.0, 0.0);
   }
   {
     auto const& dispatcher = ag_dispatcher;

@@ -312,6 +312,9 @@ int main(int argc, char** argv) {
     if (o.memory == "moe_layer") {  // the whole layer, exchanges included, again in backward
       using P = mm::precision::fp64;
       using M = mm::memory::recompute<mm::memory::moe_layer>;
+      if (o.dispatcher == "shared_memory")  // the input kept in the window, dispatched twice
+        return run<layer_config<mm::dispatch::shared_memory, P, dynamic_mapping, M>,
+                   layer_config<local, P, one_rank>>(env, o);
       return run<layer_config<mm::dispatch::all_to_all, P, dynamic_mapping, M>,
                  layer_config<local, P, one_rank>>(env, o);
     }
@@ -326,6 +329,9 @@ int main(int argc, char** argv) {
                    layer_config<local, P, one_rank>>(env, o);
       if (o.dispatcher == "all_gather")
         return run<layer_config<mm::dispatch::all_gather, P, dynamic_mapping>,
+                   layer_config<local, P, one_rank>>(env, o);
+      if (o.dispatcher == "shared_memory")
+        return run<layer_config<mm::dispatch::shared_memory, P, dynamic_mapping>,
                    layer_config<local, P, one_rank>>(env, o);
       return run<layer_config<mm::dispatch::all_to_all, P, dynamic_mapping>,
                  layer_config<local, P, one_rank>>(env, o);

@@ -151,6 +151,10 @@
   "megamoe[R053]: layers kept in BF16 at the start and end of the model (the reference's "      \
   "num_layers_at_start_in_bf16 / num_layers_at_end_in_bf16) number from 0 to num_layers each, " \
   "and only under an FP8 or FP4 recipe"
+#define MEGAMOE_RULE_R054                                                                         \
+  "megamoe[R054]: dispatch::shared_memory needs the dispatcher's tp_ep group on one node (ranks " \
+  "that share memory, and one emulated node under MEGAMOE_RANKS_PER_NODE); across nodes use "     \
+  "dispatch::hierarchical"
 
 namespace megamoe {
 
@@ -210,6 +214,7 @@ enum class id : int {
   merged_schedule_needs_interleaving = 51,
   bf16_unit_usable = 52,
   bf16_edge_layers = 53,
+  shared_memory_needs_one_node = 54,
 };
 }  // namespace rules
 
@@ -222,7 +227,7 @@ struct rule_info {
 };
 
 /// Every rule megamoe checks, in id order. `rule_catalog[i].id == i + 1`.
-inline constexpr std::array<rule_info, 53> rule_catalog{{
+inline constexpr std::array<rule_info, 54> rule_catalog{{
     {1, "shape_sizes_valid", MEGAMOE_RULE_R001},
     {2, "top_k_within_experts", MEGAMOE_RULE_R002},
     {3, "ep_divides_experts", MEGAMOE_RULE_R003},
@@ -276,6 +281,7 @@ inline constexpr std::array<rule_info, 53> rule_catalog{{
     {51, "merged_schedule_needs_interleaving", MEGAMOE_RULE_R051},
     {52, "bf16_unit_usable", MEGAMOE_RULE_R052},
     {53, "bf16_edge_layers", MEGAMOE_RULE_R053},
+    {54, "shared_memory_needs_one_node", MEGAMOE_RULE_R054},
 }};
 
 /// The catalogue entry of rule `id` (1-based).

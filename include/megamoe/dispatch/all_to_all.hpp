@@ -2,17 +2,13 @@
 // megamoe/dispatch/all_to_all.hpp — the reference's all-to-all dispatcher. Interface:
 // dispatch/local.hpp.
 //
-// plan: permutation 1 groups this rank's tokens by global expert; the per-expert counts are
-// all-gathered over tp_ep (the count exchange, which also carries an error flag), giving
-// N[i][j][e], the rows rank (ETP i, EP j) sends to expert e. From that table alone every rank
-// derives the same splits, so the variable-count collectives that follow cannot disagree. dispatch:
+// plan: the count exchange and the expert-major chunk table (dispatch/expert_chunks.hpp). dispatch:
 // all-to-all over EP (send splits = rows per destination EP rank; receive splits = N[my i][j][my
 // experts]); with ETP > 1 an all-gather-v over ETP (every ETP shard of an expert sees all its
 // rows); then permutation 2 re-orders chunks from (ETP i, EP j, local expert l) to (l, i, j): each
 // expert's rows by source rank, then token. Tokens and probs travel together. combine: the exact
-// inverse; the ETP shards' partial outputs are summed by a reduce-scatter-v. Drop-and-pad (capacity
-// > 0): every expert has exactly C rows on every rank, so the splits are known without the count
-// exchange; the ranks only check that they agree on C.
+// inverse; the ETP shards' partial outputs are summed by a reduce-scatter-v. With ETP = 1 the
+// permutations ride in MPI datatypes (no staging copies).
 #pragma once
 
 #include <megamoe/core/buffer.hpp>
@@ -21,6 +17,7 @@
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
 #include <megamoe/dispatch/exchange.hpp>
+#include <megamoe/dispatch/expert_chunks.hpp>
 #include <megamoe/dispatch/groups.hpp>
 #include <megamoe/dispatch/token_rows.hpp>
 #include <megamoe/parallel/collectives.hpp>
@@ -50,109 +47,44 @@ class all_to_all_dispatcher {
   /// rank), each overlapping the expert compute of another.
   all_to_all_dispatcher(expert_groups const& groups, int hidden, int overlap_pieces = 1,
                         std::size_t min_piece_bytes = 0)
-      : groups_(groups),
-        hidden_(hidden),
-        send_splits_(static_cast<std::size_t>(groups.ep_size())),
-        recv_splits_(static_cast<std::size_t>(groups.ep_size())),
-        etp_rows_(static_cast<std::size_t>(groups.etp_size())),
-        local_counts_(static_cast<std::size_t>(groups.local_experts())) {
+      : groups_(groups), hidden_(hidden) {
     overlap_ = overlap_pieces;
     min_piece_bytes_ = min_piece_bytes;
   }
 
   void plan(thread_pool&, mask_matrix const& map, int capacity,
             std::exception_ptr earlier = nullptr) {
-    int const E = groups_.num_experts(), L = groups_.local_experts();
-    int const EP = groups_.ep_size(), ETP = groups_.etp_size();
-    std::exception_ptr problem = earlier;
-    if (!problem) try {
-        if (map.cols() != E)
-          throw input_error("all_to_all dispatcher: the routing map has " +
-                            std::to_string(map.cols()) + " experts, the layer " +
-                            std::to_string(E));
-        send_rows_.assign(map, capacity);
-      } catch (...) {
-        problem = std::current_exception();
-      }
-    counts_.assign(static_cast<std::size_t>(ETP) * EP * E, 0);
-    if (capacity > 0)
-      agree_on_capacity(problem, capacity);
-    else
-      exchange_counts(problem);
-    // Splits, ETP row counts, rows per local expert and the chunk table, all from counts_.
-    auto const count = [&](int i, int j, int e) {
-      return counts_[(static_cast<std::size_t>(i) * EP + j) * E + e];
-    };
-    int const me_i = groups_.etp_rank(), first = groups_.first_expert();
-    auto const& mine = send_rows_.permutation().tokens_per_expert;
-    std::fill(send_splits_.begin(), send_splits_.end(), 0);
-    for (int e = 0; e < E; ++e) send_splits_[static_cast<std::size_t>(e / L)] += mine[e];
-    std::fill(recv_splits_.begin(), recv_splits_.end(), 0);
-    std::fill(etp_rows_.begin(), etp_rows_.end(), 0);
-    std::fill(local_counts_.begin(), local_counts_.end(), 0);
-    chunk_size_.resize(static_cast<std::size_t>(ETP) * EP * L);
-    for (int i = 0; i < ETP; ++i)
-      for (int j = 0; j < EP; ++j)
-        for (int l = 0; l < L; ++l) {
-          std::int64_t const n = count(i, j, first + l);
-          if (i == me_i) recv_splits_[static_cast<std::size_t>(j)] += n;
-          etp_rows_[static_cast<std::size_t>(i)] += n;
-          local_counts_[static_cast<std::size_t>(l)] += n;
-          chunk_size_[(static_cast<std::size_t>(i) * EP + j) * L + l] = n;
-        }
-    // Chunk c = (i, j, l) sits at source_start_[c] in (i, j, l) order and at target_start_[c] in
-    // (l, i, j) order.
-    chunk_order_.resize(chunk_size_.size());
-    for (int l = 0, p = 0; l < L; ++l)
-      for (int i = 0; i < ETP; ++i)
-        for (int j = 0; j < EP; ++j, ++p)
-          chunk_order_[static_cast<std::size_t>(p)] = (i * EP + j) * L + l;
-    source_start_.resize(chunk_size_.size());
-    target_start_.resize(chunk_size_.size());
-    std::int64_t at = 0;
-    for (std::size_t c = 0; c < chunk_size_.size(); ++c) {
-      source_start_[c] = at;
-      at += chunk_size_[c];
-    }
-    rows_ = at;
-    at = 0;
-    for (int c : chunk_order_) {
-      target_start_[static_cast<std::size_t>(c)] = at;
-      at += chunk_size_[static_cast<std::size_t>(c)];
-    }
-    received_ = etp_rows_[static_cast<std::size_t>(me_i)];  // what EP sends this ETP index
+    chunks_.assign(groups_, map, capacity, earlier, "all_to_all dispatcher");
     build_datatypes();
   }
 
   /// Sets micro-batch `key`'s plan aside (core/stash.hpp), or brings it back; the exchange
   /// buffers are the next pass's scratch.
-  void park(std::uint64_t key) {
-    stash_.park(key, send_rows_, counts_, send_splits_, recv_splits_, etp_rows_, local_counts_,
-                chunk_size_, source_start_, target_start_, chunk_order_, direct_, expert_start_,
-                pieces_, rows_, received_);
-  }
-  void restore(std::uint64_t key) {
-    stash_.restore(key, send_rows_, counts_, send_splits_, recv_splits_, etp_rows_, local_counts_,
-                   chunk_size_, source_start_, target_start_, chunk_order_, direct_, expert_start_,
-                   pieces_, rows_, received_);
-  }
+  void park(std::uint64_t key) { stash_.park(key, chunks_, direct_, expert_start_, pieces_); }
+  void restore(std::uint64_t key) { stash_.restore(key, chunks_, direct_, expert_start_, pieces_); }
 
-  [[nodiscard]] int expert_rows() const noexcept { return static_cast<int>(rows_); }
+  [[nodiscard]] int expert_rows() const noexcept { return static_cast<int>(chunks_.rows()); }
   [[nodiscard]] std::span<std::int64_t const> tokens_per_local_expert() const noexcept {
-    return local_counts_;
+    return chunks_.tokens_per_local_expert();
   }
 
   // Bookkeeping, for tests and logs.
   /// Permutation 1: this rank's rows in global expert order (what it sends).
-  [[nodiscard]] token_rows const& send_rows() const noexcept { return send_rows_; }
-  [[nodiscard]] std::span<std::int64_t const> send_splits() const noexcept { return send_splits_; }
-  [[nodiscard]] std::span<std::int64_t const> recv_splits() const noexcept { return recv_splits_; }
+  [[nodiscard]] token_rows const& send_rows() const noexcept { return chunks_.send_rows(); }
+  [[nodiscard]] std::span<std::int64_t const> send_splits() const noexcept {
+    return chunks_.send_splits();
+  }
+  [[nodiscard]] std::span<std::int64_t const> recv_splits() const noexcept {
+    return chunks_.recv_splits();
+  }
   /// Permutation 2: position p of the expert-major order holds chunk chunk_order()[p] of the
   /// received order, chunk (i, j, l) being number (i * EP + j) * L + l (the reference's
   /// sort_input_by_local_experts).
-  [[nodiscard]] std::span<int const> chunk_order() const noexcept { return chunk_order_; }
+  [[nodiscard]] std::span<int const> chunk_order() const noexcept { return chunks_.chunk_order(); }
   /// N[i][j][e], flattened: rows that the rank with ETP index i and EP index j routes to expert e.
-  [[nodiscard]] std::span<std::int64_t const> global_counts() const noexcept { return counts_; }
+  [[nodiscard]] std::span<std::int64_t const> global_counts() const noexcept {
+    return chunks_.counts();
+  }
   /// The rows this rank receives from EP, in the order they arrive (by source EP rank, then local
   /// expert, then token), as indices into the expert rows that hold them after permutation 2.
   [[nodiscard]] std::vector<std::int64_t> received_rows_in_expert_order() const {
@@ -161,7 +93,8 @@ class all_to_all_dispatcher {
     for (int j = 0; j < EP; ++j)
       for (int l = 0; l < L; ++l) {
         std::size_t const c = (static_cast<std::size_t>(groups_.etp_rank()) * EP + j) * L + l;
-        for (std::int64_t i = 0; i < chunk_size_[c]; ++i) out.push_back(target_start_[c] + i);
+        for (std::int64_t i = 0; i < chunks_.chunk_size()[c]; ++i)
+          out.push_back(chunks_.target_start()[c] + i);
       }
     return out;
   }
@@ -172,8 +105,8 @@ class all_to_all_dispatcher {
   void dispatch(thread_pool& pool, T const* tokens, T* rows, row_matrix<P> const& probs,
                 T* row_probs) {
     T const* send = stage_tokens(pool, tokens);
-    T* send_probs = send_probs_.reserve(std::size_t(send_rows_.rows()));
-    send_rows_.gather_probs(probs, 0, send_probs);
+    T* send_probs = send_probs_.reserve(std::size_t(chunks_.send_rows().rows()));
+    chunks_.send_rows().gather_probs(probs, 0, send_probs);
     forward({{{send, hidden_, rows}, {send_probs, 1, row_probs}}}, 2, pool);
   }
   void dispatch(thread_pool& pool, T const* tokens, T* rows) {
@@ -181,17 +114,17 @@ class all_to_all_dispatcher {
     forward({{{send, hidden_, rows}, {}}}, 1, pool);
   }
   void combine(thread_pool& pool, T const* rows, T* out) {
-    T* back = send_.reserve(std::size_t(send_rows_.rows()) * hidden_);
+    T* back = send_.reserve(std::size_t(chunks_.send_rows().rows()) * hidden_);
     backward({{{rows, hidden_, back}, {}}}, 1, pool);
-    send_rows_.combine(pool, back, hidden_, out, false);
+    chunks_.send_rows().combine(pool, back, hidden_, out, false);
   }
   void combine_grad(thread_pool& pool, T const* grad_rows, T const* grad_row_probs, T* dx,
                     row_matrix<P>& grad_probs) {
-    T* back = send_.reserve(std::size_t(send_rows_.rows()) * hidden_);
-    T* back_probs = send_probs_.reserve(std::size_t(send_rows_.rows()));
+    T* back = send_.reserve(std::size_t(chunks_.send_rows().rows()) * hidden_);
+    T* back_probs = send_probs_.reserve(std::size_t(chunks_.send_rows().rows()));
     backward({{{grad_rows, hidden_, back}, {grad_row_probs, 1, back_probs}}}, 2, pool);
-    send_rows_.combine(pool, back, hidden_, dx, true);
-    send_rows_.scatter_probs(back_probs, 0, grad_probs);
+    chunks_.send_rows().combine(pool, back, hidden_, dx, true);
+    chunks_.send_rows().scatter_probs(back_probs, 0, grad_probs);
   }
 
   /// Pieces the overlapped exchanges of the last plan run in (1: not overlapped: ETP > 1, one
@@ -216,9 +149,9 @@ class all_to_all_dispatcher {
       combine(pool, expert_out, out);
       return;
     }
-    T* send_probs = send_probs_.reserve(std::size_t(send_rows_.rows()));
-    send_rows_.gather_probs(probs, 0, send_probs);
-    T* back = send_.reserve(std::size_t(send_rows_.rows()) * hidden_);
+    T* send_probs = send_probs_.reserve(std::size_t(chunks_.send_rows().rows()));
+    chunks_.send_rows().gather_probs(probs, 0, send_probs);
+    T* back = send_.reserve(std::size_t(chunks_.send_rows().rows()) * hidden_);
     pipeline(
         pool,
         [&](piece const& p, parallel::request* r) {
@@ -232,7 +165,7 @@ class all_to_all_dispatcher {
           r[0] = parallel::all_to_all_w_start(groups_.ep(), expert_out, p.backward_send[0], back,
                                               p.backward_recv[0]);
         });
-    send_rows_.combine(pool, back, hidden_, out, false);
+    chunks_.send_rows().combine(pool, back, hidden_, out, false);
   }
 
   /// The backward twin: dy [T,H] to the experts' rows `grad_rows` by pieces; `compute(first, last)`
@@ -249,8 +182,8 @@ class all_to_all_dispatcher {
       combine_grad(pool, grad_rows, grad_row_probs, dx, grad_probs);
       return;
     }
-    T* back = send_.reserve(std::size_t(send_rows_.rows()) * hidden_);
-    T* back_probs = send_probs_.reserve(std::size_t(send_rows_.rows()));
+    T* back = send_.reserve(std::size_t(chunks_.send_rows().rows()) * hidden_);
+    T* back_probs = send_probs_.reserve(std::size_t(chunks_.send_rows().rows()));
     pipeline(
         pool,
         [&](piece const& p, parallel::request* r) {
@@ -264,8 +197,8 @@ class all_to_all_dispatcher {
           r[1] = parallel::all_to_all_w_start(groups_.ep(), grad_row_probs, p.backward_send[1],
                                               back_probs, p.backward_recv[1]);
         });
-    send_rows_.combine(pool, back, hidden_, dx, true);
-    send_rows_.scatter_probs(back_probs, 0, grad_probs);
+    chunks_.send_rows().combine(pool, back, hidden_, dx, true);
+    chunks_.send_rows().scatter_probs(back_probs, 0, grad_probs);
   }
 
   /// The layer's exchange (dispatch/exchange.hpp): overlapped by pieces of local experts when the
@@ -297,10 +230,7 @@ class all_to_all_dispatcher {
     }
   }
 
-  [[nodiscard]] std::size_t saved_bytes() const noexcept {
-    return send_rows_.bytes() +
-           (counts_.size() + chunk_size_.size() * 3 + local_counts_.size()) * sizeof(std::int64_t);
-  }
+  [[nodiscard]] std::size_t saved_bytes() const noexcept { return chunks_.bytes(); }
 
  private:
   /// One payload moving through the exchange: rows of `width` elements from `in` to `out`.
@@ -328,64 +258,12 @@ class all_to_all_dispatcher {
     std::array<parallel::typed_side, 2> forward_send, forward_recv, backward_send, backward_recv;
   };
 
-  /// The count exchange: [error flag, ETP index, EP index, counts of E experts] from every rank of
-  /// tp_ep. A flag anywhere makes every rank throw the same agreed error.
-  void exchange_counts(std::exception_ptr problem) {
-    auto const& comm = groups_.tp_ep();
-    int const E = groups_.num_experts(), EP = groups_.ep_size();
-    std::size_t const width = 3 + static_cast<std::size_t>(E);
-    header_.assign(width, 0);
-    header_[0] = problem ? 1 : 0;
-    header_[1] = groups_.etp_rank();
-    header_[2] = groups_.ep_rank();
-    if (!problem)
-      std::copy(send_rows_.permutation().tokens_per_expert.begin(),
-                send_rows_.permutation().tokens_per_expert.end(), header_.begin() + 3);
-    table_.resize(width * static_cast<std::size_t>(comm.size()));
-    {
-      parallel::watched_collective const watch(MPI_Comm(comm), "exchange_counts",
-                                               static_cast<std::int64_t>(width));
-      MPI_Allgather(header_.data(), static_cast<int>(width), MPI_INT64_T, table_.data(),
-                    static_cast<int>(width), MPI_INT64_T, MPI_Comm(comm));
-    }
-    bool failed = false;
-    for (int r = 0; r < comm.size(); ++r) failed = failed || table_[width * r] != 0;
-    if (failed) parallel::agree_on_failure(comm, problem);
-    for (int r = 0; r < comm.size(); ++r) {
-      std::int64_t const* row = table_.data() + width * r;
-      std::copy(row + 3, row + width,
-                counts_.begin() + (static_cast<std::ptrdiff_t>(row[1]) * EP + row[2]) * E);
-    }
-  }
-
-  /// Drop-and-pad: every rank sends C' = min(C, T) rows to every expert. The ranks only agree on
-  /// the error flag and C' (one all-reduce of three numbers), no count exchange.
-  void agree_on_capacity(std::exception_ptr problem, int capacity) {
-    auto const& comm = groups_.tp_ep();
-    std::int64_t const rows_each =
-        problem ? 0 : std::min<std::int64_t>(capacity, send_rows_.permutation().num_tokens);
-    std::int64_t range[3] = {problem ? -1 : 0, rows_each, -rows_each};
-    {
-      parallel::watched_collective const watch(MPI_Comm(comm), "agree_on_capacity", 3);
-      MPI_Allreduce(MPI_IN_PLACE, range, 3, MPI_INT64_T, MPI_MIN, MPI_Comm(comm));
-    }
-    if (range[0] != 0) parallel::agree_on_failure(comm, problem);
-    if (range[1] != -range[2])
-      parallel::agree_on_failure(
-          comm, std::make_exception_ptr(input_error(
-                    "all_to_all dispatcher: drop-and-pad needs the same capacity on every rank "
-                    "of the tp_ep group (rows per expert range from " +
-                    std::to_string(range[1]) + " to " + std::to_string(-range[2]) +
-                    "): give every rank the same number of tokens")));
-    std::fill(counts_.begin(), counts_.end(), rows_each);
-  }
-
   /// The tokens' send side: in place, the token buffer itself (the row datatypes pick the rows);
   /// staged, permutation 1 gathered into the send buffer.
   T const* stage_tokens(thread_pool& pool, T const* tokens) {
     if (direct_) return tokens;
-    T* send = send_.reserve(std::size_t(send_rows_.rows()) * hidden_);
-    send_rows_.gather(pool, tokens, hidden_, send);
+    T* send = send_.reserve(std::size_t(chunks_.send_rows().rows()) * hidden_);
+    chunks_.send_rows().gather(pool, tokens, hidden_, send);
     return send;
   }
 
@@ -397,19 +275,22 @@ class all_to_all_dispatcher {
   void build_datatypes() {
     int const EP = groups_.ep_size(), L = groups_.local_experts();
     auto const peers = static_cast<std::size_t>(EP);
-    std::int64_t const sent = send_rows_.rows();
-    direct_ = groups_.etp_size() == 1 &&
-              std::max(sent, rows_) * hidden_ * static_cast<std::int64_t>(sizeof(T)) <= INT_MAX;
+    std::int64_t const sent = chunks_.send_rows().rows();
+    direct_ =
+        groups_.etp_size() == 1 &&
+        std::max(sent, chunks_.rows()) * hidden_ * static_cast<std::int64_t>(sizeof(T)) <= INT_MAX;
     if (!direct_) return;
     // Where each global expert's rows start in permutation-1 order.
-    auto const& mine = send_rows_.permutation().tokens_per_expert;
+    auto const& mine = chunks_.send_rows().permutation().tokens_per_expert;
     expert_start_.resize(mine.size() + 1);
     expert_start_[0] = 0;
     for (std::size_t e = 0; e < mine.size(); ++e) expert_start_[e + 1] = expert_start_[e] + mine[e];
     // Pieces: as asked, at most one per local expert, and none below the minimum size. Every rank
     // reads the same count table, so every rank cuts the same pieces.
     double const rows_per_rank =
-        static_cast<double>(std::accumulate(counts_.begin(), counts_.end(), std::int64_t{0})) / EP;
+        static_cast<double>(
+            std::accumulate(chunks_.counts().begin(), chunks_.counts().end(), std::int64_t{0})) /
+        EP;
     double const bytes_per_rank = rows_per_rank * hidden_ * static_cast<double>(sizeof(T));
     int const by_size =
         min_piece_bytes_ == 0
@@ -435,11 +316,11 @@ class all_to_all_dispatcher {
         offsets_.resize(static_cast<std::size_t>(n));
         for (std::int64_t r = 0; r < n; ++r)
           offsets_[static_cast<std::size_t>(r)] =
-              static_cast<MPI_Aint>(send_rows_.source_token(static_cast<int>(begin + r))) *
+              static_cast<MPI_Aint>(chunks_.send_rows().source_token(static_cast<int>(begin + r))) *
               hidden_ * static_cast<MPI_Aint>(sizeof(T));
         piece.row_types[J] = parallel::equal_blocks_type<T>(hidden_, offsets_);
         std::int64_t arriving = 0;
-        for (int l = piece.first; l < piece.last; ++l) arriving += chunk_size_[J * L + l];
+        for (int l = piece.first; l < piece.last; ++l) arriving += chunks_.chunk_size()[J * L + l];
         for (int k = 0; k < 2; ++k) {
           int const width = k == 0 ? hidden_ : 1;
           lengths_.resize(static_cast<std::size_t>(piece.last - piece.first));
@@ -447,9 +328,9 @@ class all_to_all_dispatcher {
           for (int l = piece.first; l < piece.last; ++l) {
             std::size_t const c = J * L + l;
             auto const at = static_cast<std::size_t>(l - piece.first);
-            lengths_[at] = static_cast<int>(chunk_size_[c] * width);
+            lengths_[at] = static_cast<int>(chunks_.chunk_size()[c] * width);
             offsets_[at] =
-                static_cast<MPI_Aint>(target_start_[c] * width * std::int64_t{sizeof(T)});
+                static_cast<MPI_Aint>(chunks_.target_start()[c] * width * std::int64_t{sizeof(T)});
           }
           piece.chunk_types[k][J] = parallel::blocks_type<T>(lengths_, offsets_);
           // Expert side: one chunk type per peer, when it has rows.
@@ -506,9 +387,9 @@ class all_to_all_dispatcher {
   /// Copies chunk c from `from` (at start_from[c]) to `to` (at start_to[c]), split over chunks.
   void move_chunks(thread_pool& pool, T const* from, std::span<std::int64_t const> start_from,
                    T* to, std::span<std::int64_t const> start_to, int width) const {
-    parallel_rows(pool, static_cast<int>(chunk_size_.size()), [&](int begin, int end) {
+    parallel_rows(pool, static_cast<int>(chunks_.chunk_size().size()), [&](int begin, int end) {
       for (int c = begin; c < end; ++c) {
-        auto const n = chunk_size_[static_cast<std::size_t>(c)] * width;
+        auto const n = chunks_.chunk_size()[static_cast<std::size_t>(c)] * width;
         std::copy_n(from + start_from[static_cast<std::size_t>(c)] * width, n,
                     to + start_to[static_cast<std::size_t>(c)] * width);
       }
@@ -531,24 +412,25 @@ class all_to_all_dispatcher {
     std::array<T*, 2> received{};
     for (int k = 0; k < lanes; ++k) {
       auto const& x = io[static_cast<std::size_t>(k)];
-      received[k] = lanes_[k].received.reserve(std::size_t(received_) * x.width);
-      pending[k] = parallel::all_to_all_v_start(groups_.ep(), x.in, send_splits_, received[k],
-                                                recv_splits_, x.width);
+      received[k] = lanes_[k].received.reserve(std::size_t(chunks_.received()) * x.width);
+      pending[k] = parallel::all_to_all_v_start(groups_.ep(), x.in, chunks_.send_splits(),
+                                                received[k], chunks_.recv_splits(), x.width);
     }
     for (int k = 0; k < lanes; ++k) pending[k].wait();
     std::array<T*, 2> gathered = received;
     if (ETP > 1) {
       for (int k = 0; k < lanes; ++k) {
         auto const& x = io[static_cast<std::size_t>(k)];
-        gathered[k] = lanes_[k].gathered.reserve(std::size_t(rows_) * x.width);
+        gathered[k] = lanes_[k].gathered.reserve(std::size_t(chunks_.rows()) * x.width);
         pending[k] = parallel::all_gather_v_start(groups_.etp(), received[k], gathered[k],
-                                                  etp_rows_, x.width);
+                                                  chunks_.etp_rows(), x.width);
       }
       for (int k = 0; k < lanes; ++k) pending[k].wait();
     }
     for (int k = 0; k < lanes; ++k) {
       auto const& x = io[static_cast<std::size_t>(k)];
-      move_chunks(pool, gathered[k], source_start_, x.out, target_start_, x.width);
+      move_chunks(pool, gathered[k], chunks_.source_start(), x.out, chunks_.target_start(),
+                  x.width);
     }
   }
 
@@ -569,34 +451,31 @@ class all_to_all_dispatcher {
     for (int k = 0; k < lanes; ++k) {
       auto const& x = io[static_cast<std::size_t>(k)];
       auto& b = lanes_[k];
-      unsorted[k] = (ETP > 1 ? b.gathered : b.received).reserve(std::size_t(rows_) * x.width);
-      move_chunks(pool, x.in, target_start_, unsorted[k], source_start_, x.width);
+      unsorted[k] =
+          (ETP > 1 ? b.gathered : b.received).reserve(std::size_t(chunks_.rows()) * x.width);
+      move_chunks(pool, x.in, chunks_.target_start(), unsorted[k], chunks_.source_start(), x.width);
     }
     received = unsorted;
     if (ETP > 1) {
       for (int k = 0; k < lanes; ++k) {
         auto const& x = io[static_cast<std::size_t>(k)];
-        received[k] = lanes_[k].received.reserve(std::size_t(received_) * x.width);
+        received[k] = lanes_[k].received.reserve(std::size_t(chunks_.received()) * x.width);
         pending[k] = parallel::reduce_scatter_v_start(groups_.etp(), unsorted[k], received[k],
-                                                      etp_rows_, x.width);
+                                                      chunks_.etp_rows(), x.width);
       }
       for (int k = 0; k < lanes; ++k) pending[k].wait();
     }
     for (int k = 0; k < lanes; ++k) {
       auto const& x = io[static_cast<std::size_t>(k)];
-      pending[k] = parallel::all_to_all_v_start(groups_.ep(), received[k], recv_splits_, x.out,
-                                                send_splits_, x.width);
+      pending[k] = parallel::all_to_all_v_start(groups_.ep(), received[k], chunks_.recv_splits(),
+                                                x.out, chunks_.send_splits(), x.width);
     }
     for (int k = 0; k < lanes; ++k) pending[k].wait();
   }
 
   expert_groups groups_;
   int hidden_;
-  token_rows send_rows_;
-  std::vector<std::int64_t> header_, table_, counts_;
-  std::vector<std::int64_t> send_splits_, recv_splits_, etp_rows_, local_counts_;
-  std::vector<std::int64_t> chunk_size_, source_start_, target_start_;
-  std::vector<int> chunk_order_;
+  expert_chunks chunks_;
   bool direct_ = false;
   int overlap_ = 1;  // pieces of local experts the exchanges are cut into (at most)
   std::size_t min_piece_bytes_ = 0;
@@ -606,13 +485,9 @@ class all_to_all_dispatcher {
   parallel::exchange_progress progress_;  // in_flight_ tested while a piece computes
   std::vector<MPI_Aint> offsets_;
   std::vector<int> lengths_;
-  std::int64_t rows_ = 0, received_ = 0;
   buffer<T> send_, send_probs_;
   std::array<lane_buffers, 2> lanes_;
-  using counts = std::vector<std::int64_t>;
-  activation_stash<token_rows, counts, counts, counts, counts, counts, counts, counts, counts,
-                   std::vector<int>, bool, counts, std::vector<piece>, std::int64_t, std::int64_t>
-      stash_;
+  activation_stash<expert_chunks, bool, std::vector<std::int64_t>, std::vector<piece>> stash_;
 };
 
 }  // namespace megamoe::dispatch

@@ -9,6 +9,7 @@
 #include <megamoe/dispatch/groups.hpp>
 #include <megamoe/dispatch/hierarchical.hpp>
 #include <megamoe/dispatch/local.hpp>
+#include <megamoe/dispatch/shared_memory.hpp>
 #include <megamoe/dispatch/tags.hpp>
 
 #include <type_traits>
@@ -33,6 +34,10 @@ template <class T, class P>
 struct dispatcher_class<dispatcher::hierarchical, T, P> {
   using type = hierarchical_dispatcher<T, P>;
 };
+template <class T, class P>
+struct dispatcher_class<dispatcher::shared_memory, T, P> {
+  using type = shared_memory_dispatcher<T, P>;
+};
 }  // namespace detail
 
 /// The class that moves tokens for dispatcher D (T: the layer's scalar; P: the probs type).
@@ -49,7 +54,7 @@ using dispatcher_of =
 /// True for the dispatchers that talk to other ranks (and so need process groups).
 constexpr bool communicates(dispatcher d) {
   return d == dispatcher::all_gather || d == dispatcher::all_to_all ||
-         d == dispatcher::hierarchical;
+         d == dispatcher::hierarchical || d == dispatcher::shared_memory;
 }
 
 }  // namespace megamoe::dispatch

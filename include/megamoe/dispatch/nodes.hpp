@@ -12,6 +12,7 @@
 #include <megamoe/config/error.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/parallel/environment.hpp>
+#include <megamoe/parallel/shared_window.hpp>
 #include <megamoe/parallel/watchdog.hpp>
 
 #include <mpi.h>
@@ -38,6 +39,47 @@ inline int parse_ranks_per_node(std::string const& text, int world_size) {
   return r;
 }
 
+/// Collective over `stage`: the emulated node size MEGAMOE_RANKS_PER_NODE (0 when unset: nodes are
+/// the ranks that share memory). A bad value, or values that differ between ranks, are an
+/// `agreed_config_error` (R034) on every rank of `stage`.
+inline int agreed_ranks_per_node(boost::mpi::communicator const& stage) {
+  boost::mpi::communicator const world;
+  int per_node = 0;
+  parallel::check_on_every_rank(stage, [&] {
+    if (char const* text = std::getenv("MEGAMOE_RANKS_PER_NODE"))
+      per_node = parse_ranks_per_node(text, world.size());
+  });
+  int range[2] = {per_node, -per_node};
+  {
+    parallel::watched_collective const watch(MPI_Comm(stage), "agree_ranks_per_node", 2);
+    MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_INT, MPI_MIN, MPI_Comm(stage));
+  }
+  if (range[0] != -range[1])
+    throw parallel::agreed_config_error(rules::id::ranks_per_node_valid,
+                                        config_error(rules::id::ranks_per_node_valid,
+                                                     "MEGAMOE_RANKS_PER_NODE differs between ranks")
+                                            .what());
+  return per_node;
+}
+
+/// Collective over `stage`, whose every rank calls it with its own `group`: whether `group` lies on
+/// one node: its ranks share memory and, when MEGAMOE_RANKS_PER_NODE emulates nodes, sit in one
+/// emulated node.
+inline bool group_on_one_node(boost::mpi::communicator const& group,
+                              boost::mpi::communicator const& stage) {
+  int const per_node = agreed_ranks_per_node(stage);
+  bool const shared = parallel::ranks_share_memory(group);
+  boost::mpi::communicator const world;
+  int node[2] = {0, 0};
+  if (per_node > 0) node[0] = node[1] = world.rank() / per_node;
+  node[1] = -node[1];
+  {
+    parallel::watched_collective const watch(MPI_Comm(group), "agree_emulated_node", 2);
+    MPI_Allreduce(MPI_IN_PLACE, node, 2, MPI_INT, MPI_MIN, MPI_Comm(group));
+  }
+  return shared && node[0] == -node[1];
+}
+
 /// The nodes of one communicator (the EP group): this rank's node and index in it, the node of
 /// every member, and two communicators: `node()` (the members on this node) and `peers()` (the
 /// members with this rank's index, one per node, ordered by node).
@@ -51,23 +93,7 @@ class node_layout {
     int const n = group.size();
     boost::mpi::communicator const world;
     long key = 0;
-    // Emulated node size (0: shared memory), the same on every rank.
-    int per_node = 0;
-    parallel::check_on_every_rank(stage, [&] {
-      if (char const* text = std::getenv("MEGAMOE_RANKS_PER_NODE"))
-        per_node = parse_ranks_per_node(text, world.size());
-    });
-    int range[2] = {per_node, -per_node};
-    {
-      parallel::watched_collective const watch(MPI_Comm(stage), "agree_ranks_per_node", 2);
-      MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_INT, MPI_MIN, MPI_Comm(stage));
-    }
-    if (range[0] != -range[1])
-      throw parallel::agreed_config_error(
-          rules::id::ranks_per_node_valid,
-          config_error(rules::id::ranks_per_node_valid,
-                       "MEGAMOE_RANKS_PER_NODE differs between ranks")
-              .what());
+    int const per_node = agreed_ranks_per_node(stage);
     std::optional<boost::mpi::communicator> shared;
     if (per_node > 0) {
       key = world.rank() / per_node;

@@ -7,6 +7,8 @@
 //   dispatch::all_to_all_overlap<Chunks>     all_to_all in chunks of local experts, each exchange
 //                                            overlapped with the previous chunk's expert compute
 //   dispatch::hierarchical<>                 node-aware: each token crosses a node boundary once
+//   dispatch::shared_memory                  one node: rows copied straight between the ranks'
+//                                            memories through an MPI-3 shared window
 //   dispatch::auto_                          local when EP*ETP = 1, otherwise all_to_all (the
 //   default)
 #pragma once
@@ -21,7 +23,7 @@ namespace megamoe::dispatch {
 /// The kind of the `dispatch` slot.
 struct kind {};
 
-enum class dispatcher { auto_, local, all_gather, all_to_all, hierarchical };
+enum class dispatcher { auto_, local, all_gather, all_to_all, hierarchical, shared_memory };
 
 /// Permutation only; needs EP = ETP = 1 (R019).
 struct local {
@@ -90,6 +92,17 @@ struct hierarchical {
   static constexpr dispatcher value = dispatcher::hierarchical;
 };
 
+/// The DeepEP analog for one node: every rank of the tp_ep group publishes its tokens (or its
+/// experts' outputs) in an MPI-3 shared-memory window, and every rank copies the rows it needs
+/// straight to their final places, summing a token's rows while reading them. The same rows, in
+/// the same order and summed in the same order as all_to_all. The group must lie on one node
+/// (R054, checked at start-up).
+struct shared_memory {
+  using policy_kind = kind;
+  static constexpr std::string_view name = "shared_memory";
+  static constexpr dispatcher value = dispatcher::shared_memory;
+};
+
 /// Visible default: `local` when EP*ETP = 1, otherwise `all_to_all` (see `resolve`).
 struct auto_ {
   using policy_kind = kind;
@@ -111,6 +124,7 @@ constexpr std::string_view name_of(dispatcher d) {
     case dispatcher::all_gather: return "all_gather";
     case dispatcher::all_to_all: return "all_to_all";
     case dispatcher::hierarchical: return "hierarchical";
+    case dispatcher::shared_memory: return "shared_memory";
   }
   return "?";
 }

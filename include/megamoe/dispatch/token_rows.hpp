@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace megamoe::dispatch {
@@ -36,6 +37,12 @@ class token_rows {
   }
   [[nodiscard]] int row_expert(int row) const {
     return perm_.row_expert[static_cast<std::size_t>(row)];
+  }
+
+  /// Token t's rows, ascending (the order in which combine adds them).
+  [[nodiscard]] std::span<int const> rows_of(int t) const {
+    auto const at = static_cast<std::size_t>(t);
+    return {order_.data() + start_[at], order_.data() + start_[at + 1]};
   }
 
   /// rows[j] = tokens[source_token[j]] (width elements each).

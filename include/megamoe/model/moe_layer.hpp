@@ -80,6 +80,9 @@ class moe_layer {
   /// Whether several micro-batches' forwards may precede their backwards (park / restore): not
   /// under a precision recipe, whose operands keep one micro-batch's codes.
   static constexpr bool parks_micro_batches = !rounds_operands;
+  /// Whether the dispatcher keeps the layer's input in its shared window (dispatch::shared_memory):
+  /// the input's copy is then also the dispatch's publication.
+  static constexpr bool input_in_window = requires(dispatcher_type & d) { d.token_rows(); };
   static_assert(expert_stage_of<expert_stage<types>, scalar>);
 
   /// One rank (dispatch::local): `layer_number` names the parameters (decoder.layers.{i}); `given`
@@ -206,12 +209,30 @@ class moe_layer {
     tokens_ = static_cast<int>(x.rows());
     batch_ = {seq_length, micro_batch_size};
     jitter_key_ = ctx.step.micro_batch_key;
-    input_.matrix(tokens_, H) = x;  // kept: the gating's and the shared expert's backward read it
+    // The input is kept: the gating's and the shared expert's backward read it. A dispatcher with
+    // a shared window keeps it there, where its dispatch reads it without another copy; the router
+    // reads x itself until the plan has sized the window.
+    if constexpr (input_in_window) {
+      if (x.outerStride() == H) {
+        input_at_ = x.data();
+      } else {
+        input_.matrix(tokens_, H) = x;
+        input_at_ = input_.data();
+      }
+    } else {
+      input_.matrix(tokens_, H) = x;
+      input_at_ = input_.data();
+    }
     auto f = ctx.scratch<scalar>().open();
     experts_.bind_operands(ctx, f);
     auto const rows = route_and_plan(ctx, f, mode);
+    if constexpr (input_in_window) {
+      scalar* kept = dispatcher_.token_rows();
+      row_matrix_map<scalar>(kept, tokens_, H) = x;
+      input_at_ = kept;
+    }
     auto output = output_.matrix(tokens_, H);
-    dispatcher_.forward(ctx.pool(), ctx.stages, input_.data(), rows.rows, routing_.output().probs,
+    dispatcher_.forward(ctx.pool(), ctx.stages, input_at_, rows.rows, routing_.output().probs,
                         rows.probs, rows.out, output.data(), compute_forward(ctx, rows));
     if (has_shared_expert())
       ctx.stages.time(layer_stage::shared_expert, [&] {
@@ -247,8 +268,7 @@ class moe_layer {
     if constexpr (memory_settings.moe_layer) {
       rows = route_and_plan(ctx, f, router::pass::recompute);
       ctx.stages.time(layer_stage::permute, [&] {
-        dispatcher_.dispatch(ctx.pool(), input_.data(), rows.rows, routing_.output().probs,
-                             rows.probs);
+        dispatcher_.dispatch(ctx.pool(), input_at_, rows.rows, routing_.output().probs, rows.probs);
       });
       ctx.stages.time(layer_stage::experts, [&] {
         experts_.forward(exec, dispatcher_.tokens_per_local_expert(), rows, 0, local_experts());
@@ -264,6 +284,8 @@ class moe_layer {
       ctx.stages.time(layer_stage::shared_expert,
                       [&] { experts_.shared_forward(ctx, f, input()); });
     rows = experts_.with_gradients(f, rows);
+    if constexpr (requires { dispatcher_.expert_output_rows(); })
+      rows.grad_rows = dispatcher_.expert_output_rows();  // dy's rows arrive, and leave, in place
     auto grad_input = grad_input_.matrix(tokens_, H);
     grad_input.setZero();
     auto& grad_probs = routing_.grad_probs(tokens_);
@@ -288,6 +310,9 @@ class moe_layer {
   void park(std::uint64_t key) requires parks_micro_batches {
     if (!awaiting_backward_)
       throw input_error("moe_layer: park needs a training forward whose backward has not run");
+    if (input_at_ != input_.data())  // kept in the dispatcher's window: the next forward's place
+      input_.matrix(tokens_, hidden_size()) = input();
+    input_at_ = nullptr;
     stash_.park(key, tokens_, batch_, jitter_key_, input_);
     routing_.park(key);
     dispatcher_.park(key);
@@ -298,6 +323,7 @@ class moe_layer {
     if (awaiting_backward_)
       throw input_error("moe_layer: restore would drop a forward whose backward has not run");
     stash_.restore(key, tokens_, batch_, jitter_key_, input_);
+    input_at_ = input_.data();
     routing_.restore(key);
     dispatcher_.restore(key);
     experts_.restore(key);
@@ -331,7 +357,7 @@ class moe_layer {
   /// rows, fc1 output, activation, routing and recipe codes the policy does not recompute. Scratch
   /// (shared by all layers through the context) is not counted.
   [[nodiscard]] std::size_t saved_activation_bytes() const {
-    std::size_t bytes = input_.used_bytes();
+    std::size_t bytes = static_cast<std::size_t>(tokens_) * hidden_size() * sizeof(scalar);
     if (!memory_settings.moe_layer)
       bytes += dispatcher_.saved_bytes() + routing_.saved_bytes() +
                experts_.saved_bytes(dispatcher_.expert_rows(), tokens_);
@@ -347,7 +373,7 @@ class moe_layer {
         dispatcher_(setup::dispatcher(groups, values_)),
         experts_(values_, layer_number, groups) {}
 
-  const_row_matrix_map<scalar> input() const { return {input_.data(), tokens_, hidden_size()}; }
+  const_row_matrix_map<scalar> input() const { return {input_at_, tokens_, hidden_size()}; }
 
   /// Routes the kept input and plans the exchange (collective: a routing failure on any rank stops
   /// every rank here); returns the experts' row views for the planned rows.
@@ -362,7 +388,10 @@ class moe_layer {
       dispatcher_.plan(ctx.pool(), routing.routing_map,
                        routing_.router().config().pad_to_capacity ? routing.capacity : 0, failure);
     });
-    return experts_.forward_rows(f, dispatcher_.expert_rows());
+    auto rows = experts_.forward_rows(f, dispatcher_.expert_rows());
+    if constexpr (requires { dispatcher_.expert_output_rows(); })
+      rows.out = dispatcher_.expert_output_rows();  // combined in place (dispatch::shared_memory)
+    return rows;
   }
 
   /// The expert stage's forward on the planned rows, as the dispatcher calls it.
@@ -401,6 +430,7 @@ class moe_layer {
   std::uint64_t jitter_key_ = 0;
   bool awaiting_backward_ = false;
   buffer<scalar> input_, output_, grad_input_;
+  scalar const* input_at_ = nullptr;  // the kept input: in input_, or in the dispatcher's window
   activation_stash<int, router::batch_shape, std::uint64_t, buffer<scalar>> stash_;
   std::vector<double> load_;  // across micro-batches: expert_load()
 };
