@@ -23,9 +23,10 @@
 
 namespace megamoe {
 
-/// Copies `bytes` from `from` to `to` (not overlapping) with non-temporal stores where the
-/// destination is 16-byte aligned. Streamed stores are weakly ordered: call `stream_fence()`
-/// before another thread or process reads the destination.
+/// Copies `bytes` from `from` to `to` (not overlapping) with non-temporal stores, after a plain
+/// copy of the bytes before the destination's first 16-byte boundary (and of a tail under 64
+/// bytes). Streamed stores are weakly ordered: call `stream_fence()` before another thread or
+/// process reads the destination.
 inline void stream_copy(void* to, void const* from, std::size_t bytes) {
 #if MEGAMOE_STREAM_STORES
   auto* out = static_cast<std::byte*>(to);

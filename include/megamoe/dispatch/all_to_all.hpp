@@ -7,8 +7,9 @@
 // experts]); with ETP > 1 an all-gather-v over ETP (every ETP shard of an expert sees all its
 // rows); then permutation 2 re-orders chunks from (ETP i, EP j, local expert l) to (l, i, j): each
 // expert's rows by source rank, then token. Tokens and probs travel together. combine: the exact
-// inverse; the ETP shards' partial outputs are summed by a reduce-scatter-v. With ETP = 1 the
-// permutations ride in MPI datatypes (no staging copies).
+// inverse; the ETP shards' partial outputs are summed by a reduce-scatter-v. With ETP = 1 (and
+// buffers MPI can address in bytes, under 2 GiB) the permutations ride in MPI datatypes (no staging
+// copies).
 #pragma once
 
 #include <megamoe/core/buffer.hpp>

@@ -15,7 +15,8 @@
 //   all_to_all's order (rows ascending, from +0; the ETP shards' partial sums first, by ETP index,
 //   which equals all_to_all's reduce-scatter bit for bit for ETP <= 2, where the sum of two
 //   commutes).
-// Published copies of more than 4 MiB bypass the caches (core/stream_copy.hpp).
+// Published copies of 4 MiB or more (a rank's tokens or expert rows) bypass the caches
+// (core/stream_copy.hpp).
 // Each segment has two regions, one for dispatch's data and one for combine's, so the usual
 // alternation needs one fence per exchange: a rank publishes into a region only after every rank
 // has passed the fence of the exchange that last read the other one, and so has finished reading
@@ -98,10 +99,11 @@ class shared_memory_dispatcher : public sequential_exchange<shared_memory_dispat
   /// Times the window was allocated (it grows to the largest plan seen).
   [[nodiscard]] int window_allocations() const noexcept { return allocations_; }
 
-  /// Where this rank's tokens [T, H] of the planned micro-batch may wait in the window, valid from
-  /// `plan` to the next plan: a dispatch of tokens read from here publishes no copy (the MoE layer
-  /// keeps its input here). Called by every rank of tp_ep at the same point, after a plan (a fence
-  /// when the last exchange was a dispatch, whose readers may still read it).
+  /// Where this rank's tokens [T, H] of the planned micro-batch may wait in the window: a dispatch
+  /// of tokens read from here publishes no copy (the MoE layer keeps its input here). Valid until
+  /// a plan grows the window (window_allocations() counts up; a plan of a table seen before never
+  /// does), and kept by every exchange. Called by every rank of tp_ep at the same point, after a
+  /// plan (a fence when the last exchange was a dispatch, whose readers may still read it).
   [[nodiscard]] T* token_rows() {
     if (last_ == region::dispatch) {
       window_.fence();
@@ -113,6 +115,8 @@ class shared_memory_dispatcher : public sequential_exchange<shared_memory_dispat
   /// This rank's expert rows [expert_rows(), H] in the window, valid from `plan` to the next plan.
   /// Rows written here between a dispatch and the combine (or combine_grad) that follows it are
   /// read by the other ranks in place: the combine publishes no copy. A dispatch may pull into it.
+  /// Written at any other time (after a combine, before the next dispatch), they would race with
+  /// the other ranks' reads of the last combine.
   [[nodiscard]] T* expert_output_rows() const {
     return in_segment<T>(my_coordinates(), expert_rows_at_);
   }
@@ -247,24 +251,32 @@ class shared_memory_dispatcher : public sequential_exchange<shared_memory_dispat
     auto const grown = [](std::int64_t cap, std::int64_t need) {
       return std::max<std::int64_t>({cap, need + need / 4, 16});
     };
-    sent_cap_ = grown(sent_cap_, most_sent);
-    expert_rows_cap_ = grown(expert_rows_cap_, most_expert_rows);
-    tokens_cap_ = grown(tokens_cap_, chunks_.most_tokens());
+    std::int64_t const sent_cap = grown(sent_cap_, most_sent);
+    std::int64_t const expert_rows_cap = grown(expert_rows_cap_, most_expert_rows);
+    std::int64_t const tokens_cap = grown(tokens_cap_, chunks_.most_tokens());
     auto const H = static_cast<std::size_t>(hidden_);
-    auto const sent = static_cast<std::size_t>(sent_cap_);
-    auto const expert = static_cast<std::size_t>(expert_rows_cap_);
-    std::size_t const token_bytes = aligned(static_cast<std::size_t>(tokens_cap_) * H * sizeof(T));
-    sent_probs_at_ = index_at + aligned(sent * sizeof(int));
-    tokens_at_ = sent_probs_at_ + aligned(sent * sizeof(T));
-    copies_at_ = tokens_at_ + token_bytes;
-    combine_at_ = copies_at_ + token_bytes;
-    expert_rows_at_ = combine_at_ + aligned(expert * sizeof(T));
-    std::size_t const bytes = expert_rows_at_ + aligned(expert * H * sizeof(T));
+    auto const sent = static_cast<std::size_t>(sent_cap);
+    auto const expert = static_cast<std::size_t>(expert_rows_cap);
+    std::size_t const token_bytes = aligned(static_cast<std::size_t>(tokens_cap) * H * sizeof(T));
+    std::size_t const sent_probs_at = index_at + aligned(sent * sizeof(int));
+    std::size_t const tokens_at = sent_probs_at + aligned(sent * sizeof(T));
+    std::size_t const copies_at = tokens_at + token_bytes;
+    std::size_t const combine_at = copies_at + token_bytes;
+    std::size_t const expert_rows_at = combine_at + aligned(expert * sizeof(T));
+    std::size_t const bytes = expert_rows_at + aligned(expert * H * sizeof(T));
     if (window_.allocated()) {
       window_.fence();  // nobody still reads the old segments
       window_.free();
     }
-    window_ = parallel::shared_window(groups_.tp_ep(), bytes);
+    window_ = parallel::shared_window(groups_.tp_ep(), bytes);  // an agreed error leaves none
+    sent_cap_ = sent_cap;
+    expert_rows_cap_ = expert_rows_cap;
+    tokens_cap_ = tokens_cap;
+    sent_probs_at_ = sent_probs_at;
+    tokens_at_ = tokens_at;
+    copies_at_ = copies_at;
+    combine_at_ = combine_at;
+    expert_rows_at_ = expert_rows_at;
     last_ = region::none;
     ++allocations_;
   }
@@ -341,10 +353,6 @@ class shared_memory_dispatcher : public sequential_exchange<shared_memory_dispat
   void publish_combine(thread_pool& pool, T const* rows, T const* row_probs) {
     int const me = my_coordinates();
     T* to = in_segment<T>(me, expert_rows_at_);
-    if (rows == to && last_ == region::combine)
-      throw input_error(
-          "shared_memory dispatcher: expert rows written in place need a dispatch before their "
-          "combine (the other ranks may still read the last combine's rows)");
     enter(region::combine);
     if (rows == to) {
       if (row_probs != nullptr)

@@ -39,6 +39,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -266,7 +267,12 @@ class moe_layer {
     // What the memory policy did not keep is recomputed here.
     routed_rows<scalar> rows;
     if constexpr (memory_settings.moe_layer) {
+      [[maybe_unused]] int const windows = window_allocations();
       rows = route_and_plan(ctx, f, router::pass::recompute);
+      if constexpr (input_in_window)  // the forward's plan sized the window for this one
+        if (window_allocations() != windows && input_at_ != input_.data())
+          throw std::logic_error(
+              "moe_layer: the recomputed plan grew the window holding the input");
       ctx.stages.time(layer_stage::permute, [&] {
         dispatcher_.dispatch(ctx.pool(), input_at_, rows.rows, routing_.output().probs, rows.probs);
       });
@@ -310,10 +316,12 @@ class moe_layer {
   void park(std::uint64_t key) requires parks_micro_batches {
     if (!awaiting_backward_)
       throw input_error("moe_layer: park needs a training forward whose backward has not run");
-    if (input_at_ != input_.data())  // kept in the dispatcher's window: the next forward's place
+    if (input_at_ != input_.data()) {  // kept in the dispatcher's window: the next forward's place
       input_.matrix(tokens_, hidden_size()) = input();
-    input_at_ = nullptr;
+      input_at_ = input_.data();
+    }
     stash_.park(key, tokens_, batch_, jitter_key_, input_);
+    input_at_ = nullptr;
     routing_.park(key);
     dispatcher_.park(key);
     experts_.park(key);
@@ -374,6 +382,13 @@ class moe_layer {
         experts_(values_, layer_number, groups) {}
 
   const_row_matrix_map<scalar> input() const { return {input_at_, tokens_, hidden_size()}; }
+  /// Windows the dispatcher allocated so far (0 without one).
+  int window_allocations() const {
+    if constexpr (input_in_window)
+      return dispatcher_.window_allocations();
+    else
+      return 0;
+  }
 
   /// Routes the kept input and plans the exchange (collective: a routing failure on any rank stops
   /// every rank here); returns the experts' row views for the planned rows.
