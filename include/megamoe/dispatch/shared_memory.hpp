@@ -83,8 +83,8 @@ class shared_memory_dispatcher : public sequential_exchange<shared_memory_dispat
   }
 
   /// Sets micro-batch `key`'s plan aside (core/stash.hpp), or brings it back.
-  void park(std::uint64_t key) { stash_.park(key, chunks_, pull_, push_, row_start_); }
-  void restore(std::uint64_t key) { stash_.restore(key, chunks_, pull_, push_, row_start_); }
+  void park(std::uint64_t key) { stash_.park(key, chunks_, pull_, push_); }
+  void restore(std::uint64_t key) { stash_.restore(key, chunks_, pull_, push_); }
 
   [[nodiscard]] int expert_rows() const noexcept { return static_cast<int>(chunks_.rows()); }
   [[nodiscard]] std::span<std::int64_t const> tokens_per_local_expert() const noexcept {
@@ -122,15 +122,12 @@ class shared_memory_dispatcher : public sequential_exchange<shared_memory_dispat
   }
 
   [[nodiscard]] std::size_t saved_bytes() const noexcept {
-    return chunks_.bytes() + (pull_.size() + push_.size() + row_start_.size()) * sizeof(row_ref);
+    return chunks_.bytes() + (pull_.size() + push_.size()) * sizeof(row_ref);
   }
 
   void dispatch(thread_pool& pool, T const* tokens, T* rows, row_matrix<P> const& probs,
                 T* row_probs) {
-    auto const& sent = chunks_.send_rows();
-    T* out_probs = publish_dispatch(pool, tokens);
-    for (int r = 0; r < sent.rows(); ++r)
-      out_probs[r] = static_cast<T>(probs(sent.source_token(r), sent.row_expert(r)));
+    chunks_.send_rows().gather_probs(probs, 0, publish_dispatch(pool, tokens));
     window_.fence();
     pull_rows(pool, rows, row_probs);
   }
@@ -323,9 +320,9 @@ class shared_memory_dispatcher : public sequential_exchange<shared_memory_dispat
   void pull_rows(thread_pool& pool, T* rows, T* row_probs) const {
     int const senders = groups_.etp_size() * groups_.ep_size();
     // Each sender's segment pointers, once.
-    std::vector<int const*>& index = index_scratch_;
-    std::vector<T const*>& probs = probs_scratch_;
-    std::vector<T const*>& tokens = tokens_scratch_;
+    std::vector<int const*>& index = sent_tokens_at_;
+    std::vector<T const*>& probs = sent_probs_of_;
+    std::vector<T const*>& tokens = rows_of_;
     index.resize(static_cast<std::size_t>(senders));
     probs.resize(index.size());
     tokens.resize(index.size());
@@ -379,7 +376,7 @@ class shared_memory_dispatcher : public sequential_exchange<shared_memory_dispat
     auto const& sent = chunks_.send_rows();
     int const ETP = groups_.etp_size(), EP = groups_.ep_size();
     int const H = hidden_;
-    std::vector<T const*>& base = tokens_scratch_;
+    std::vector<T const*>& base = rows_of_;
     base.resize(static_cast<std::size_t>(ETP * EP));
     for (int s = 0; s < ETP * EP; ++s)
       base[static_cast<std::size_t>(s)] = in_segment<T const>(s, expert_rows_at_);
@@ -411,7 +408,8 @@ class shared_memory_dispatcher : public sequential_exchange<shared_memory_dispat
   int hidden_;
   std::vector<int> rank_of_;  // tp_ep rank of coordinates (ETP i) * EP + (EP j)
   expert_chunks chunks_;
-  std::vector<row_ref> pull_, push_, row_start_;
+  std::vector<row_ref> pull_, push_;
+  std::vector<row_ref> row_start_;  // trace_rows()'s scratch
   parallel::shared_window window_;
   std::int64_t sent_cap_ = 0, expert_rows_cap_ = 0, tokens_cap_ = 0;  // rows the window holds
   static constexpr std::size_t index_at = 64;                         // after the dispatch's flag
@@ -419,10 +417,11 @@ class shared_memory_dispatcher : public sequential_exchange<shared_memory_dispat
               expert_rows_at_ = 0;
   int allocations_ = 0;
   region last_ = region::none;
-  mutable std::vector<int const*> index_scratch_;
-  mutable std::vector<T const*> probs_scratch_, tokens_scratch_;
-  activation_stash<expert_chunks, std::vector<row_ref>, std::vector<row_ref>, std::vector<row_ref>>
-      stash_;
+  // Each rank's segment pointers for one pull: its sent rows' tokens and probs, and its token (or
+  // expert) rows.
+  mutable std::vector<int const*> sent_tokens_at_;
+  mutable std::vector<T const*> sent_probs_of_, rows_of_;
+  activation_stash<expert_chunks, std::vector<row_ref>, std::vector<row_ref>> stash_;
 };
 
 }  // namespace megamoe::dispatch
