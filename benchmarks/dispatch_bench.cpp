@@ -4,6 +4,8 @@
 //
 //   mpiexec -n 4 build/benchmarks/dispatch_bench --dispatcher all_to_all|all_gather|shared_memory
 //       --shape C [--iters N]
+//   MEGAMOE_RANKS_PER_NODE=2 mpiexec -n 4 build/benchmarks/dispatch_bench
+//       --dispatcher hierarchical|hierarchical_shared_memory --shape C
 //
 // Each rank routes T tokens of hidden size H (softmax top-k over E experts, random logits from a
 // fixed seed), then times `dispatch` (tokens and probs to the experts' ranks, permutations
@@ -16,12 +18,16 @@
 // shared_memory runs as the MoE layer runs it: the tokens wait in its window (token_rows(), the
 // layer's input copy, made before timing as raw MPI's send rows are), and the expert rows are its
 // window's own (combined in place).
+// hierarchical (exchange B by MPI) and hierarchical_shared_memory (exchange B through the node's
+// window) are timed against the same raw exchange as all_to_all: the rows all_to_all would send,
+// the same job done flat; their bytes are those rows' too.
 // The limit of any exchange on one machine is one memcpy of the bytes a rank sends (timed in the
 // same run, each rank copying its own token bytes); the JSON reports it, and Open MPI's
 // single-copy mechanism for shared memory as configured (raw MPI's transport). rank 0 prints one
 // JSON line.
 #include <megamoe/dispatch/all_gather.hpp>
 #include <megamoe/dispatch/all_to_all.hpp>
+#include <megamoe/dispatch/hierarchical.hpp>
 #include <megamoe/dispatch/shared_memory.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 #include <megamoe/router/router.hpp>
@@ -110,11 +116,11 @@ std::string single_copy_mechanism() {
   return "default";
 }
 
-/// Whether a dispatcher sends rows straight to their experts (the all-to-all's splits).
+/// Whether a dispatcher moves token rows to experts (measured against the all-to-all's splits),
+/// rather than gathering every token everywhere.
 template <class Dispatcher>
 constexpr bool sends_rows =
-    std::is_same_v<Dispatcher, mm::dispatch::all_to_all_dispatcher<float, float>> ||
-    std::is_same_v<Dispatcher, mm::dispatch::shared_memory_dispatcher<float, float>>;
+    !std::is_same_v<Dispatcher, mm::dispatch::all_gather_dispatcher<float, float>>;
 
 template <class Dispatcher>
 int run(boost::mpi::communicator const& world, mm::parallel::process_groups const& groups,
@@ -170,12 +176,18 @@ int run(boost::mpi::communicator const& world, mm::parallel::process_groups cons
   std::vector<std::int64_t> rows_to(static_cast<std::size_t>(EP), 0);
   double extra_bytes = 0.0;  // what besides token and prob rows leaves the rank
   if constexpr (sends_rows<Dispatcher>) {
-    std::span<std::int64_t const> splits;
-    if constexpr (requires { dispatcher.chunks(); })
-      splits = dispatcher.chunks().send_splits();
-    else
-      splits = dispatcher.send_splits();
-    std::copy(splits.begin(), splits.end(), rows_to.begin());
+    if constexpr (requires { dispatcher.chunks(); }) {
+      auto const splits = dispatcher.chunks().send_splits();
+      std::copy(splits.begin(), splits.end(), rows_to.begin());
+    } else if constexpr (requires { dispatcher.send_splits(); }) {
+      auto const splits = dispatcher.send_splits();
+      std::copy(splits.begin(), splits.end(), rows_to.begin());
+    } else {  // hierarchical: the routing map's entries per EP rank, all_to_all's rows
+      int const L = E / EP;
+      for (int t = 0; t < T; ++t)
+        for (int e = 0; e < E; ++e)
+          rows_to[static_cast<std::size_t>(e / L)] += routing.routing_map(t, e) != 0 ? 1 : 0;
+    }
   } else {
     std::fill(rows_to.begin(), rows_to.end(), T);         // every token to every rank
     extra_bytes = static_cast<double>(T) * E * (EP - 1);  // the routing map (one byte per entry)
@@ -260,7 +272,9 @@ int main(int argc, char** argv) {
     CLI::App app{"dispatch_bench: one MoE layer's token exchange over EP ranks"};
     std::string dispatcher = "all_to_all", shape_name = "C";
     int iters = 10, warmup = 2, tokens = 0;
-    app.add_option("--dispatcher", dispatcher, "all_to_all | all_gather | shared_memory");
+    app.add_option("--dispatcher", dispatcher,
+                   "all_to_all | all_gather | shared_memory | hierarchical | "
+                   "hierarchical_shared_memory");
     app.add_option("--shape", shape_name, "A | B | C (BENCHMARKS.md), T tokens per rank");
     app.add_option("--tokens", tokens, "tokens per rank instead of the shape's T");
     app.add_option("--iters", iters, "timed iterations");
@@ -301,6 +315,12 @@ int main(int argc, char** argv) {
                                                                     shape_name, s, iters, warmup);
     if (dispatcher == "shared_memory")
       return run<mm::dispatch::shared_memory_dispatcher<float, float>>(
+          world, groups, dispatcher, shape_name, s, iters, warmup);
+    if (dispatcher == "hierarchical")
+      return run<mm::dispatch::hierarchical_dispatcher<float, float>>(world, groups, dispatcher,
+                                                                      shape_name, s, iters, warmup);
+    if (dispatcher == "hierarchical_shared_memory")
+      return run<mm::dispatch::hierarchical_dispatcher<float, float, true>>(
           world, groups, dispatcher, shape_name, s, iters, warmup);
     if (world.rank() == 0) std::cerr << "dispatch_bench: unknown dispatcher " << dispatcher << "\n";
     return 2;

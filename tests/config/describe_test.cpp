@@ -111,6 +111,14 @@ TEST(Describe, DispatcherNamesFollowTheReference) {
       "decided at start-up");
   EXPECT_EQ(dispatcher(mm::make_config<small_shape, ep2, mm::dispatch::hierarchical<>>{}),
             "hierarchical");
+  // The inside-node exchange is named only when it is the shared window.
+  using shared_node = mm::dispatch::hierarchical<mm::dispatch::shared_memory>;
+  auto const shared =
+      mm::describe<mm::make_config<small_shape, ep2, shared_node>>().json["dispatch"];
+  EXPECT_EQ(shared["moe_token_dispatcher_type"], "hierarchical");
+  EXPECT_EQ(shared["intra_node"], "shared_memory");
+  using mpi_node = mm::make_config<small_shape, ep2, mm::dispatch::hierarchical<>>;
+  EXPECT_FALSE(mm::describe<mpi_node>().json["dispatch"].contains("intra_node"));
 }
 
 TEST(Describe, PrecisionRecipes) {

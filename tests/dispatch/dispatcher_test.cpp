@@ -37,6 +37,11 @@ static_assert(std::is_same_v<md::dispatcher_of<md::auto_, d::local, double, doub
                              md::local_dispatcher<double, double>>);
 static_assert(std::is_same_v<md::dispatcher_of<md::hierarchical<>, d::hierarchical, float, float>,
                              md::hierarchical_dispatcher<float, float>>);
+static_assert(std::is_same_v<md::dispatcher_of<md::hierarchical<md::shared_memory>, d::hierarchical,
+                                               float, double>,
+                             md::hierarchical_dispatcher<float, double, true>>);
+static_assert(
+    md::token_dispatcher<md::hierarchical_dispatcher<double, double, true>, double, double>);
 
 // Every class is what the layer asks of a dispatcher.
 template <d D, class T, class P>

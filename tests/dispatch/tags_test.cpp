@@ -23,6 +23,15 @@ static_assert(!overlap_accepts<md::all_to_all_overlap, 1, 1024>);  // one piece 
 static_assert(!overlap_accepts<md::all_to_all_overlap, 4, -1>);
 
 static_assert(std::is_same_v<md::hierarchical<>::intra_node, md::all_to_all>);
+static_assert(md::intra_node_shared<md::hierarchical<md::shared_memory>>());
+static_assert(!md::intra_node_shared<md::hierarchical<>>() &&
+              !md::intra_node_shared<md::shared_memory>());
+// Inside a node: MPI's all-to-all or the shared window, nothing else.
+template <class IntraNode>
+concept hierarchical_accepts = requires {
+  typename md::hierarchical<IntraNode>;
+};
+static_assert(hierarchical_accepts<md::shared_memory> && !hierarchical_accepts<md::all_gather>);
 
 TEST(DispatchPolicies, NameTheirDispatcher) {
   EXPECT_EQ(md::local::value, md::dispatcher::local);

@@ -17,6 +17,12 @@
 // --variant shared_memory: the shared-memory dispatcher in the layer, bit for bit (ETP <= 2), at
 //   one node, also with two micro-batches in flight (park / restore); --nodes 2 (emulated) must
 //   fail with R054 on every rank.
+// --variant hierarchical_shared_memory: hierarchical<shared_memory> (exchange B through the node's
+//   window), for each emulated node count given: against all_to_all as hierarchical is, bit for
+//   bit against hierarchical<> (the same sums in the same order), with two micro-batches in flight
+//   as well.
+// --variant hierarchical_shared_memory_alone: hierarchical<shared_memory> against hierarchical<>
+//   without a layer, as shared_memory_alone below, at the last node count given.
 // --variant shared_memory_alone: the shared-memory dispatcher against the all-to-all dispatcher
 //   without a layer, so that a rank can hold no tokens: three micro-batches of growing size
 //   (the window grows twice), each planned, dispatched with probs and combined, then set aside;
@@ -32,6 +38,7 @@
 
 #include <megamoe/config/config.hpp>
 #include <megamoe/dispatch/all_to_all.hpp>
+#include <megamoe/dispatch/dispatcher.hpp>
 #include <megamoe/dispatch/shared_memory.hpp>
 #include <megamoe/model/moe_layer.hpp>
 #include <megamoe/parallel/process_groups.hpp>
@@ -52,6 +59,7 @@
 
 namespace mm = megamoe;
 namespace mr = megamoe::router;
+namespace md = megamoe::dispatch;
 
 namespace {
 
@@ -147,6 +155,7 @@ int compare_at(mm::parallel::environment& env, options const& o, int nodes, tall
   using scalar = typename hier_layer::scalar;
   bool const fp64 = std::is_same_v<scalar, double>;
   constexpr bool shared = Dispatch::value == mm::dispatch::dispatcher::shared_memory;
+  constexpr bool node_window = mm::dispatch::intra_node_shared<Dispatch>();
   bool const exact = hier_layer::overlapped || (shared && o.degrees.etp <= 2);
   double const rtol = exact ? 0.0 : fp64 ? 1e-12 : 1e-5;
   auto const& world = env.world();
@@ -182,6 +191,29 @@ int compare_at(mm::parallel::environment& env, options const& o, int nodes, tall
   std::string const at = " (" + std::to_string(nodes) + " nodes)";
   compare("output" + at, y_hier, y_flat);
   compare("input gradient" + at, dx_hier, dx_flat);
+  if constexpr (node_window) {  // bit for bit hierarchical<>'s
+    mm::moe_layer<layer_config<mm::dispatch::hierarchical<>, Precision>> twin(groups, 0, given);
+    twin.initialize(5);
+    mm::row_matrix<scalar> const y_twin = twin.forward(ctx, x, S, B).y;
+    mm::row_matrix<scalar> const dx_twin = twin.backward(ctx, dy);
+    auto same = [&](std::string const& what, auto const& got, auto const& ref) {
+      for (Eigen::Index r = 0; r < ref.rows(); ++r)
+        for (Eigen::Index c = 0; c < ref.cols(); ++c)
+          result.close(what + ", against hierarchical<>", got(r, c), ref(r, c), 1.0, 0.0);
+    };
+    same("output" + at, y_hier, y_twin);
+    same("input gradient" + at, dx_hier, dx_twin);
+    std::map<std::string, mm::row_matrix<scalar>, std::less<>> twin_grads;
+    twin.for_each_parameter([&](std::string_view name, auto, auto grad, mm::parameter_kind) {
+      twin_grads.emplace(std::string(name), grad);
+    });
+    hier.for_each_parameter([&](std::string_view name, auto, auto grad, mm::parameter_kind) {
+      if (auto const it = twin_grads.find(name); it != twin_grads.end())
+        same(std::string(name) + at, grad, it->second);
+    });
+    result.close("node window allocated once" + at, hier.dispatcher().window_allocations(), 1, 1.0,
+                 0.0);
+  }
   std::map<std::string, mm::row_matrix<scalar>, std::less<>> flat_grads;
   flat.for_each_parameter([&](std::string_view name, auto, auto grad, mm::parameter_kind) {
     flat_grads.emplace(std::string(name), grad);
@@ -211,32 +243,11 @@ int compare_at(mm::parallel::environment& env, options const& o, int nodes, tall
                    static_cast<double>(flat_counts[i]), 1.0, 0.0);
     result.close("shared window allocated once", hier.dispatcher().window_allocations(), 1, 1.0,
                  0.0);
-    // Two micro-batches in flight, in a pipeline's order: park sets each input aside (out of the
-    // window, where the next forward's input goes), then both backwards in reverse.
-    auto const x2 = tokens_of<scalar>(world.rank(), o.tokens, 4.0);
-    auto const dy2 = tokens_of<scalar>(world.rank(), o.tokens, 5.0);
-    auto pipelined = [&](auto& layer) {
-      std::vector<mm::row_matrix<scalar>> got;
-      got.emplace_back(layer.forward(ctx, x, S, B).y);
-      layer.park(1);
-      got.emplace_back(layer.forward(ctx, x2, S, B).y);
-      layer.park(2);
-      layer.restore(2);
-      got.emplace_back(layer.backward(ctx, dy2));
-      layer.restore(1);
-      got.emplace_back(layer.backward(ctx, dy));
-      return got;
-    };
-    auto const in_flight = pipelined(hier);
-    auto const in_flight_flat = pipelined(flat);
-    char const* names[] = {"output, first in flight", "output, second in flight",
-                           "input gradient, second in flight", "input gradient, first in flight"};
-    for (std::size_t i = 0; i < in_flight.size(); ++i)
-      compare(names[i], in_flight[i], in_flight_flat[i]);
-  } else if constexpr (hier_layer::overlapped) {
+  }
+  if constexpr (hier_layer::overlapped) {
     int const pieces = hier.dispatcher().overlap_pieces();
     result.close("overlap pieces", pieces, o.pieces == 0 ? 1 : std::min(o.pieces, local), 1.0, 0.0);
-  } else {
+  } else if constexpr (!shared) {
     auto const& map = hier.router().output().routing_map;
     std::int64_t pairs = 0, expert_pairs = 0;
     if (o.router == "aux") {  // dropless: the rows are the routing map's entries
@@ -266,6 +277,32 @@ int compare_at(mm::parallel::environment& env, options const& o, int nodes, tall
     }
     rows[0] = boost::mpi::all_reduce(world, pairs, std::plus<std::int64_t>());
     rows[1] = boost::mpi::all_reduce(world, expert_pairs, std::plus<std::int64_t>());
+  }
+  if constexpr (shared || node_window) {
+    // Two micro-batches in flight (last: the checks above read the last plan), in a pipeline's
+    // order: park sets each input aside (out of the window, where the next forward's input goes),
+    // then both backwards in reverse.
+    auto const x2 = tokens_of<scalar>(world.rank(), o.tokens, 4.0);
+    auto const dy2 = tokens_of<scalar>(world.rank(), o.tokens, 5.0);
+    auto pipelined = [&](auto& layer) {
+      std::vector<mm::row_matrix<scalar>> got;
+      got.emplace_back(layer.forward(ctx, x, S, B).y);
+      layer.park(1);
+      got.emplace_back(layer.forward(ctx, x2, S, B).y);
+      layer.park(2);
+      layer.restore(2);
+      got.emplace_back(layer.backward(ctx, dy2));
+      layer.restore(1);
+      got.emplace_back(layer.backward(ctx, dy));
+      return got;
+    };
+    auto const in_flight = pipelined(hier);
+    auto const in_flight_flat = pipelined(flat);
+    std::string const names[] = {"output, first in flight", "output, second in flight",
+                                 "input gradient, second in flight",
+                                 "input gradient, first in flight"};
+    for (std::size_t i = 0; i < in_flight.size(); ++i)
+      compare(names[i] + at, in_flight[i], in_flight_flat[i]);
   }
   return result.failures;
 }
@@ -300,10 +337,11 @@ int run(mm::parallel::environment& env, options const& o) {
                   << world.size() / nodes << " ranks: inter-node token rows " << rows[0] << " vs "
                   << rows[1] << "\n";
     }
-  return result.finish(world,
-                       std::string(Dispatch::name) + " " + o.precision + " router " + o.router +
-                           " on " + std::to_string(world.size()) + " ranks",
-                       "all equal all_to_all's");
+  return result.finish(
+      world,
+      std::string(Dispatch::name) + (md::intra_node_shared<Dispatch>() ? "<shared_memory> " : " ") +
+          o.precision + " router " + o.router + " on " + std::to_string(world.size()) + " ranks",
+      "all equal all_to_all's");
 }
 
 /// This rank's routing of `count` tokens: top_k distinct experts per token, different on every rank
@@ -323,15 +361,24 @@ std::pair<mm::mask_matrix, mm::row_matrix<T>> routing_of(int rank, int count, in
   return {std::move(map), std::move(probs)};
 }
 
-template <class T>
-int dispatchers_alone(mm::parallel::environment& env, options const& o) {
+/// Flat: the reference dispatcher; Shared: the one under test, whose window grows.
+template <class T, class Flat, class Shared>
+int dispatchers_alone(mm::parallel::environment& env, options const& o, char const* against,
+                      std::string const& what) {
   auto const& world = env.world();
   tally result;
-  result.against = "all_to_all";
+  result.against = against;
+  if (world.size() % o.nodes.back() != 0)
+    throw mm::parallel::agreed_input_error("--nodes does not divide the world");
+  setenv("MEGAMOE_RANKS_PER_NODE", std::to_string(world.size() / o.nodes.back()).c_str(), 1);
   mm::parallel::process_groups const groups(world, o.degrees);
   mm::dispatch::expert_groups const experts(groups, o.experts);
-  mm::dispatch::all_to_all_dispatcher<T, T> flat(experts, hidden);
-  mm::dispatch::shared_memory_dispatcher<T, T> shared(experts, hidden);
+  Flat flat(experts, hidden);
+  Shared shared(experts, hidden);
+  // shared_memory keeps tokens and expert rows in its window; hierarchical<shared_memory> does not.
+  constexpr bool rows_in_window = requires {
+    shared.expert_output_rows();
+  };
   mm::thread_pool pool(2);
   auto same = [&](std::string const& what, T const* got, T const* ref, std::int64_t n) {
     for (std::int64_t i = 0; i < n; ++i)
@@ -354,14 +401,18 @@ int dispatchers_alone(mm::parallel::environment& env, options const& o) {
     matrix rows_flat(N, hidden), rows_own(N, hidden), out_flat(tokens[m], hidden),
         out_shared(tokens[m], hidden);
     // Odd micro-batches use the window's own expert rows (combined in place).
-    bool const in_place = m % 2 == 1;
-    T* rows_shared = in_place ? shared.expert_output_rows() : rows_own.data();
+    bool const in_place = rows_in_window && m % 2 == 1;
+    T* rows_shared = rows_own.data();
     std::vector<T> row_probs_flat(N), row_probs_shared(N);
     T const* from = x.data();
-    if (!in_place) {  // the tokens wait in the window
-      T* waiting = shared.token_rows();
-      std::copy_n(x.data(), x.size(), waiting);
-      from = waiting;
+    if constexpr (rows_in_window) {
+      if (in_place) {
+        rows_shared = shared.expert_output_rows();
+      } else {  // the tokens wait in the window
+        T* waiting = shared.token_rows();
+        std::copy_n(x.data(), x.size(), waiting);
+        from = waiting;
+      }
     }
     flat.dispatch(pool, x.data(), rows_flat.data(), probs[m], row_probs_flat.data());
     shared.dispatch(pool, from, rows_shared, probs[m], row_probs_shared.data());
@@ -380,15 +431,21 @@ int dispatchers_alone(mm::parallel::environment& env, options const& o) {
     flat.park(static_cast<std::uint64_t>(m));
     shared.park(static_cast<std::uint64_t>(m));
   }
-  result.close("window allocations (growing twice)", shared.window_allocations(), 3, 1.0, 0.0);
+  int const allocations = shared.window_allocations();
+  if constexpr (rows_in_window)
+    result.close("window allocations (growing twice)", allocations, 3, 1.0, 0.0);
+  else  // sized by the node's largest need, which may stay within the first quarter's margin
+    result.close("window grown", allocations >= 2 ? 1.0 : 0.0, 1.0, 1.0, 0.0);
   for (int m = micro_batches - 1; m >= 0; --m) {
     flat.restore(static_cast<std::uint64_t>(m));
     shared.restore(static_cast<std::uint64_t>(m));
     int const N = flat.expert_rows();
     matrix const dy = tokens_of<T>(world.rank(), tokens[m], 7.0 + m);
     matrix grad_flat(N, hidden), grad_own(N, hidden);
-    bool const in_place = m % 2 == 0;
-    T* grad_shared = in_place ? shared.expert_output_rows() : grad_own.data();
+    bool const in_place = rows_in_window && m % 2 == 0;
+    T* grad_shared = grad_own.data();
+    if constexpr (rows_in_window)
+      if (in_place) grad_shared = shared.expert_output_rows();
     flat.dispatch(pool, dy.data(), grad_flat.data());
     shared.dispatch(pool, dy.data(), grad_shared);
     shared.dispatch(pool, dy.data(), grad_shared);  // twice in a row: fenced between
@@ -413,12 +470,12 @@ int dispatchers_alone(mm::parallel::environment& env, options const& o) {
     same("prob gradients" + at, grad_probs_shared.data(), grad_probs_flat.data(),
          grad_probs_flat.size());
   }
-  result.close("window allocations after restoring", shared.window_allocations(), 3, 1.0, 0.0);
+  result.close("window allocations after restoring", shared.window_allocations(), allocations, 1.0,
+               0.0);
   return result.finish(world,
-                       "shared_memory dispatcher alone, " + o.precision + ", etp " +
-                           std::to_string(o.degrees.etp) + " on " + std::to_string(world.size()) +
-                           " ranks (rank 1 without tokens)",
-                       "all equal all_to_all's");
+                       what + " alone, " + o.precision + ", etp " + std::to_string(o.degrees.etp) +
+                           " on " + std::to_string(world.size()) + " ranks (rank 1 without tokens)",
+                       (std::string("all equal ") + against + "'s").c_str());
 }
 
 }  // namespace
@@ -445,8 +502,27 @@ int main(int argc, char** argv) {
       return run<mm::dispatch::shared_memory, mm::precision::fp64>(env, o);
     }
     if (o.variant == "shared_memory_alone") {
-      if (o.precision == "fp32") return dispatchers_alone<float>(env, o);
-      return dispatchers_alone<double>(env, o);
+      if (o.precision == "fp32")
+        return dispatchers_alone<float, md::all_to_all_dispatcher<float, float>,
+                                 md::shared_memory_dispatcher<float, float>>(env, o, "all_to_all",
+                                                                             "shared_memory");
+      return dispatchers_alone<double, md::all_to_all_dispatcher<double, double>,
+                               md::shared_memory_dispatcher<double, double>>(env, o, "all_to_all",
+                                                                             "shared_memory");
+    }
+    if (o.variant == "hierarchical_shared_memory_alone") {
+      if (o.precision == "fp32")
+        return dispatchers_alone<float, md::hierarchical_dispatcher<float, float>,
+                                 md::hierarchical_dispatcher<float, float, true>>(
+            env, o, "hierarchical<>", "hierarchical<shared_memory>");
+      return dispatchers_alone<double, md::hierarchical_dispatcher<double, double>,
+                               md::hierarchical_dispatcher<double, double, true>>(
+          env, o, "hierarchical<>", "hierarchical<shared_memory>");
+    }
+    if (o.variant == "hierarchical_shared_memory") {
+      if (o.precision == "fp32")
+        return run<md::hierarchical<md::shared_memory>, mm::precision::fp32>(env, o);
+      return run<md::hierarchical<md::shared_memory>, mm::precision::fp64>(env, o);
     }
     if (o.precision == "fp32")
       return run<mm::dispatch::hierarchical<>, mm::precision::fp32>(env, o);

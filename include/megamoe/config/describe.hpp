@@ -129,7 +129,8 @@ inline nlohmann::ordered_json router_json(std::string_view policy,
 }
 
 inline nlohmann::ordered_json dispatch_json(std::string_view policy, dispatch::dispatcher chosen,
-                                            int overlap_chunks, parallel::degrees const& d) {
+                                            int overlap_chunks, bool intra_node_shared,
+                                            parallel::degrees const& d) {
   nlohmann::ordered_json j;
   j["policy"] = policy;
   bool const degrees_known = d.ep != dynamic && d.etp != dynamic;
@@ -140,6 +141,7 @@ inline nlohmann::ordered_json dispatch_json(std::string_view policy, dispatch::d
         reference_dispatcher_name(dispatch::resolve(chosen, d.ep, d.etp));
   }
   if (overlap_chunks > 1) j["overlap_chunks"] = overlap_chunks;
+  if (intra_node_shared) j["intra_node"] = "shared_memory";
   return j;
 }
 
@@ -267,8 +269,8 @@ inline config_description describe(config_values const& v) {
     nlohmann::ordered_json j;
     j["shape"] = detail::shape_json(c.shape);
     j["router"] = detail::router_json(c.names.router, c.router);
-    j["dispatch"] =
-        detail::dispatch_json(c.names.dispatch, c.dispatch, c.overlap_chunks, c.parallel);
+    j["dispatch"] = detail::dispatch_json(c.names.dispatch, c.dispatch, c.overlap_chunks,
+                                          c.intra_node_shared, c.parallel);
     j["expert"] = detail::expert_json(c.names.expert, c.expert);
     j["precision"] = detail::precision_json(c.names.precision, c.precision);
     j["parallel"] = detail::parallel_json(c.names.parallel, c.parallel, c.cp_comm, c.world_size);

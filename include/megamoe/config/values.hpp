@@ -32,7 +32,8 @@ struct config_values {
   shape_sizes shape;
   std::optional<router::settings> router = router::settings{};
   dispatch::dispatcher dispatch = dispatch::dispatcher::auto_;
-  int overlap_chunks = 1;  // pieces of the exchange overlapped with compute (1: blocking)
+  int overlap_chunks = 1;          // pieces of the exchange overlapped with compute (1: blocking)
+  bool intra_node_shared = false;  // hierarchical's inside-node exchange through a shared window
   expert::settings expert;
   precision::settings precision;
   parallel::degrees parallel;
@@ -57,6 +58,7 @@ constexpr config_values values_of() {
   }
   v.dispatch = C::dispatch::value;
   v.overlap_chunks = dispatch::overlap_chunks_of<typename C::dispatch>();
+  v.intra_node_shared = dispatch::intra_node_shared<typename C::dispatch>();
   v.expert = C::expert::value;
   v.precision = C::precision::value;
   v.parallel = C::parallel::value;

@@ -46,10 +46,13 @@ using dispatcher_t = typename detail::dispatcher_class<D, T, P>::type;
 
 /// The class that moves tokens for dispatch policy Policy with D its resolved dispatcher (auto_
 /// resolved by the layout): dispatch::all_to_all_overlap gives the overlapped all-to-all.
+/// dispatch::hierarchical<shared_memory> the node-aware one with a shared window inside the node.
 template <class Policy, dispatcher D, class T, class P>
-using dispatcher_of =
-    std::conditional_t<D == dispatcher::all_to_all && (overlap_chunks_of<Policy>() > 1),
-                       all_to_all_dispatcher<T, P, true>, dispatcher_t<D, T, P>>;
+using dispatcher_of = std::conditional_t<
+    D == dispatcher::all_to_all && (overlap_chunks_of<Policy>() > 1),
+    all_to_all_dispatcher<T, P, true>,
+    std::conditional_t<D == dispatcher::hierarchical && intra_node_shared<Policy>(),
+                       hierarchical_dispatcher<T, P, true>, dispatcher_t<D, T, P>>>;
 
 /// True for the dispatchers that talk to other ranks (and so need process groups).
 constexpr bool communicates(dispatcher d) {

@@ -17,12 +17,10 @@
 //   commutes).
 // Published copies of 4 MiB or more (a rank's tokens or expert rows) bypass the caches
 // (core/stream_copy.hpp).
-// Each segment has two regions, one for dispatch's data and one for combine's, so the usual
-// alternation needs one fence per exchange: a rank publishes into a region only after every rank
-// has passed the fence of the exchange that last read the other one, and so has finished reading
-// this one. Two exchanges of the same kind in a row (a recomputed dispatch) fence once more first.
-// The window grows, never shrinks, to the largest plan seen (decided from the count table, so
-// every rank decides alike); running out of shared memory is an agreed error.
+// Each segment has a dispatch and a combine region, so that alternating exchanges need one fence
+// each (dispatch/exchange_window.hpp; a recomputed dispatch fences once more). The window grows,
+// never shrinks, to the largest plan seen (decided from the count table, so every rank decides
+// alike); running out of shared memory is an agreed error.
 #pragma once
 
 #include <megamoe/config/error.hpp>
@@ -32,12 +30,12 @@
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
 #include <megamoe/dispatch/exchange.hpp>
+#include <megamoe/dispatch/exchange_window.hpp>
 #include <megamoe/dispatch/expert_chunks.hpp>
 #include <megamoe/dispatch/groups.hpp>
 #include <megamoe/dispatch/nodes.hpp>
 #include <megamoe/dispatch/token_rows.hpp>
 #include <megamoe/parallel/environment.hpp>
-#include <megamoe/parallel/shared_window.hpp>
 
 #include <mpi.h>
 
@@ -93,11 +91,9 @@ class shared_memory_dispatcher : public sequential_exchange<shared_memory_dispat
   /// The plan (for tests and logs).
   [[nodiscard]] expert_chunks const& chunks() const noexcept { return chunks_; }
   /// Bytes of this rank's segment of the window (0 before the first plan).
-  [[nodiscard]] std::size_t window_bytes() const noexcept {
-    return window_.allocated() ? window_.segment_bytes(0) : 0;
-  }
+  [[nodiscard]] std::size_t window_bytes() const noexcept { return window_.segment_bytes(); }
   /// Times the window was allocated (it grows to the largest plan seen).
-  [[nodiscard]] int window_allocations() const noexcept { return allocations_; }
+  [[nodiscard]] int window_allocations() const noexcept { return window_.allocations(); }
 
   /// Where this rank's tokens [T, H] of the planned micro-batch may wait in the window: a dispatch
   /// of tokens read from here publishes no copy (the MoE layer keeps its input here). Valid until
@@ -105,10 +101,7 @@ class shared_memory_dispatcher : public sequential_exchange<shared_memory_dispat
   /// does), and kept by every exchange. Called by every rank of tp_ep at the same point, after a
   /// plan (a fence when the last exchange was a dispatch, whose readers may still read it).
   [[nodiscard]] T* token_rows() {
-    if (last_ == region::dispatch) {
-      window_.fence();
-      last_ = region::none;
-    }
+    window_.settle(region::dispatch);
     return in_segment<T>(my_coordinates(), tokens_at_);
   }
 
@@ -164,9 +157,8 @@ class shared_memory_dispatcher : public sequential_exchange<shared_memory_dispat
     int rank = 0;
     int row = 0;
   };
-  enum class region { none, dispatch, combine };
-
-  static constexpr std::size_t aligned(std::size_t bytes) { return (bytes + 63) / 64 * 64; }
+  using region = exchange_window::region;
+  static constexpr auto aligned = exchange_window::aligned;
 
   /// Whether publishing `rows` rows bypasses the caches (core/stream_copy.hpp): from 4 MiB on,
   /// where the rows leave the caches before the other ranks read them. (The rows each rank pulls
@@ -261,11 +253,7 @@ class shared_memory_dispatcher : public sequential_exchange<shared_memory_dispat
     std::size_t const combine_at = copies_at + token_bytes;
     std::size_t const expert_rows_at = combine_at + aligned(expert * sizeof(T));
     std::size_t const bytes = expert_rows_at + aligned(expert * H * sizeof(T));
-    if (window_.allocated()) {
-      window_.fence();  // nobody still reads the old segments
-      window_.free();
-    }
-    window_ = parallel::shared_window(groups_.tp_ep(), bytes);  // an agreed error leaves none
+    window_.allocate(groups_.tp_ep(), bytes);
     sent_cap_ = sent_cap;
     expert_rows_cap_ = expert_rows_cap;
     tokens_cap_ = tokens_cap;
@@ -274,29 +262,19 @@ class shared_memory_dispatcher : public sequential_exchange<shared_memory_dispat
     copies_at_ = copies_at;
     combine_at_ = combine_at;
     expert_rows_at_ = expert_rows_at;
-    last_ = region::none;
-    ++allocations_;
-  }
-
-  /// Before writing into `r`: a fence when the last exchange also used it (a rank may still read
-  /// it); none when it used the other region, whose fence every rank passed after reading this one.
-  void enter(region r) {
-    if (last_ == r) window_.fence();
-    last_ = r;
   }
 
   /// Rank (ETP i, EP j)'s segment, at `offset`, as Elem.
   template <class Elem>
   Elem* in_segment(int coordinates, std::size_t offset) const {
-    return reinterpret_cast<Elem*>(
-        window_.segment(rank_of_[static_cast<std::size_t>(coordinates)]) + offset);
+    return window_.at<Elem>(rank_of_[static_cast<std::size_t>(coordinates)], offset);
   }
   int my_coordinates() const { return groups_.etp_rank() * groups_.ep_size() + groups_.ep_rank(); }
 
   /// Publishes this rank's tokens (unless they wait in token_rows()) and the token of each row it
   /// sends; returns where the rows' probs go.
   T* publish_dispatch(thread_pool& pool, T const* tokens) {
-    enter(region::dispatch);
+    window_.enter(region::dispatch);
     auto const& sent = chunks_.send_rows();
     int const me = my_coordinates();
     auto* index = in_segment<int>(me, index_at);
@@ -350,7 +328,7 @@ class shared_memory_dispatcher : public sequential_exchange<shared_memory_dispat
   void publish_combine(thread_pool& pool, T const* rows, T const* row_probs) {
     int const me = my_coordinates();
     T* to = in_segment<T>(me, expert_rows_at_);
-    enter(region::combine);
+    window_.enter(region::combine);
     if (rows == to) {
       if (row_probs != nullptr)
         std::memcpy(in_segment<T>(me, combine_at_), row_probs,
@@ -410,13 +388,11 @@ class shared_memory_dispatcher : public sequential_exchange<shared_memory_dispat
   expert_chunks chunks_;
   std::vector<row_ref> pull_, push_;
   std::vector<row_ref> row_start_;  // trace_rows()'s scratch
-  parallel::shared_window window_;
+  exchange_window window_;
   std::int64_t sent_cap_ = 0, expert_rows_cap_ = 0, tokens_cap_ = 0;  // rows the window holds
   static constexpr std::size_t index_at = 64;                         // after the dispatch's flag
   std::size_t sent_probs_at_ = 0, tokens_at_ = 0, copies_at_ = 0, combine_at_ = 0,
               expert_rows_at_ = 0;
-  int allocations_ = 0;
-  region last_ = region::none;
   // Each rank's segment pointers for one pull: its sent rows' tokens and probs, and its token (or
   // expert) rows.
   mutable std::vector<int const*> sent_tokens_at_;

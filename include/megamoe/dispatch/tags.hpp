@@ -1,16 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // megamoe/dispatch/tags.hpp — dispatcher policies (tags only): how tokens reach their experts.
 //
-//   dispatch::local                          EP = ETP = 1: permutation only
-//   dispatch::all_gather                     gather over ETPxEP, keep local experts, reduce-scatter
-//   back dispatch::all_to_all                     count exchange, then variable all-to-all over EP
-//   dispatch::all_to_all_overlap<Chunks>     all_to_all in chunks of local experts, each exchange
-//                                            overlapped with the previous chunk's expert compute
-//   dispatch::hierarchical<>                 node-aware: each token crosses a node boundary once
-//   dispatch::shared_memory                  one node: rows copied straight between the ranks'
-//                                            memories through an MPI-3 shared window
-//   dispatch::auto_                          local when EP*ETP = 1, otherwise all_to_all (the
-//   default)
+//   dispatch::local                       EP = ETP = 1: permutation only
+//   dispatch::all_gather                  gather over ETPxEP, keep local experts, reduce-scatter
+//                                         back
+//   dispatch::all_to_all                  count exchange, then variable all-to-all over EP
+//   dispatch::all_to_all_overlap<Chunks>  all_to_all in chunks of local experts, each exchange
+//                                         overlapped with the previous chunk's expert compute
+//   dispatch::shared_memory               one node: rows copied straight between the ranks'
+//                                         memories through an MPI-3 shared window
+//   dispatch::hierarchical<IntraNode>     node-aware: each token crosses a node boundary once;
+//                                         inside the node all_to_all or shared_memory
+//   dispatch::auto_                       local when EP*ETP = 1, otherwise all_to_all (the
+//                                         default)
 #pragma once
 
 #include <megamoe/config/policy.hpp>
@@ -81,17 +83,6 @@ constexpr int overlap_min_piece_kib_of() {
     return 0;
 }
 
-/// Two-level exchange: between nodes (ranks with the same local index), then inside the node, with
-/// IntraNode doing the inside-node part. Needs EP > 1 (R013) and ETP = 1 (R032).
-template <class IntraNode = all_to_all>
-  requires std::same_as<IntraNode, all_to_all>
-struct hierarchical {
-  using policy_kind = kind;
-  using intra_node = IntraNode;
-  static constexpr std::string_view name = "hierarchical";
-  static constexpr dispatcher value = dispatcher::hierarchical;
-};
-
 /// The DeepEP analog for one node: every rank of the tp_ep group publishes its tokens (or its
 /// experts' outputs) in an MPI-3 shared-memory window, and every rank copies the rows it needs
 /// straight to their final places, summing a token's rows while reading them. The same rows, in
@@ -102,6 +93,28 @@ struct shared_memory {
   static constexpr std::string_view name = "shared_memory";
   static constexpr dispatcher value = dispatcher::shared_memory;
 };
+
+/// Two-level exchange: between nodes (ranks with the same local index), then inside the node, with
+/// IntraNode doing the inside-node part: MPI's all-to-all, or a shared-memory window over the node
+/// (HybridEP's shape). Needs EP > 1 (R013) and ETP = 1 (R032).
+template <class IntraNode = all_to_all>
+  requires std::same_as<IntraNode, all_to_all> || std::same_as<IntraNode, shared_memory>
+struct hierarchical {
+  using policy_kind = kind;
+  using intra_node = IntraNode;
+  static constexpr std::string_view name = "hierarchical";
+  static constexpr dispatcher value = dispatcher::hierarchical;
+};
+
+/// Whether a dispatch policy's inside-node exchange goes through a shared window
+/// (dispatch::hierarchical<shared_memory>).
+template <class Policy>
+constexpr bool intra_node_shared() {
+  if constexpr (requires { typename Policy::intra_node; })
+    return std::same_as<typename Policy::intra_node, shared_memory>;
+  else
+    return false;
+}
 
 /// Visible default: `local` when EP*ETP = 1, otherwise `all_to_all` (see `resolve`).
 struct auto_ {
