@@ -402,20 +402,11 @@ class hierarchical_dispatcher
     probs_b_at_ = probs_b_at;
   }
 
-  /// Node rank q's segment, at `offset`, as Elem.
-  template <class Elem>
-  Elem* in_segment(int q, std::size_t offset) const {
-    return window_.at<Elem>(q, offset);
-  }
   [[nodiscard]] int my_index() const { return nodes_.node().rank(); }
 
-  /// Exclusive prefix sums of `counts` into `starts`.
+  /// Where each rank's rows start: the exclusive prefix sums of `counts`.
   static void starts_of(std::vector<std::int64_t> const& counts, std::int64_t* starts) {
-    std::int64_t at = 0;
-    for (std::size_t i = 0; i < counts.size(); ++i) {
-      starts[i] = at;
-      at += counts[i];
-    }
+    std::exclusive_scan(counts.begin(), counts.end(), starts, std::int64_t{0});
   }
 
   /// Exchange A into this rank's segment (`with_probs`, the probs `probs_a` too), then every expert
@@ -427,10 +418,10 @@ class hierarchical_dispatcher
     T* out_a = rows_[0].reserve(std::size_t(stage_a_.rows()) * H);
     stage_a_.gather(pool, tokens, H, out_a);
     window_.enter(region::dispatch);
-    exchange(nodes_.peers(), out_a, send_a_, in_segment<T>(me, rows_a_at_), recv_a_, with_probs,
-             probs_a, in_segment<T>(me, probs_a_at_), W);
-    starts_of(send_b_, in_segment<std::int64_t>(me, 0));
-    int* index = in_segment<int>(me, index_at_);
+    exchange(nodes_.peers(), out_a, send_a_, window_.at<T>(me, rows_a_at_), recv_a_, with_probs,
+             probs_a, window_.at<T>(me, probs_a_at_), W);
+    starts_of(send_b_, window_.at<std::int64_t>(me, 0));
+    int* index = window_.at<int>(me, index_at_);
     for (int r = 0; r < stage_b_.rows(); ++r) index[r] = stage_b_.source_token(r);
     window_.fence();
     // Received row b of B came from node rank sender_[b], the k-th of its rows for this rank,
@@ -447,11 +438,11 @@ class hierarchical_dispatcher
     segment_probs_.resize(static_cast<std::size_t>(R));
     for (int q = 0; q < R; ++q) {
       auto const u = static_cast<std::size_t>(q);
-      segment_rows_[u] = in_segment<T const>(q, rows_a_at_);
-      segment_probs_[u] = in_segment<T const>(q, probs_a_at_);
+      segment_rows_[u] = window_.at<T const>(q, rows_a_at_);
+      segment_probs_[u] = window_.at<T const>(q, probs_a_at_);
       // q's stage-B rows for this rank
       segment_index_[u] =
-          in_segment<int const>(q, index_at_) + in_segment<std::int64_t const>(q, 0)[me];
+          window_.at<int const>(q, index_at_) + window_.at<std::int64_t const>(q, 0)[me];
     }
     auto const row_bytes = static_cast<std::size_t>(H) * sizeof(T);
     parallel_rows(pool, expert_rows_.rows(), [&](int begin, int end) {
@@ -477,9 +468,9 @@ class hierarchical_dispatcher
     int const H = hidden_, W = width_, L = groups_.local_experts(), R = nodes_.ranks_per_node();
     int const me = my_index();
     window_.enter(region::combine);
-    expert_rows_.combine(pool, rows, H, in_segment<T>(me, sums_at_), false);
-    starts_of(recv_b_, in_segment<std::int64_t>(me, combine_at_));
-    if (with_probs) scatter_row_probs(grad_row_probs, in_segment<T>(me, probs_b_at_));
+    expert_rows_.combine(pool, rows, H, window_.at<T>(me, sums_at_), false);
+    starts_of(recv_b_, window_.at<std::int64_t>(me, combine_at_));
+    if (with_probs) scatter_row_probs(grad_row_probs, window_.at<T>(me, probs_b_at_));
     window_.fence();
     // Stage-B row r (to node rank q) is the (r - where my rows for q start)-th of q's rows from me.
     send_starts_.resize(static_cast<std::size_t>(R));
@@ -489,9 +480,9 @@ class hierarchical_dispatcher
     first_row_.resize(static_cast<std::size_t>(R));
     for (int q = 0; q < R; ++q) {
       auto const u = static_cast<std::size_t>(q);
-      first_row_[u] = in_segment<std::int64_t const>(q, combine_at_)[me] - send_starts_[u];
-      segment_rows_[u] = in_segment<T const>(q, sums_at_);
-      segment_probs_[u] = in_segment<T const>(q, probs_b_at_);
+      first_row_[u] = window_.at<std::int64_t const>(q, combine_at_)[me] - send_starts_[u];
+      segment_rows_[u] = window_.at<T const>(q, sums_at_);
+      segment_probs_[u] = window_.at<T const>(q, probs_b_at_);
     }
     T* sums_a = rows_[1].reserve(std::size_t(rows_a_) * H);
     parallel_rows(pool, static_cast<int>(rows_a_), [&](int begin, int end) {
