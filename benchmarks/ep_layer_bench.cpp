@@ -8,21 +8,24 @@
 //   mpiexec -n 4 build/benchmarks/ep_layer_bench --compare shared_memory --shape A
 //   MEGAMOE_RANKS_PER_NODE=2 mpiexec -n 4 build/benchmarks/ep_layer_bench
 //       --compare hierarchical_shared_memory --shape C
+//   mpiexec -n 4 build/benchmarks/ep_layer_bench --compare shared_memory_overlap --shape C
 //
 // --compare overlap: all_to_all (blocking) against all_to_all_overlap<4> (exchanges in pieces of
 // local experts, overlapped with expert compute). --compare hierarchical: all_to_all against the
 // node-aware dispatcher (nodes from MEGAMOE_RANKS_PER_NODE or shared memory). --compare
 // shared_memory: all_to_all against the shared-memory dispatcher (one node). --compare
 // hierarchical_shared_memory: hierarchical<> against hierarchical<shared_memory> (exchange B
-// through the node's window). Each rank holds
-// tokens/EP of the shape's tokens (random, seeded per rank); both layers start from the same
-// weights. A round times `--iters` steps of each variant, alternating which goes first; a step's
-// time is the slowest rank's. Reported: per variant the median, min and max over rounds, and the
-// median and range of the per-round ratio (second / first). Bytes: what one dispatch sends from
+// through the node's window). --compare shared_memory_overlap: shared_memory against
+// shared_memory_overlap<4> (the dispatches' pulls in pieces of local experts, overlapped with
+// their compute; the fraction of rank 0's rows pulled while experts computed is reported). Each
+// rank holds tokens/EP of the shape's tokens (random, seeded per rank); both layers start from the
+// same weights. A round times `--iters` steps of each variant, alternating which goes first; a
+// step's time is the slowest rank's. Reported: per variant the median, min and max over rounds, and
+// the median and range of the per-round ratio (second / first). Bytes: what one dispatch sends from
 // each rank to other ranks (token rows and probs), summed over ranks, in total and across nodes.
 // Before timing, the first step's outputs are compared: equal bit for bit (overlap,
-// shared_memory, hierarchical_shared_memory) or within 1e-4 relative (hierarchical), else exit 1.
-// rank 0 prints one JSON line.
+// shared_memory, shared_memory_overlap, hierarchical_shared_memory) or within 1e-4 relative
+// (hierarchical), else exit 1. rank 0 prints one JSON line.
 #include "standard_shapes.hpp"
 
 #include <megamoe/config/config.hpp>
@@ -43,6 +46,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace mm = megamoe;
@@ -210,6 +214,13 @@ int compare(mm::parallel::environment& env, std::string const& what, std::string
     j["tokens_per_s_second"] = s.tokens / median(t2);
     if constexpr (requires { second.dispatcher().overlap_pieces(); })
       j["overlap_pieces"] = second.dispatcher().overlap_pieces();
+    if constexpr (requires {
+                    requires std::remove_cvref_t<decltype(second.dispatcher())>::overlapped;
+                  })
+      j["pulled_while_computing_rank0"] =
+          static_cast<double>(second.dispatcher().rows_pulled_while_computing()) /
+          static_cast<double>(
+              std::max<std::int64_t>(1, second.dispatcher().rows_pulled_overlapped()));
     j["output_max_rel_diff"] = worst;
     j["output_check"] = ok ? "ok" : "FAILED";
     std::cout << j.dump() << std::endl;
@@ -234,9 +245,10 @@ int main(int argc, char** argv) {
     std::string what = "overlap", shape = "A";
     int rounds = 11, iters = 1, progress_us = 200;
     app.add_option("--compare", what,
-                   "overlap | hierarchical | shared_memory | hierarchical_shared_memory")
-        ->check(CLI::IsMember(
-            {"overlap", "hierarchical", "shared_memory", "hierarchical_shared_memory"}));
+                   "overlap | hierarchical | shared_memory | shared_memory_overlap | "
+                   "hierarchical_shared_memory")
+        ->check(CLI::IsMember({"overlap", "hierarchical", "shared_memory", "shared_memory_overlap",
+                               "hierarchical_shared_memory"}));
     app.add_option("--shape", shape, "A | B | C")->check(CLI::IsMember({"A", "B", "C"}));
     app.add_option("--rounds", rounds, "alternating rounds")->check(CLI::PositiveNumber);
     app.add_option("--iters", iters, "steps per variant and round")->check(CLI::PositiveNumber);
@@ -253,6 +265,9 @@ int main(int argc, char** argv) {
           env, what, shape, rounds, iters, progress_us);
     if (what == "shared_memory")
       return compare<mm::dispatch::all_to_all, mm::dispatch::shared_memory>(
+          env, what, shape, rounds, iters, progress_us);
+    if (what == "shared_memory_overlap")
+      return compare<mm::dispatch::shared_memory, mm::dispatch::shared_memory_overlap<4>>(
           env, what, shape, rounds, iters, progress_us);
     if (what == "hierarchical_shared_memory")
       return compare<mm::dispatch::hierarchical<>,

@@ -241,6 +241,18 @@ TEST(ValueRules, TheBaseConfigurationIsValid) {
   EXPECT_NO_THROW(mm::rules::require_valid(valid_values()));
 }
 
+// R033 holds the all-to-all's pieces alone: shared_memory_overlap pulls rows of any ETP index.
+TEST(ValueRules, SharedMemoryOverlapAtEtpTwoIsValid) {
+  auto v = valid_values();
+  v.dispatch = mm::dispatch::dispatcher::shared_memory;
+  v.overlap_chunks = 2;
+  v.parallel.ep = 2;
+  v.parallel.etp = 2;
+  EXPECT_TRUE(mm::rules::broken(v).empty());
+  v.dispatch = mm::dispatch::dispatcher::all_to_all;
+  EXPECT_EQ(mm::rules::broken(v), std::vector<int>{33});
+}
+
 TEST(ValueRules, EachBrokenValueReportsExactlyItsRule) {
   std::set<int> covered;
   for (auto const& c : breaking_cases()) {

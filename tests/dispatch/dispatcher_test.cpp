@@ -42,6 +42,13 @@ static_assert(std::is_same_v<md::dispatcher_of<md::hierarchical<md::shared_memor
                              md::hierarchical_dispatcher<float, double, true>>);
 static_assert(
     md::token_dispatcher<md::hierarchical_dispatcher<double, double, true>, double, double>);
+// shared_memory_overlap gives the overlapped shared-memory class, shared_memory the plain one.
+static_assert(
+    std::is_same_v<md::dispatcher_of<md::shared_memory_overlap<2>, d::shared_memory, float, float>,
+                   md::shared_memory_dispatcher<float, float, true>>);
+static_assert(std::is_same_v<md::dispatcher_of<md::shared_memory, d::shared_memory, double, float>,
+                             md::shared_memory_dispatcher<double, float, false>>);
+static_assert(md::token_dispatcher<md::shared_memory_dispatcher<float, float, true>, float, float>);
 
 // Every class is what the layer asks of a dispatcher.
 template <d D, class T, class P>

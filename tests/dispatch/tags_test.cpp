@@ -21,6 +21,11 @@ concept overlap_accepts = requires {
 static_assert(overlap_accepts<md::all_to_all_overlap, 2, 0>);
 static_assert(!overlap_accepts<md::all_to_all_overlap, 1, 1024>);  // one piece overlaps nothing
 static_assert(!overlap_accepts<md::all_to_all_overlap, 4, -1>);
+template <int Chunks>
+concept shared_overlap_accepts = requires {
+  typename md::shared_memory_overlap<Chunks>;
+};
+static_assert(shared_overlap_accepts<2> && !shared_overlap_accepts<1>);
 
 static_assert(std::is_same_v<md::hierarchical<>::intra_node, md::all_to_all>);
 static_assert(md::intra_node_shared<md::hierarchical<md::shared_memory>>());
@@ -39,12 +44,14 @@ TEST(DispatchPolicies, NameTheirDispatcher) {
   EXPECT_EQ(md::all_to_all::value, md::dispatcher::all_to_all);
   EXPECT_EQ((md::all_to_all_overlap<4, 64>::value), md::dispatcher::all_to_all);
   EXPECT_EQ(md::hierarchical<>::value, md::dispatcher::hierarchical);
+  EXPECT_EQ(md::shared_memory_overlap<3>::value, md::dispatcher::shared_memory);
   EXPECT_EQ(md::auto_::value, md::dispatcher::auto_);
   EXPECT_EQ(md::local::name, std::string_view("local"));
   EXPECT_EQ(md::all_gather::name, std::string_view("all_gather"));
   EXPECT_EQ(md::all_to_all::name, std::string_view("all_to_all"));
   EXPECT_EQ(md::all_to_all_overlap<2>::name, std::string_view("all_to_all_overlap"));
   EXPECT_EQ(md::hierarchical<>::name, std::string_view("hierarchical"));
+  EXPECT_EQ(md::shared_memory_overlap<2>::name, std::string_view("shared_memory_overlap"));
   EXPECT_EQ(md::auto_::name, std::string_view("auto"));
 }
 
@@ -58,6 +65,10 @@ TEST(DispatchPolicies, OverlapPiecesAndMinimumPieceSize) {
   EXPECT_EQ(md::overlap_min_piece_kib_of<md::all_to_all_overlap<2>>(), 1024);  // 1 MiB default
   EXPECT_EQ((md::overlap_min_piece_kib_of<md::all_to_all_overlap<2, 64>>()), 64);
   static_assert(md::overlap_chunks_of<md::all_to_all_overlap<8>>() == 8, "a constant expression");
+  // A shared-memory piece costs no exchange: no minimum size.
+  EXPECT_EQ(md::overlap_chunks_of<md::shared_memory>(), 1);
+  EXPECT_EQ(md::overlap_chunks_of<md::shared_memory_overlap<4>>(), 4);
+  EXPECT_EQ(md::overlap_min_piece_kib_of<md::shared_memory_overlap<4>>(), 0);
 }
 
 TEST(DispatchPolicies, AutoResolvesByTheExpertDegrees) {

@@ -17,6 +17,11 @@
 // --variant shared_memory: the shared-memory dispatcher in the layer, bit for bit (ETP <= 2), at
 //   one node, also with two micro-batches in flight (park / restore); --nodes 2 (emulated) must
 //   fail with R054 on every rank.
+// --variant shared_memory_overlap: shared_memory_overlap<pieces> (2 or 4) in the layer, as
+//   shared_memory (bit for bit all_to_all's up to ETP 2), in min(pieces, local experts) pieces.
+// --variant shared_memory_overlap_alone: as shared_memory_alone below, with the dispatches through
+//   forward and backward and a stand-in expert per piece that checks its rows are all there when
+//   it starts and waits 20 ms on the pool, so the waiting thread pulls the next piece meanwhile.
 // --variant hierarchical_shared_memory: hierarchical<shared_memory> (exchange B through the node's
 //   window), for each emulated node count given: against all_to_all as hierarchical is, bit for
 //   bit against hierarchical<> (the same sums in the same order), with two micro-batches in flight
@@ -47,14 +52,17 @@
 #include <boost/mpi/collectives/all_reduce.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <iostream>
 #include <map>
 #include <set>
+#include <span>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace mm = megamoe;
@@ -156,7 +164,7 @@ int compare_at(mm::parallel::environment& env, options const& o, int nodes, tall
   bool const fp64 = std::is_same_v<scalar, double>;
   constexpr bool shared = Dispatch::value == mm::dispatch::dispatcher::shared_memory;
   constexpr bool node_window = mm::dispatch::intra_node_shared<Dispatch>();
-  bool const exact = hier_layer::overlapped || (shared && o.degrees.etp <= 2);
+  bool const exact = shared ? o.degrees.etp <= 2 : hier_layer::overlapped;
   double const rtol = exact ? 0.0 : fp64 ? 1e-12 : 1e-5;
   auto const& world = env.world();
   int const per_node = world.size() / nodes;
@@ -361,6 +369,19 @@ std::pair<mm::mask_matrix, mm::row_matrix<T>> routing_of(int rank, int count, in
   return {std::move(map), std::move(probs)};
 }
 
+/// Where each local expert's rows start, and the end: [L + 1].
+std::vector<int> row_starts(std::span<std::int64_t const> per_expert) {
+  std::vector<int> start(per_expert.size() + 1, 0);
+  for (std::size_t l = 0; l < per_expert.size(); ++l)
+    start[l + 1] = start[l] + static_cast<int>(per_expert[l]);
+  return start;
+}
+
+/// A task on the pool that takes 20 ms, so that its caller waits (and its wait hook runs).
+void wait_on(mm::thread_pool& pool) {
+  pool.run(1, [](int) { std::this_thread::sleep_for(std::chrono::milliseconds(20)); });
+}
+
 /// Flat: the reference dispatcher; Shared: the one under test, whose window grows.
 template <class T, class Flat, class Shared>
 int dispatchers_alone(mm::parallel::environment& env, options const& o, char const* against,
@@ -373,8 +394,17 @@ int dispatchers_alone(mm::parallel::environment& env, options const& o, char con
   setenv("MEGAMOE_RANKS_PER_NODE", std::to_string(world.size() / o.nodes.back()).c_str(), 1);
   mm::parallel::process_groups const groups(world, o.degrees);
   mm::dispatch::expert_groups const experts(groups, o.experts);
+  constexpr bool overlapped = requires {
+    requires Shared::overlapped;
+  };
   Flat flat(experts, hidden);
-  Shared shared(experts, hidden);
+  Shared shared = [&] {
+    if constexpr (overlapped)
+      return Shared(experts, hidden, o.pieces);
+    else
+      return Shared(experts, hidden);
+  }();
+  mm::stage_times times;
   // shared_memory keeps tokens and expert rows in its window; hierarchical<shared_memory> does not.
   constexpr bool rows_in_window = requires {
     shared.expert_output_rows();
@@ -415,18 +445,39 @@ int dispatchers_alone(mm::parallel::environment& env, options const& o, char con
       }
     }
     flat.dispatch(pool, x.data(), rows_flat.data(), probs[m], row_probs_flat.data());
-    shared.dispatch(pool, from, rows_shared, probs[m], row_probs_shared.data());
     std::string const at = " (micro-batch " + std::to_string(m) + (in_place ? ", in place)" : ")");
-    same("dispatched rows" + at, rows_shared, rows_flat.data(), rows_flat.size());
-    same("dispatched probs" + at, row_probs_shared.data(), row_probs_flat.data(), N);
     // A stand-in expert: each row scaled by its prob and its place.
-    for (int r = 0; r < N; ++r) {
-      T const scale = row_probs_flat[static_cast<std::size_t>(r)] * static_cast<T>(1 + r % 5);
-      rows_flat.row(r) *= scale;
-      for (int h = 0; h < hidden; ++h) rows_shared[std::ptrdiff_t{r} * hidden + h] *= scale;
+    auto expert = [&](T* rows, int begin, int end) {
+      for (int r = begin; r < end; ++r) {
+        T const scale = row_probs_flat[static_cast<std::size_t>(r)] * static_cast<T>(1 + r % 5);
+        for (int h = 0; h < hidden; ++h) rows[std::ptrdiff_t{r} * hidden + h] *= scale;
+      }
+    };
+    if constexpr (overlapped) {
+      auto const start = row_starts(shared.tokens_per_local_expert());
+      shared.forward(pool, times, from, rows_shared, probs[m], row_probs_shared.data(), rows_shared,
+                     out_shared.data(), [&](int first, int last) {
+                       int const begin = start[first], end = start[last];
+                       same("rows when their piece starts" + at,
+                            rows_shared + std::ptrdiff_t{begin} * hidden,
+                            rows_flat.data() + std::ptrdiff_t{begin} * hidden,
+                            std::int64_t{end - begin} * hidden);
+                       same("probs when their piece starts" + at, row_probs_shared.data() + begin,
+                            row_probs_flat.data() + begin, end - begin);
+                       wait_on(pool);
+                       expert(rows_shared, begin, end);
+                     });
+      expert(rows_flat.data(), 0, N);
+      flat.combine(pool, rows_flat.data(), out_flat.data());
+    } else {
+      shared.dispatch(pool, from, rows_shared, probs[m], row_probs_shared.data());
+      same("dispatched rows" + at, rows_shared, rows_flat.data(), rows_flat.size());
+      same("dispatched probs" + at, row_probs_shared.data(), row_probs_flat.data(), N);
+      expert(rows_flat.data(), 0, N);
+      expert(rows_shared, 0, N);
+      flat.combine(pool, rows_flat.data(), out_flat.data());
+      shared.combine(pool, rows_shared, out_shared.data());
     }
-    flat.combine(pool, rows_flat.data(), out_flat.data());
-    shared.combine(pool, rows_shared, out_shared.data());
     same("combined tokens" + at, out_shared.data(), out_flat.data(), out_flat.size());
     flat.park(static_cast<std::uint64_t>(m));
     shared.park(static_cast<std::uint64_t>(m));
@@ -448,30 +499,62 @@ int dispatchers_alone(mm::parallel::environment& env, options const& o, char con
       if (in_place) grad_shared = shared.expert_output_rows();
     flat.dispatch(pool, dy.data(), grad_flat.data());
     shared.dispatch(pool, dy.data(), grad_shared);
-    shared.dispatch(pool, dy.data(), grad_shared);  // twice in a row: fenced between
     std::string const at =
         " (backward, micro-batch " + std::to_string(m) + (in_place ? ", in place)" : ")");
-    same("dispatched gradient rows" + at, grad_shared, grad_flat.data(), grad_flat.size());
-    std::vector<T> grad_row_probs(N);
-    for (int r = 0; r < N; ++r) {
-      auto const scale = static_cast<T>(0.5 + r % 3);
-      grad_flat.row(r) *= scale;
-      for (int h = 0; h < hidden; ++h) grad_shared[std::ptrdiff_t{r} * hidden + h] *= scale;
-      grad_row_probs[static_cast<std::size_t>(r)] = grad_flat.row(r).sum();
-    }
+    // The stand-in expert's backward: rows scaled by their place, the probs' gradients their sums.
+    std::vector<T> grad_row_probs(N), grad_row_probs_flat(N);
+    auto expert_backward = [&](T* rows, T* row_probs, int begin, int end) {
+      for (int r = begin; r < end; ++r) {
+        auto const scale = static_cast<T>(0.5 + r % 3);
+        T sum = 0;
+        for (int h = 0; h < hidden; ++h) sum += rows[std::ptrdiff_t{r} * hidden + h] *= scale;
+        row_probs[r] = sum;
+      }
+    };
     matrix dx_flat = tokens_of<T>(world.rank(), tokens[m], 3.0), dx_shared = dx_flat;
     matrix grad_probs_flat = matrix::Zero(tokens[m], o.experts),
            grad_probs_shared = grad_probs_flat;
-    flat.combine_grad(pool, grad_flat.data(), grad_row_probs.data(), dx_flat.data(),
+    if constexpr (overlapped) {  // the dispatch above and the backward's: two in a row
+      auto const start = row_starts(shared.tokens_per_local_expert());
+      shared.backward(pool, times, dy.data(), grad_shared, grad_row_probs.data(), dx_shared.data(),
+                      grad_probs_shared, [&](int first, int last) {
+                        int const begin = start[first], end = start[last];
+                        same("gradient rows when their piece starts" + at,
+                             grad_shared + std::ptrdiff_t{begin} * hidden,
+                             grad_flat.data() + std::ptrdiff_t{begin} * hidden,
+                             std::int64_t{end - begin} * hidden);
+                        wait_on(pool);
+                        expert_backward(grad_shared, grad_row_probs.data(), begin, end);
+                      });
+      expert_backward(grad_flat.data(), grad_row_probs_flat.data(), 0, N);
+    } else {
+      shared.dispatch(pool, dy.data(), grad_shared);  // twice in a row: fenced between
+      same("dispatched gradient rows" + at, grad_shared, grad_flat.data(), grad_flat.size());
+      expert_backward(grad_flat.data(), grad_row_probs_flat.data(), 0, N);
+      expert_backward(grad_shared, grad_row_probs.data(), 0, N);
+      shared.combine_grad(pool, grad_shared, grad_row_probs.data(), dx_shared.data(),
+                          grad_probs_shared);
+    }
+    flat.combine_grad(pool, grad_flat.data(), grad_row_probs_flat.data(), dx_flat.data(),
                       grad_probs_flat);
-    shared.combine_grad(pool, grad_shared, grad_row_probs.data(), dx_shared.data(),
-                        grad_probs_shared);
     same("input gradient" + at, dx_shared.data(), dx_flat.data(), dx_flat.size());
     same("prob gradients" + at, grad_probs_shared.data(), grad_probs_flat.data(),
          grad_probs_flat.size());
   }
   result.close("window allocations after restoring", shared.window_allocations(), allocations, 1.0,
                0.0);
+  if constexpr (overlapped) {  // the pieces after the first arrived while the experts waited
+    std::int64_t const pulled = boost::mpi::all_reduce(world, shared.rows_pulled_while_computing(),
+                                                       std::plus<std::int64_t>());
+    result.close("rows pulled while experts computed, summed over ranks, above 0",
+                 pulled > 0 ? 1.0 : 0.0, 1.0, 1.0, 0.0);
+    result.close(
+        "rows pulled while experts computed, at most the rows pulled",
+        shared.rows_pulled_while_computing() <= shared.rows_pulled_overlapped() ? 1.0 : 0.0, 1.0,
+        1.0, 0.0);
+    result.close("overlap pieces", shared.overlap_pieces(),
+                 std::min(o.pieces, experts.local_experts()), 1.0, 0.0);
+  }
   return result.finish(world,
                        what + " alone, " + o.precision + ", etp " + std::to_string(o.degrees.etp) +
                            " on " + std::to_string(world.size()) + " ranks (rank 1 without tokens)",
@@ -500,6 +583,24 @@ int main(int argc, char** argv) {
       if (o.precision == "fp32")
         return run<mm::dispatch::shared_memory, mm::precision::fp32>(env, o);
       return run<mm::dispatch::shared_memory, mm::precision::fp64>(env, o);
+    }
+    if (o.variant == "shared_memory_overlap") {
+      if (o.precision == "fp32")
+        return o.pieces == 4
+                   ? run<mm::dispatch::shared_memory_overlap<4>, mm::precision::fp32>(env, o)
+                   : run<mm::dispatch::shared_memory_overlap<2>, mm::precision::fp32>(env, o);
+      return o.pieces == 4
+                 ? run<mm::dispatch::shared_memory_overlap<4>, mm::precision::fp64>(env, o)
+                 : run<mm::dispatch::shared_memory_overlap<2>, mm::precision::fp64>(env, o);
+    }
+    if (o.variant == "shared_memory_overlap_alone") {
+      if (o.precision == "fp32")
+        return dispatchers_alone<float, md::all_to_all_dispatcher<float, float>,
+                                 md::shared_memory_dispatcher<float, float, true>>(
+            env, o, "all_to_all", "shared_memory_overlap");
+      return dispatchers_alone<double, md::all_to_all_dispatcher<double, double>,
+                               md::shared_memory_dispatcher<double, double, true>>(
+          env, o, "all_to_all", "shared_memory_overlap");
     }
     if (o.variant == "shared_memory_alone") {
       if (o.precision == "fp32")

@@ -37,12 +37,15 @@ using shape = mm::shape<mm::hidden<16>, mm::ffn<24>, mm::experts<8>>;
 template <class... Policies>
 using types_of = mm::moe_types<mm::make_config<shape, Policies...>>;
 
-// The builder: auto is local on one rank, all_to_all_overlap the overlapped all-to-all.
+// The builder: auto is local on one rank, all_to_all_overlap the overlapped all-to-all,
+// shared_memory_overlap the overlapped shared-memory dispatcher.
 static_assert(std::is_same_v<types_of<>::dispatcher_type, md::local_dispatcher<float, float>>);
 static_assert(std::is_same_v<types_of<md::all_to_all>::dispatcher_type,
                              md::all_to_all_dispatcher<float, float>>);
 static_assert(std::is_same_v<types_of<md::all_to_all_overlap<2>>::dispatcher_type,
                              md::all_to_all_dispatcher<float, float, true>>);
+static_assert(std::is_same_v<types_of<md::shared_memory_overlap<2>>::dispatcher_type,
+                             md::shared_memory_dispatcher<float, float, true>>);
 static_assert(std::is_same_v<types_of<mm::precision::fp64>::dispatcher_type,
                              md::local_dispatcher<double, double>>);
 // A static router's plan is in its type; the memory policy decides what is kept.

@@ -90,7 +90,7 @@
   "megamoe[R032]: dispatch::hierarchical needs parallel::etp == 1 (whole experts on each rank)"
 #define MEGAMOE_RULE_R033                                                                    \
   "megamoe[R033]: dispatch::all_to_all_overlap needs parallel::etp == 1 (each chunk is one " \
-  "exchange)"
+  "exchange; dispatch::shared_memory_overlap allows ETP > 1)"
 #define MEGAMOE_RULE_R034                                                                      \
   "megamoe[R034]: MEGAMOE_RANKS_PER_NODE must be a positive integer dividing the world size, " \
   "and every node must hold the same number of ranks of each EP group"

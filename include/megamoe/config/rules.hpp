@@ -132,9 +132,10 @@ constexpr bool hierarchical_needs_etp_one(config_values const& v) {
          v.parallel.etp == 1;
 }
 
-/// R033
+/// R033 (shared_memory_overlap pulls rows of any ETP index, so only the all-to-all's pieces)
 constexpr bool overlap_needs_etp_one(config_values const& v) {
-  return v.overlap_chunks <= 1 || !detail::usable(v.parallel.etp) || v.parallel.etp == 1;
+  return v.overlap_chunks <= 1 || v.dispatch != dispatch::dispatcher::all_to_all ||
+         !detail::usable(v.parallel.etp) || v.parallel.etp == 1;
 }
 
 /// R014

@@ -107,6 +107,22 @@ class thread_pool {
   std::chrono::microseconds interval_{200};
 };
 
+/// Installs a wait hook on a pool for its lifetime; the previous hook is restored after, also when
+/// the work it accompanies throws.
+class scoped_wait_hook {
+ public:
+  scoped_wait_hook(thread_pool& pool, wait_hook hook) : pool_(pool), before_(pool.hook()) {
+    pool.set_wait_hook(hook);
+  }
+  ~scoped_wait_hook() { pool_.set_wait_hook(before_); }
+  scoped_wait_hook(scoped_wait_hook const&) = delete;
+  scoped_wait_hook& operator=(scoped_wait_hook const&) = delete;
+
+ private:
+  thread_pool& pool_;
+  wait_hook before_;
+};
+
 /// Runs `body(begin, end)` over [0, count) cut into one contiguous range per pool thread (at most
 /// `count` ranges).
 template <class Body>

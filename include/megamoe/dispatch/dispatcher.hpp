@@ -44,15 +44,34 @@ struct dispatcher_class<dispatcher::shared_memory, T, P> {
 template <dispatcher D, class T, class P>
 using dispatcher_t = typename detail::dispatcher_class<D, T, P>::type;
 
+namespace detail {
+template <class Policy, dispatcher D, class T, class P>
+struct dispatcher_of_policy {
+  using type = dispatcher_t<D, T, P>;
+};
+template <class Policy, class T, class P>
+  requires(overlap_chunks_of<Policy>() > 1)
+struct dispatcher_of_policy<Policy, dispatcher::all_to_all, T, P> {
+  using type = all_to_all_dispatcher<T, P, true>;
+};
+template <class Policy, class T, class P>
+  requires(overlap_chunks_of<Policy>() > 1)
+struct dispatcher_of_policy<Policy, dispatcher::shared_memory, T, P> {
+  using type = shared_memory_dispatcher<T, P, true>;
+};
+template <class Policy, class T, class P>
+  requires(intra_node_shared<Policy>())
+struct dispatcher_of_policy<Policy, dispatcher::hierarchical, T, P> {
+  using type = hierarchical_dispatcher<T, P, true>;
+};
+}  // namespace detail
+
 /// The class that moves tokens for dispatch policy Policy with D its resolved dispatcher (auto_
-/// resolved by the layout): dispatch::all_to_all_overlap gives the overlapped all-to-all.
+/// resolved by the layout): dispatch::all_to_all_overlap gives the overlapped all-to-all,
+/// dispatch::shared_memory_overlap the overlapped shared-memory one, and
 /// dispatch::hierarchical<shared_memory> the node-aware one with a shared window inside the node.
 template <class Policy, dispatcher D, class T, class P>
-using dispatcher_of = std::conditional_t<
-    D == dispatcher::all_to_all && (overlap_chunks_of<Policy>() > 1),
-    all_to_all_dispatcher<T, P, true>,
-    std::conditional_t<D == dispatcher::hierarchical && intra_node_shared<Policy>(),
-                       hierarchical_dispatcher<T, P, true>, dispatcher_t<D, T, P>>>;
+using dispatcher_of = typename detail::dispatcher_of_policy<Policy, D, T, P>::type;
 
 /// True for the dispatchers that talk to other ranks (and so need process groups).
 constexpr bool communicates(dispatcher d) {

@@ -15,6 +15,10 @@
 //   all_to_all's order (rows ascending, from +0; the ETP shards' partial sums first, by ETP index,
 //   which equals all_to_all's reduce-scatter bit for bit for ETP <= 2, where the sum of two
 //   commutes).
+// Overlapped (dispatch::shared_memory_overlap): after the dispatch's fence the pulls go piece by
+// piece of local experts; while piece g computes, the thread waiting for the pool pulls piece g+1
+// a slice per wake-up (core/thread_pool.hpp's wait hook), and the pool pulls what is left before
+// g+1 computes. Combines stay whole: a token's rows come from every rank's experts.
 // Published copies of 4 MiB or more (a rank's tokens or expert rows) bypass the caches
 // (core/stream_copy.hpp).
 // Each segment has a dispatch and a combine region, so that alternating exchanges need one fence
@@ -40,23 +44,30 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <numeric>
 #include <span>
 #include <string>
 #include <vector>
 
 namespace megamoe::dispatch {
 
-/// T: the layer's scalar; P: the router's probs type.
-template <class T, class P>
-class shared_memory_dispatcher : public sequential_exchange<shared_memory_dispatcher<T, P>, T, P> {
+/// T: the layer's scalar; P: the router's probs type; Overlapped: the dispatches' pulls in pieces
+/// of local experts, overlapped with their compute.
+template <class T, class P, bool Overlapped = false>
+class shared_memory_dispatcher {
  public:
+  static constexpr bool overlapped = Overlapped;
+
   /// Collective over the stage: every rank checks R054 (its tp_ep group on one node).
-  shared_memory_dispatcher(expert_groups const& groups, int hidden)
-      : groups_(groups), hidden_(hidden) {
+  /// `overlap_pieces`: the pieces of local experts an overlapped dispatch pulls in (at most one
+  /// per local expert).
+  shared_memory_dispatcher(expert_groups const& groups, int hidden, int overlap_pieces = 1)
+      : groups_(groups), hidden_(hidden), overlap_(Overlapped ? std::max(1, overlap_pieces) : 1) {
     bool const one_node = group_on_one_node(groups.tp_ep(), groups.stage());
     parallel::check_on_every_rank(groups.stage(), [&] {
       if (!one_node)
@@ -118,16 +129,62 @@ class shared_memory_dispatcher : public sequential_exchange<shared_memory_dispat
     return chunks_.bytes() + (pull_.size() + push_.size()) * sizeof(row_ref);
   }
 
+  /// Pieces of local experts the overlapped dispatches pull in (1: not overlapped).
+  [[nodiscard]] int overlap_pieces() const noexcept {
+    return std::clamp(overlap_, 1, std::max(1, groups_.local_experts()));
+  }
+  /// Rows the waiting thread pulled while experts computed, over every overlapped dispatch so far
+  /// (the rest the pool pulled between pieces), and the rows of those dispatches.
+  [[nodiscard]] std::int64_t rows_pulled_while_computing() const noexcept {
+    return pulled_while_computing_;
+  }
+  [[nodiscard]] std::int64_t rows_pulled_overlapped() const noexcept { return pulled_overlapped_; }
+
   void dispatch(thread_pool& pool, T const* tokens, T* rows, row_matrix<P> const& probs,
                 T* row_probs) {
     chunks_.send_rows().gather_probs(probs, 0, publish_dispatch(pool, tokens));
     window_.fence();
-    pull_rows(pool, rows, row_probs);
+    pull_rows(pool, rows, row_probs, 0, chunks_.rows());
   }
   void dispatch(thread_pool& pool, T const* tokens, T* rows) {
     publish_dispatch(pool, tokens);
     window_.fence();
-    pull_rows(pool, rows, nullptr);
+    pull_rows(pool, rows, nullptr, 0, chunks_.rows());
+  }
+
+  /// The layer's exchange (dispatch/exchange.hpp). Overlapped: the dispatch and every piece's
+  /// compute timed as experts, the combine as unpermute (forward) or permute (backward).
+  template <expert_computation Compute>
+  void forward(thread_pool& pool, stage_times& times, T const* tokens, T* rows,
+               row_matrix<P> const& probs, T* row_probs, T const* expert_out, T* out,
+               Compute&& compute) {
+    if constexpr (Overlapped) {
+      times.time(layer_stage::experts, [&] {
+        chunks_.send_rows().gather_probs(probs, 0, publish_dispatch(pool, tokens));
+        window_.fence();
+        pull_while_computing(pool, rows, row_probs, compute);
+      });
+      times.time(layer_stage::unpermute, [&] { combine(pool, expert_out, out); });
+    } else {
+      sequential_forward(*this, pool, times, tokens, rows, probs, row_probs, expert_out, out,
+                         compute);
+    }
+  }
+  template <expert_computation Compute>
+  void backward(thread_pool& pool, stage_times& times, T const* dy, T* grad_rows, T* grad_row_probs,
+                T* dx, row_matrix<P>& grad_probs, Compute&& compute) {
+    if constexpr (Overlapped) {
+      times.time(layer_stage::experts, [&] {
+        publish_dispatch(pool, dy);
+        window_.fence();
+        pull_while_computing(pool, grad_rows, nullptr, compute);
+      });
+      times.time(layer_stage::permute,
+                 [&] { combine_grad(pool, grad_rows, grad_row_probs, dx, grad_probs); });
+    } else {
+      sequential_backward(*this, pool, times, dy, grad_rows, grad_row_probs, dx, grad_probs,
+                          compute);
+    }
   }
   void combine(thread_pool& pool, T const* rows, T* out) {
     publish_combine(pool, rows, nullptr);
@@ -294,33 +351,87 @@ class shared_memory_dispatcher : public sequential_exchange<shared_memory_dispat
     return in_segment<T>(me, sent_probs_at_);
   }
 
-  /// Copies every expert row from its sender's tokens (and its prob, when asked).
-  void pull_rows(thread_pool& pool, T* rows, T* row_probs) const {
-    int const senders = groups_.etp_size() * groups_.ep_size();
-    // Each sender's segment pointers, once.
-    std::vector<int const*>& index = sent_tokens_at_;
-    std::vector<T const*>& probs = sent_probs_of_;
-    std::vector<T const*>& tokens = rows_of_;
-    index.resize(static_cast<std::size_t>(senders));
-    probs.resize(index.size());
-    tokens.resize(index.size());
-    for (int s = 0; s < senders; ++s) {
-      index[static_cast<std::size_t>(s)] = in_segment<int const>(s, index_at);
-      probs[static_cast<std::size_t>(s)] = in_segment<T const>(s, sent_probs_at_);
-      bool const copied = *in_segment<int const>(s, 0) != 0;
-      tokens[static_cast<std::size_t>(s)] =
-          in_segment<T const>(s, copied ? copies_at_ : tokens_at_);
-    }
-    auto const H = static_cast<std::size_t>(hidden_);
-    parallel_rows(pool, static_cast<int>(chunks_.rows()), [&](int begin, int end) {
-      for (int d = begin; d < end; ++d) {
-        row_ref const from = pull_[static_cast<std::size_t>(d)];
-        auto const s = static_cast<std::size_t>(from.rank);
-        auto const token = static_cast<std::size_t>(index[s][from.row]);
-        std::memcpy(rows + static_cast<std::size_t>(d) * H, tokens[s] + token * H, H * sizeof(T));
-        if (row_probs != nullptr) row_probs[d] = probs[s][from.row];
-      }
+  /// Copies expert rows [begin, end) from their senders' tokens (and their probs, when asked).
+  void pull_rows(thread_pool& pool, T* rows, T* row_probs, std::int64_t begin,
+                 std::int64_t end) const {
+    find_senders();
+    parallel_rows(pool, static_cast<int>(end - begin), [&](int first, int last) {
+      pull_range(rows, row_probs, begin + first, begin + last);
     });
+  }
+
+  /// Each sender's segment pointers for the pulls that follow: its sent rows' tokens, their probs
+  /// and its tokens (as published or waiting).
+  void find_senders() const {
+    int const senders = groups_.etp_size() * groups_.ep_size();
+    sent_tokens_at_.resize(static_cast<std::size_t>(senders));
+    sent_probs_of_.resize(sent_tokens_at_.size());
+    rows_of_.resize(sent_tokens_at_.size());
+    for (int s = 0; s < senders; ++s) {
+      auto const at = static_cast<std::size_t>(s);
+      sent_tokens_at_[at] = in_segment<int const>(s, index_at);
+      sent_probs_of_[at] = in_segment<T const>(s, sent_probs_at_);
+      bool const copied = *in_segment<int const>(s, 0) != 0;
+      rows_of_[at] = in_segment<T const>(s, copied ? copies_at_ : tokens_at_);
+    }
+  }
+
+  /// Expert rows [begin, end) from the senders find_senders() found, on the calling thread.
+  void pull_range(T* rows, T* row_probs, std::int64_t begin, std::int64_t end) const {
+    auto const H = static_cast<std::size_t>(hidden_);
+    for (std::int64_t d = begin; d < end; ++d) {
+      row_ref const from = pull_[static_cast<std::size_t>(d)];
+      auto const s = static_cast<std::size_t>(from.rank);
+      auto const token = static_cast<std::size_t>(sent_tokens_at_[s][from.row]);
+      std::memcpy(rows + static_cast<std::size_t>(d) * H, rows_of_[s] + token * H, H * sizeof(T));
+      if (row_probs != nullptr) row_probs[d] = sent_probs_of_[s][from.row];
+    }
+  }
+
+  /// The rows a piece's compute waits for, pulled ahead by the pool's waiting thread.
+  struct pull_ahead {
+    shared_memory_dispatcher const* from = nullptr;
+    T* rows = nullptr;
+    T* row_probs = nullptr;
+    std::int64_t next = 0, end = 0, slice = 1;
+
+    /// The wait hook: one slice, then whether rows are left.
+    static bool poll(void* state) {
+      auto& a = *static_cast<pull_ahead*>(state);
+      std::int64_t const stop = std::min(a.end, a.next + a.slice);
+      a.from->pull_range(a.rows, a.row_probs, a.next, stop);
+      a.next = stop;
+      return a.next < a.end;
+    }
+  };
+
+  /// After the dispatch's fence: piece 0's rows pulled by the pool; then for each piece g, its
+  /// experts compute while the waiting thread pulls piece g+1's rows, and the pool pulls the rest
+  /// of them. A piece's rows are one range of the expert-major rows (local experts ascending).
+  template <class Compute>
+  void pull_while_computing(thread_pool& pool, T* rows, T* row_probs, Compute& compute) {
+    int const L = groups_.local_experts(), count = overlap_pieces();
+    auto const local = chunks_.tokens_per_local_expert();
+    auto const first_expert = [&](int g) { return g * L / count; };
+    auto const first_row = [&](int g) {
+      return std::accumulate(local.begin(), local.begin() + first_expert(g), std::int64_t{0});
+    };
+    // A slice the waiting thread copies in a fraction of the pool's wake-up interval.
+    std::int64_t const slice = std::max<std::int64_t>(
+        1, (std::int64_t{256} << 10) / (std::int64_t{hidden_} * std::int64_t{sizeof(T)}));
+    pulled_overlapped_ += chunks_.rows();
+    pull_rows(pool, rows, row_probs, 0, first_row(1));
+    for (int g = 0; g < count; ++g) {
+      std::int64_t const begin = first_row(g + 1);
+      std::int64_t const end = g + 1 < count ? first_row(g + 2) : begin;
+      ahead_ = {this, rows, row_probs, begin, end, slice};
+      {
+        scoped_wait_hook const pulling(pool, {&pull_ahead::poll, &ahead_});
+        compute(first_expert(g), first_expert(g + 1));
+      }
+      pulled_while_computing_ += ahead_.next - begin;
+      pull_rows(pool, rows, row_probs, ahead_.next, end);
+    }
   }
 
   /// Publishes this rank's expert rows (unless they are in the window already) and their probs'
@@ -397,6 +508,9 @@ class shared_memory_dispatcher : public sequential_exchange<shared_memory_dispat
   // expert) rows.
   mutable std::vector<int const*> sent_tokens_at_;
   mutable std::vector<T const*> sent_probs_of_, rows_of_;
+  int overlap_ = 1;  // pieces of local experts an overlapped dispatch pulls in (at most)
+  pull_ahead ahead_;
+  std::int64_t pulled_while_computing_ = 0, pulled_overlapped_ = 0;
   activation_stash<expert_chunks, std::vector<row_ref>, std::vector<row_ref>> stash_;
 };
 

@@ -9,6 +9,9 @@
 //                                         overlapped with the previous chunk's expert compute
 //   dispatch::shared_memory               one node: rows copied straight between the ranks'
 //                                         memories through an MPI-3 shared window
+//   dispatch::shared_memory_overlap<Chunks>
+//                                         shared_memory, each piece of local experts' rows pulled
+//                                         while the previous piece computes
 //   dispatch::hierarchical<IntraNode>     node-aware: each token crosses a node boundary once;
 //                                         inside the node all_to_all or shared_memory
 //   dispatch::auto_                       local when EP*ETP = 1, otherwise all_to_all (the
@@ -92,6 +95,23 @@ struct shared_memory {
   using policy_kind = kind;
   static constexpr std::string_view name = "shared_memory";
   static constexpr dispatcher value = dispatcher::shared_memory;
+};
+
+/// shared_memory with its dispatches (forward: the tokens; backward: dy) in `Chunks` pieces of
+/// local experts: while the experts of piece i compute, the thread waiting for them pulls piece
+/// i+1's rows from the senders' segments, a slice each time it wakes (the pool's wait hook), and
+/// the pool pulls what is left before piece i+1 computes. The combines stay whole: a token sums
+/// rows from every rank's experts, in all_to_all's order, after they have all computed. The same
+/// rows in the same places, so results equal shared_memory's bit for bit. A piece costs no
+/// exchange (one fence serves them all), so there is no minimum piece size, and ETP may exceed 1;
+/// at most one piece per local expert.
+template <int Chunks>
+  requires(Chunks >= 2)
+struct shared_memory_overlap {
+  using policy_kind = kind;
+  static constexpr std::string_view name = "shared_memory_overlap";
+  static constexpr dispatcher value = dispatcher::shared_memory;
+  static constexpr int overlap_chunks = Chunks;
 };
 
 /// Two-level exchange: between nodes (ranks with the same local index), then inside the node, with

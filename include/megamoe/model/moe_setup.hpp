@@ -46,7 +46,11 @@ struct moe_setup {
   static typename types::dispatcher_type dispatcher(parallel::process_groups const* groups,
                                                     config_values const& v) {
     using dispatcher_type = typename types::dispatcher_type;
-    if constexpr (types::overlap_pieces > 1) {
+    if constexpr (types::overlap_pieces > 1 &&
+                  Config::dispatch::value == dispatch::dispatcher::shared_memory) {
+      return dispatcher_type(dispatch::expert_groups(*groups, v.shape.experts), v.shape.hidden,
+                             types::overlap_pieces);
+    } else if constexpr (types::overlap_pieces > 1) {
       return dispatcher_type(
           dispatch::expert_groups(*groups, v.shape.experts), v.shape.hidden, types::overlap_pieces,
           std::size_t{1024} * dispatch::overlap_min_piece_kib_of<typename Config::dispatch>());

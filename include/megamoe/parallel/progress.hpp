@@ -41,20 +41,10 @@ class exchange_progress {
 
   /// While it lives, `pool`'s waiting thread tests these requests (and the previous hook is
   /// restored after).
-  class attached {
-   public:
-    attached(exchange_progress& progress, thread_pool& pool) : pool_(pool), before_(pool.hook()) {
-      pool.set_wait_hook({&exchange_progress::poll_of, &progress});
-    }
-    ~attached() { pool_.set_wait_hook(before_); }
-    attached(attached const&) = delete;
-    attached& operator=(attached const&) = delete;
-
-   private:
-    thread_pool& pool_;
-    wait_hook before_;
-  };
-  [[nodiscard]] attached while_waiting(thread_pool& pool) { return attached(*this, pool); }
+  using attached = scoped_wait_hook;
+  [[nodiscard]] attached while_waiting(thread_pool& pool) {
+    return attached(pool, {&exchange_progress::poll_of, this});
+  }
 
  private:
   static bool poll_of(void* state) { return static_cast<exchange_progress*>(state)->poll(); }
