@@ -315,6 +315,10 @@ int main(int argc, char** argv) {
       if (o.dispatcher == "shared_memory")  // the input kept in the window, dispatched twice
         return run<layer_config<mm::dispatch::shared_memory, P, dynamic_mapping, M>,
                    layer_config<local, P, one_rank>>(env, o);
+      if (o.dispatcher ==
+          "shared_memory_overlap")  // backward's dispatch in pieces after a whole one
+        return run<layer_config<mm::dispatch::shared_memory_overlap<2>, P, dynamic_mapping, M>,
+                   layer_config<local, P, one_rank>>(env, o);
       if (o.dispatcher == "hierarchical_shared_memory")  // two dispatches in a row in the window
         return run<layer_config<mm::dispatch::hierarchical<mm::dispatch::shared_memory>, P,
                                 dynamic_mapping, M>,
