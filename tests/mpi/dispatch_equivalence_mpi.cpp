@@ -21,7 +21,8 @@
 //   shared_memory (bit for bit all_to_all's up to ETP 2), in min(pieces, local experts) pieces.
 // --variant shared_memory_overlap_alone: as shared_memory_alone below, with the dispatches through
 //   forward and backward and a stand-in expert per piece that checks its rows are all there when
-//   it starts and waits 20 ms on the pool, so the waiting thread pulls the next piece meanwhile.
+//   it starts and runs on the pool after 20 ms, so the waiting thread pulls the next piece
+//   meanwhile; dy's rows are checked after NaN overwrote what the dispatch before left.
 // --variant hierarchical_shared_memory: hierarchical<shared_memory> (exchange B through the node's
 //   window), for each emulated node count given: against all_to_all as hierarchical is, bit for
 //   bit against hierarchical<> (the same sums in the same order), with two micro-batches in flight
@@ -57,6 +58,7 @@
 #include <cstdlib>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <set>
 #include <span>
@@ -377,9 +379,14 @@ std::vector<int> row_starts(std::span<std::int64_t const> per_expert) {
   return start;
 }
 
-/// A task on the pool that takes 20 ms, so that its caller waits (and its wait hook runs).
-void wait_on(mm::thread_pool& pool) {
-  pool.run(1, [](int) { std::this_thread::sleep_for(std::chrono::milliseconds(20)); });
+/// Runs `expert` as a task on the pool after 20 ms, so that its caller waits meanwhile (and its
+/// wait hook pulls the next piece while the task works on this one).
+template <class Expert>
+void on_pool_after_waiting(mm::thread_pool& pool, Expert const& expert) {
+  pool.run(1, [&](int) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    expert();
+  });
 }
 
 /// Flat: the reference dispatcher; Shared: the one under test, whose window grows.
@@ -405,6 +412,7 @@ int dispatchers_alone(mm::parallel::environment& env, options const& o, char con
       return Shared(experts, hidden);
   }();
   mm::stage_times times;
+  std::int64_t pulled_in_backward = 0;  // rows dy's dispatches pulled while experts computed
   // shared_memory keeps tokens and expert rows in its window; hierarchical<shared_memory> does not.
   constexpr bool rows_in_window = requires {
     shared.expert_output_rows();
@@ -464,8 +472,7 @@ int dispatchers_alone(mm::parallel::environment& env, options const& o, char con
                             std::int64_t{end - begin} * hidden);
                        same("probs when their piece starts" + at, row_probs_shared.data() + begin,
                             row_probs_flat.data() + begin, end - begin);
-                       wait_on(pool);
-                       expert(rows_shared, begin, end);
+                       on_pool_after_waiting(pool, [&] { expert(rows_shared, begin, end); });
                      });
       expert(rows_flat.data(), 0, N);
       flat.combine(pool, rows_flat.data(), out_flat.data());
@@ -515,7 +522,11 @@ int dispatchers_alone(mm::parallel::environment& env, options const& o, char con
     matrix grad_probs_flat = matrix::Zero(tokens[m], o.experts),
            grad_probs_shared = grad_probs_flat;
     if constexpr (overlapped) {  // the dispatch above and the backward's: two in a row
+      // What the first left is overwritten (allowed between a dispatch and the next), so that the
+      // backward's pieces are checked on rows it pulled itself.
+      std::fill_n(grad_shared, grad_flat.size(), std::numeric_limits<T>::quiet_NaN());
       auto const start = row_starts(shared.tokens_per_local_expert());
+      std::int64_t const pulled_before = shared.rows_pulled_while_computing();
       shared.backward(pool, times, dy.data(), grad_shared, grad_row_probs.data(), dx_shared.data(),
                       grad_probs_shared, [&](int first, int last) {
                         int const begin = start[first], end = start[last];
@@ -523,9 +534,11 @@ int dispatchers_alone(mm::parallel::environment& env, options const& o, char con
                              grad_shared + std::ptrdiff_t{begin} * hidden,
                              grad_flat.data() + std::ptrdiff_t{begin} * hidden,
                              std::int64_t{end - begin} * hidden);
-                        wait_on(pool);
-                        expert_backward(grad_shared, grad_row_probs.data(), begin, end);
+                        on_pool_after_waiting(pool, [&] {
+                          expert_backward(grad_shared, grad_row_probs.data(), begin, end);
+                        });
                       });
+      pulled_in_backward += shared.rows_pulled_while_computing() - pulled_before;
       expert_backward(grad_flat.data(), grad_row_probs_flat.data(), 0, N);
     } else {
       shared.dispatch(pool, dy.data(), grad_shared);  // twice in a row: fenced between
@@ -548,6 +561,11 @@ int dispatchers_alone(mm::parallel::environment& env, options const& o, char con
                                                        std::plus<std::int64_t>());
     result.close("rows pulled while experts computed, summed over ranks, above 0",
                  pulled > 0 ? 1.0 : 0.0, 1.0, 1.0, 0.0);
+    result.close("rows of dy pulled while experts computed, summed over ranks, above 0",
+                 boost::mpi::all_reduce(world, pulled_in_backward, std::plus<std::int64_t>()) > 0
+                     ? 1.0
+                     : 0.0,
+                 1.0, 1.0, 0.0);
     result.close(
         "rows pulled while experts computed, at most the rows pulled",
         shared.rows_pulled_while_computing() <= shared.rows_pulled_overlapped() ? 1.0 : 0.0, 1.0,

@@ -388,20 +388,23 @@ class shared_memory_dispatcher {
     }
   }
 
-  /// The rows a piece's compute waits for, pulled ahead by the pool's waiting thread.
+  /// The rows a piece's compute waits for, pulled ahead by the pool's waiting thread, and the hook
+  /// that was installed before (a pipeline's exchanges in flight), which keeps being called.
   struct pull_ahead {
     shared_memory_dispatcher const* from = nullptr;
     T* rows = nullptr;
     T* row_probs = nullptr;
     std::int64_t next = 0, end = 0, slice = 1;
+    wait_hook outer{};
 
-    /// The wait hook: one slice, then whether rows are left.
+    /// The wait hook: one slice and the outer hook; whether either has work left.
     static bool poll(void* state) {
       auto& a = *static_cast<pull_ahead*>(state);
       std::int64_t const stop = std::min(a.end, a.next + a.slice);
       a.from->pull_range(a.rows, a.row_probs, a.next, stop);
       a.next = stop;
-      return a.next < a.end;
+      bool const outer_pending = a.outer.poll != nullptr && a.outer.poll(a.outer.state);
+      return a.next < a.end || outer_pending;
     }
   };
 
@@ -424,7 +427,7 @@ class shared_memory_dispatcher {
     for (int g = 0; g < count; ++g) {
       std::int64_t const begin = first_row(g + 1);
       std::int64_t const end = g + 1 < count ? first_row(g + 2) : begin;
-      ahead_ = {this, rows, row_probs, begin, end, slice};
+      ahead_ = {this, rows, row_probs, begin, end, slice, pool.hook()};
       {
         scoped_wait_hook const pulling(pool, {&pull_ahead::poll, &ahead_});
         compute(first_expert(g), first_expert(g + 1));

@@ -68,7 +68,8 @@ struct moe_types {
   using dispatcher_type =
       dispatch::dispatcher_of<typename Config::dispatch, dispatcher_kind, scalar, logit>;
   static_assert(dispatch::token_dispatcher<dispatcher_type, scalar, logit>);
-  /// Pieces the overlapped exchange runs in (dispatch::all_to_all_overlap); 1: not overlapped.
+  /// Pieces the overlapped exchange runs in (dispatch::all_to_all_overlap,
+  /// dispatch::shared_memory_overlap); 1: not overlapped.
   static constexpr int overlap_pieces = dispatch::overlap_chunks_of<typename Config::dispatch>();
 
   /// The precision recipe: fp32 and fp64 GEMMs read the values themselves; every other recipe's

@@ -41,10 +41,12 @@ class exchange_progress {
 
   /// While it lives, `pool`'s waiting thread tests these requests (and the previous hook is
   /// restored after).
-  using attached = scoped_wait_hook;
-  [[nodiscard]] attached while_waiting(thread_pool& pool) {
-    return attached(pool, {&exchange_progress::poll_of, this});
-  }
+  class attached : public scoped_wait_hook {
+   public:
+    attached(exchange_progress& progress, thread_pool& pool)
+        : scoped_wait_hook(pool, {&exchange_progress::poll_of, &progress}) {}
+  };
+  [[nodiscard]] attached while_waiting(thread_pool& pool) { return attached(*this, pool); }
 
  private:
   static bool poll_of(void* state) { return static_cast<exchange_progress*>(state)->poll(); }
