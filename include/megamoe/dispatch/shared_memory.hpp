@@ -44,7 +44,6 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -144,11 +143,13 @@ class shared_memory_dispatcher {
                 T* row_probs) {
     chunks_.send_rows().gather_probs(probs, 0, publish_dispatch(pool, tokens));
     window_.fence();
+    find_senders();
     pull_rows(pool, rows, row_probs, 0, chunks_.rows());
   }
   void dispatch(thread_pool& pool, T const* tokens, T* rows) {
     publish_dispatch(pool, tokens);
     window_.fence();
+    find_senders();
     pull_rows(pool, rows, nullptr, 0, chunks_.rows());
   }
 
@@ -351,10 +352,10 @@ class shared_memory_dispatcher {
     return in_segment<T>(me, sent_probs_at_);
   }
 
-  /// Copies expert rows [begin, end) from their senders' tokens (and their probs, when asked).
+  /// Copies expert rows [begin, end) from their senders' tokens (and their probs, when asked),
+  /// from the senders find_senders() found.
   void pull_rows(thread_pool& pool, T* rows, T* row_probs, std::int64_t begin,
                  std::int64_t end) const {
-    find_senders();
     parallel_rows(pool, static_cast<int>(end - begin), [&](int first, int last) {
       pull_range(rows, row_probs, begin + first, begin + last);
     });
@@ -408,9 +409,10 @@ class shared_memory_dispatcher {
     }
   };
 
-  /// After the dispatch's fence: piece 0's rows pulled by the pool; then for each piece g, its
-  /// experts compute while the waiting thread pulls piece g+1's rows, and the pool pulls the rest
-  /// of them. A piece's rows are one range of the expert-major rows (local experts ascending).
+  /// After the dispatch's fence: the senders found once, piece 0's rows pulled by the pool; then
+  /// for each piece g, its experts compute while the waiting thread pulls piece g+1's rows, and the
+  /// pool pulls the rest of them. A piece's rows are one range of the expert-major rows (local
+  /// experts ascending).
   template <class Compute>
   void pull_while_computing(thread_pool& pool, T* rows, T* row_probs, Compute& compute) {
     int const L = groups_.local_experts(), count = overlap_pieces();
@@ -423,6 +425,7 @@ class shared_memory_dispatcher {
     std::int64_t const slice = std::max<std::int64_t>(
         1, (std::int64_t{256} << 10) / (std::int64_t{hidden_} * std::int64_t{sizeof(T)}));
     pulled_overlapped_ += chunks_.rows();
+    find_senders();
     pull_rows(pool, rows, row_probs, 0, first_row(1));
     for (int g = 0; g < count; ++g) {
       std::int64_t const begin = first_row(g + 1);
