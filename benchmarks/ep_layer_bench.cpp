@@ -9,6 +9,7 @@
 //   MEGAMOE_RANKS_PER_NODE=2 mpiexec -n 4 build/benchmarks/ep_layer_bench
 //       --compare hierarchical_shared_memory --shape C
 //   mpiexec -n 4 build/benchmarks/ep_layer_bench --compare shared_memory_overlap --shape C
+//   mpiexec -n 4 build/benchmarks/ep_layer_bench --compare fp8_wire --shape C
 //
 // --compare overlap: all_to_all (blocking) against all_to_all_overlap<4> (exchanges in pieces of
 // local experts, overlapped with expert compute). --compare hierarchical: all_to_all against the
@@ -17,15 +18,17 @@
 // hierarchical_shared_memory: hierarchical<> against hierarchical<shared_memory> (exchange B
 // through the node's window). --compare shared_memory_overlap: shared_memory against
 // shared_memory_overlap<4> (the dispatches' pulls in pieces of local experts, overlapped with
-// their compute; the fraction of rank 0's rows pulled while experts computed is reported). Each
+// their compute; the fraction of rank 0's rows pulled while experts computed is reported).
+// --compare fp8_wire: all_to_all against fp8_wire<all_to_all> (the forward's token rows as FP8
+// codes), both under fp8_tensorwise<current> (the other comparisons run fp32). Each
 // rank holds tokens/EP of the shape's tokens (random, seeded per rank); both layers start from the
 // same weights. A round times `--iters` steps of each variant, alternating which goes first; a
 // step's time is the slowest rank's. Reported: per variant the median, min and max over rounds, and
 // the median and range of the per-round ratio (second / first). Bytes: what one dispatch sends from
 // each rank to other ranks (token rows and probs), summed over ranks, in total and across nodes.
 // Before timing, the first step's outputs are compared: equal bit for bit (overlap,
-// shared_memory, shared_memory_overlap, hierarchical_shared_memory) or within 1e-4 relative
-// (hierarchical), else exit 1. rank 0 prints one JSON line.
+// shared_memory, shared_memory_overlap, hierarchical_shared_memory, fp8_wire) or within 1e-4
+// relative (hierarchical), else exit 1. rank 0 prints one JSON line.
 #include "standard_shapes.hpp"
 
 #include <megamoe/config/config.hpp>
@@ -57,10 +60,10 @@ using mm::bench::bench_shape;
 using mm::bench::median;
 using mm::bench::shapes;
 
-template <class Dispatch>
+template <class Dispatch, class Precision>
 using bench_config = mm::make_config<
     mm::shape<mm::hidden<mm::dynamic>, mm::ffn<mm::dynamic>, mm::experts<mm::dynamic>>,
-    mm::router::runtime, Dispatch, mm::expert::mlp<mm::expert::swiglu>, mm::precision::fp32,
+    mm::router::runtime, Dispatch, mm::expert::mlp<mm::expert::swiglu>, Precision,
     mm::parallel::mapping<mm::parallel::etp<1>, mm::parallel::ep<mm::dynamic>>>;
 
 struct variant_bytes {
@@ -82,9 +85,11 @@ variant_bytes bytes_of(Layer const& layer, std::vector<int> const& node_of_ep, i
       splits = d.chunks().send_splits();
     else
       splits = d.send_splits();
+    // A row: its token (FP8 codes on fp8_wire's wire) and its prob.
+    double const token_bytes = Layer::fp8_wire ? 1.0 : sizeof(float);
     for (std::size_t j = 0; j < splits.size(); ++j) {
       if (static_cast<int>(j) == me) continue;
-      double const bytes = static_cast<double>(splits[j]) * (H + 1) * sizeof(float);
+      double const bytes = static_cast<double>(splits[j]) * (H * token_bytes + sizeof(float));
       b.total += bytes;
       if (node_of_ep[j] != node_of_ep[static_cast<std::size_t>(me)]) b.inter_node += bytes;
     }
@@ -100,7 +105,7 @@ std::string label() {
   return name;
 }
 
-template <class First, class Second>
+template <class First, class Second, class Precision = mm::precision::fp32>
 int compare(mm::parallel::environment& env, std::string const& what, std::string const& shape_name,
             int rounds, int iters, int progress_us) {
   auto const& world = env.world();
@@ -119,8 +124,8 @@ int compare(mm::parallel::environment& env, std::string const& what, std::string
   given.router = r;
   mm::context ctx(env.num_threads());
   ctx.pool().set_wait_interval(std::chrono::microseconds(progress_us));
-  mm::moe_layer<bench_config<First>> first(groups, 0, given);
-  mm::moe_layer<bench_config<Second>> second(groups, 0, given);
+  mm::moe_layer<bench_config<First, Precision>> first(groups, 0, given);
+  mm::moe_layer<bench_config<Second, Precision>> second(groups, 0, given);
   first.initialize(7);
   second.initialize(7);
   mm::row_matrix<float> x(T, H), dy(T, H);
@@ -203,6 +208,7 @@ int compare(mm::parallel::environment& env, std::string const& what, std::string
     j["rounds"] = rounds;
     j["iters_per_round"] = iters;
     j["progress_us"] = progress_us;
+    j["precision"] = Precision::name;
     j["first"] = label<First>();
     j["second"] = label<Second>();
     j["first_step"] = summary(t1);
@@ -246,9 +252,9 @@ int main(int argc, char** argv) {
     int rounds = 11, iters = 1, progress_us = 200;
     app.add_option("--compare", what,
                    "overlap | hierarchical | shared_memory | shared_memory_overlap | "
-                   "hierarchical_shared_memory")
+                   "hierarchical_shared_memory | fp8_wire")
         ->check(CLI::IsMember({"overlap", "hierarchical", "shared_memory", "shared_memory_overlap",
-                               "hierarchical_shared_memory"}));
+                               "hierarchical_shared_memory", "fp8_wire"}));
     app.add_option("--shape", shape, "A | B | C")->check(CLI::IsMember({"A", "B", "C"}));
     app.add_option("--rounds", rounds, "alternating rounds")->check(CLI::PositiveNumber);
     app.add_option("--iters", iters, "steps per variant and round")->check(CLI::PositiveNumber);
@@ -268,6 +274,10 @@ int main(int argc, char** argv) {
           env, what, shape, rounds, iters, progress_us);
     if (what == "shared_memory_overlap")
       return compare<mm::dispatch::shared_memory, mm::dispatch::shared_memory_overlap<4>>(
+          env, what, shape, rounds, iters, progress_us);
+    if (what == "fp8_wire")
+      return compare<mm::dispatch::all_to_all, mm::dispatch::fp8_wire<>,
+                     mm::precision::fp8_tensorwise<mm::precision::current>>(
           env, what, shape, rounds, iters, progress_us);
     if (what == "hierarchical_shared_memory")
       return compare<mm::dispatch::hierarchical<>,

@@ -119,6 +119,14 @@ TEST(Describe, DispatcherNamesFollowTheReference) {
   EXPECT_EQ(shared["intra_node"], "shared_memory");
   using mpi_node = mm::make_config<small_shape, ep2, mm::dispatch::hierarchical<>>;
   EXPECT_FALSE(mm::describe<mpi_node>().json["dispatch"].contains("intra_node"));
+  // FP8 codes on the forward wire, under the reference's name.
+  using fp8_current = mm::precision::fp8_tensorwise<mm::precision::current>;
+  auto const wire =
+      mm::describe<mm::make_config<small_shape, ep2, mm::dispatch::fp8_wire<>, fp8_current>>()
+          .json["dispatch"];
+  EXPECT_EQ(wire["moe_token_dispatcher_type"], "alltoall");
+  EXPECT_EQ(wire["moe_dispatch_fwd_dtype"], "fp8");
+  EXPECT_FALSE(mm::describe<mpi_node>().json["dispatch"].contains("moe_dispatch_fwd_dtype"));
 }
 
 TEST(Describe, PrecisionRecipes) {

@@ -145,6 +145,20 @@ std::vector<breaking_case> const& breaking_cases() {
          v.parallel.ep = 2;
          v.parallel.etp = 2;
        }},
+      {55, "fp8 wire under mxfp8",
+       [](auto& v) {
+         v.dispatch = mm::dispatch::dispatcher::all_to_all;
+         v.fp8_wire = true;
+         v.precision = mm::precision::mxfp8::value;
+       }},
+      {55, "fp8 wire at etp 2",
+       [](auto& v) {
+         v.dispatch = mm::dispatch::dispatcher::all_to_all;
+         v.fp8_wire = true;
+         v.precision = mm::precision::fp8_tensorwise<mm::precision::current>::value;
+         v.parallel.ep = 2;
+         v.parallel.etp = 2;
+       }},
       {37, "amx with fp32", [](auto& v) { v.expert.backend = mm::expert::gemm_backend::amx; }},
       {37, "amx with fp64",
        [](auto& v) {
@@ -253,6 +267,23 @@ TEST(ValueRules, SharedMemoryOverlapAtEtpTwoIsValid) {
   EXPECT_EQ(mm::rules::broken(v), std::vector<int>{33});
 }
 
+// R055: FP8 codes on the wire under either per-tensor FP8 recipe at ETP 1.
+TEST(ValueRules, Fp8WireUnderPerTensorFp8IsValid) {
+  namespace mp = mm::precision;
+  auto v = valid_values();
+  v.dispatch = mm::dispatch::dispatcher::all_to_all;
+  v.fp8_wire = true;
+  v.parallel.ep = 2;
+  v.parallel.etp = 1;
+  for (auto const& recipe :
+       {mp::fp8_tensorwise<mp::delayed>::value, mp::fp8_tensorwise<mp::current>::value}) {
+    v.precision = recipe;
+    EXPECT_TRUE(mm::rules::broken(v).empty());
+  }
+  v.precision = mp::fp8_blockwise::value;
+  EXPECT_EQ(mm::rules::broken(v), std::vector<int>{55});
+}
+
 TEST(ValueRules, EachBrokenValueReportsExactlyItsRule) {
   std::set<int> covered;
   for (auto const& c : breaking_cases()) {
@@ -329,7 +360,7 @@ TEST(RuleCatalog, NamedIdsAreTheCatalogueEntries) {
   EXPECT_EQ(mm::rule(mm::rules::id::shape_sizes_valid).name, "shape_sizes_valid");
   EXPECT_EQ(mm::rule(mm::rules::id::etp_divides_ffn).id, 38);
   EXPECT_EQ(mm::rule(mm::rules::id::moe_layer_pattern_valid).name, "moe_layer_pattern_valid");
-  EXPECT_EQ(static_cast<std::size_t>(mm::rules::id::shared_memory_needs_one_node),
+  EXPECT_EQ(static_cast<std::size_t>(mm::rules::id::fp8_wire_needs_per_tensor_fp8),
             mm::rule_catalog.size());
   mm::config_error const e(mm::rules::id::pipeline_stages_divide_layers, "PP 3");
   EXPECT_EQ(e.rule_id(), 36);

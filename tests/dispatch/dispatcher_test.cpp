@@ -49,6 +49,14 @@ static_assert(
 static_assert(std::is_same_v<md::dispatcher_of<md::shared_memory, d::shared_memory, double, float>,
                              md::shared_memory_dispatcher<double, float, false>>);
 static_assert(md::token_dispatcher<md::shared_memory_dispatcher<float, float, true>, float, float>);
+// fp8_wire keeps its base's overlap and adds the codes' exchange.
+static_assert(std::is_same_v<md::dispatcher_of<md::fp8_wire<>, d::all_to_all, float, float>,
+                             md::all_to_all_dispatcher<float, float, false, true>>);
+static_assert(std::is_same_v<md::dispatcher_of<md::fp8_wire<md::all_to_all_overlap<2>>,
+                                               d::all_to_all, float, float>,
+                             md::all_to_all_dispatcher<float, float, true, true>>);
+static_assert(
+    md::token_dispatcher<md::all_to_all_dispatcher<float, float, true, true>, float, float>);
 
 // Every class is what the layer asks of a dispatcher.
 template <d D, class T, class P>

@@ -53,6 +53,17 @@ TEST(DispatchPolicies, NameTheirDispatcher) {
   EXPECT_EQ(md::hierarchical<>::name, std::string_view("hierarchical"));
   EXPECT_EQ(md::shared_memory_overlap<2>::name, std::string_view("shared_memory_overlap"));
   EXPECT_EQ(md::auto_::name, std::string_view("auto"));
+  EXPECT_EQ(md::fp8_wire<>::value, md::dispatcher::all_to_all);
+  EXPECT_EQ(md::fp8_wire<>::name, std::string_view("fp8_wire"));
+}
+
+TEST(DispatchPolicies, Fp8WireKeepsItsBase) {
+  EXPECT_TRUE(md::fp8_wire_of<md::fp8_wire<>>());
+  EXPECT_FALSE(md::fp8_wire_of<md::all_to_all>());
+  EXPECT_FALSE(md::fp8_wire_of<md::all_to_all_overlap<2>>());
+  EXPECT_EQ(md::overlap_chunks_of<md::fp8_wire<>>(), 1);
+  EXPECT_EQ((md::overlap_chunks_of<md::fp8_wire<md::all_to_all_overlap<3, 0>>>()), 3);
+  EXPECT_EQ((md::overlap_min_piece_kib_of<md::fp8_wire<md::all_to_all_overlap<3, 0>>>()), 0);
 }
 
 TEST(DispatchPolicies, OverlapPiecesAndMinimumPieceSize) {

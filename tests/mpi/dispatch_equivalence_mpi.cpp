@@ -37,6 +37,13 @@
 //   and the tokens of the others waiting in the window (token_rows(), as the layer keeps them).
 //   Every row, prob, output and gradient bit for bit.
 //
+// --variant fp8_wire: dispatch::fp8_wire<Base> (all_to_all; fp8_wire_overlap: all_to_all_overlap<2,
+//   0>) against Base under the same per-tensor FP8 recipe (--precision fp8_delayed or
+//   fp8_current), over three training steps whose inputs grow (delayed scaling's scales change
+//   between them): outputs, input gradients and every parameter gradient bit for bit, a quarter of
+//   Base's token bytes on the wire; --memory moe_layer recomputes the layer (the codes' dispatch
+//   again in backward).
+//
 //   mpiexec -n 8 megamoe_dispatch_equivalence_mpi_tests --ep 8 --nodes 1,2,4 --experts 64
 //       --top-k 8 [--tp 2] [--precision fp32] [--router pad] [--fewer-at 4]
 //   mpiexec -n 2 megamoe_dispatch_equivalence_mpi_tests --variant overlap --pieces 4 --ep 2
@@ -77,18 +84,19 @@ using mm::testing::tally;
 
 constexpr int hidden = 16, ffn = 12;
 
-template <class Dispatch, class Precision>
+template <class Dispatch, class Precision, class Memory = mm::memory::keep_all>
 using layer_config = mm::make_config<
     mm::shape<mm::hidden<hidden>, mm::ffn<ffn>, mm::experts<mm::dynamic>>, mr::runtime, Dispatch,
     mm::expert::mlp<mm::expert::swiglu>, Precision,
     mm::parallel::mapping<mm::parallel::tp<mm::dynamic>, mm::parallel::etp<mm::dynamic>,
-                          mm::parallel::ep<mm::dynamic>>>;
+                          mm::parallel::ep<mm::dynamic>>,
+    Memory>;
 
 struct options {
   mm::parallel::degrees degrees;
   std::vector<int> nodes{1};
   int experts = 8, top_k = 2, tokens = 24, fewer_at = 0, pieces = 2;
-  std::string precision = "fp64", router = "aux", variant = "hierarchical";
+  std::string precision = "fp64", router = "aux", variant = "hierarchical", memory = "keep_all";
 };
 
 options parse(int argc, char** argv) {
@@ -122,6 +130,8 @@ options parse(int argc, char** argv) {
       o.variant = value;
     } else if (key == "--pieces") {
       o.pieces = std::stoi(value);
+    } else if (key == "--memory") {
+      o.memory = value;
     } else {
       throw mm::input_error("unknown argument " + key);
     }
@@ -579,12 +589,111 @@ int dispatchers_alone(mm::parallel::environment& env, options const& o, char con
                        (std::string("all equal ") + against + "'s").c_str());
 }
 
+/// dispatch::fp8_wire<Base> against Base, both under Precision (a per-tensor FP8 recipe).
+template <class Base, class Precision, class Memory>
+int wire_run(mm::parallel::environment& env, options const& o) {
+  using wire_layer = mm::moe_layer<layer_config<md::fp8_wire<Base>, Precision, Memory>>;
+  using base_layer = mm::moe_layer<layer_config<Base, Precision, Memory>>;
+  static_assert(wire_layer::fp8_wire && !base_layer::fp8_wire);
+  auto const& world = env.world();
+  tally result;
+  result.against = Base::name.data();  // a literal: terminated
+  mm::parallel::process_groups const groups(world, o.degrees);
+  mm::startup_values given;
+  given.experts = o.experts;
+  given.router = router_settings(o);
+  mm::context ctx(1);
+  wire_layer wire(groups, 0, given);
+  base_layer base(groups, 0, given);
+  wire.initialize(5);
+  base.initialize(5);
+  auto same = [&](std::string const& what, auto const& got, auto const& ref) {
+    for (Eigen::Index r = 0; r < ref.rows(); ++r)
+      for (Eigen::Index c = 0; c < ref.cols(); ++c)
+        result.close(what, got(r, c), ref(r, c), 1.0, 0.0);
+  };
+  int const S = o.tokens / 2, B = 2;
+  std::int64_t wire_bytes = 0, base_bytes = 0;
+  for (int step = 0; step < 3; ++step) {
+    std::string const at = " (step " + std::to_string(step) + ")";
+    mm::row_matrix<float> const x =
+        tokens_of<float>(world.rank(), o.tokens, 0.5 * step) * static_cast<float>(1 + 3 * step);
+    auto const dy = tokens_of<float>(world.rank(), o.tokens, 2.0 + step);
+    wire.zero_grad();
+    base.zero_grad();
+    mm::row_matrix<float> const y_wire = wire.forward(ctx, x, S, B).y;
+    wire_bytes += wire.dispatcher().token_bytes_sent();
+    mm::row_matrix<float> const dx_wire = wire.backward(ctx, dy);
+    mm::row_matrix<float> const y_base = base.forward(ctx, x, S, B).y;
+    base_bytes += base.dispatcher().token_bytes_sent();
+    mm::row_matrix<float> const dx_base = base.backward(ctx, dy);
+    same("output" + at, y_wire, y_base);
+    same("input gradient" + at, dx_wire, dx_base);
+    std::map<std::string, mm::row_matrix<float>, std::less<>> base_grads;
+    base.for_each_parameter([&](std::string_view name, auto, auto grad, mm::parameter_kind) {
+      base_grads.emplace(std::string(name), grad);
+    });
+    wire.for_each_parameter([&](std::string_view name, auto, auto grad, mm::parameter_kind) {
+      auto const it = base_grads.find(name);
+      if (it == base_grads.end())
+        result.close(std::string(name) + " missing", 1.0, 0.0, 1.0, 0.0);
+      else
+        same(std::string(name) + at, grad, it->second);
+    });
+  }
+  // Delayed scaling's histories and scales after three steps.
+  std::vector<float> wire_state, base_state;
+  wire.for_each_persistent_state([&](auto const& state) {
+    wire_state.insert(wire_state.end(), state.values.begin(), state.values.end());
+  });
+  base.for_each_persistent_state([&](auto const& state) {
+    base_state.insert(base_state.end(), state.values.begin(), state.values.end());
+  });
+  result.close("persistent state entries", static_cast<double>(wire_state.size()),
+               static_cast<double>(base_state.size()), 1.0, 0.0);
+  for (std::size_t i = 0; i < std::min(wire_state.size(), base_state.size()); ++i)
+    result.close("persistent state", wire_state[i], base_state[i], 1.0, 0.0);
+  result.close("token bytes on the wire, times 4", static_cast<double>(4 * wire_bytes),
+               static_cast<double>(base_bytes), 1.0, 0.0);
+  auto const all_bytes = boost::mpi::all_reduce(world, wire_bytes, std::plus<std::int64_t>());
+  result.close("codes crossed the wire", all_bytes > 0 ? 1.0 : 0.0, 1.0, 1.0, 0.0);
+  if constexpr (wire_layer::overlapped)
+    result.close("overlap pieces", wire.dispatcher().overlap_pieces(),
+                 std::min(2, o.experts / o.degrees.ep), 1.0, 0.0);
+  auto const all_base_bytes = boost::mpi::all_reduce(world, base_bytes, std::plus<std::int64_t>());
+  if (world.rank() == 0)
+    std::cout << "fp8_wire: token bytes sent over 3 steps, all ranks: codes " << all_bytes << ", "
+              << Base::name << " " << all_base_bytes << "\n";
+  return result.finish(world,
+                       std::string("fp8_wire<") + std::string(Base::name) + "> " + o.precision +
+                           " router " + o.router + " memory " + o.memory + " on " +
+                           std::to_string(world.size()) + " ranks",
+                       "all equal the codes made after the dispatch");
+}
+
+template <class Precision>
+int wire_run_for(mm::parallel::environment& env, options const& o) {
+  using recompute = mm::memory::recompute<mm::memory::moe_layer>;
+  if (o.variant == "fp8_wire_overlap")
+    return wire_run<md::all_to_all_overlap<2, 0>, Precision, mm::memory::keep_all>(env, o);
+  if (o.memory == "moe_layer") return wire_run<md::all_to_all, Precision, recompute>(env, o);
+  return wire_run<md::all_to_all, Precision, mm::memory::keep_all>(env, o);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   return mm::parallel::run_main(argc, argv, [&](mm::parallel::environment& env) {
     options o;
     mm::parallel::check_on_every_rank(env.world(), [&] { o = parse(argc, argv); });
+    if (o.variant == "fp8_wire" || o.variant == "fp8_wire_overlap") {
+      namespace mp = mm::precision;
+      if (o.precision == "fp8_delayed")
+        return wire_run_for<mp::fp8_tensorwise<mp::delayed>>(env, o);
+      if (o.precision == "fp8_current")
+        return wire_run_for<mp::fp8_tensorwise<mp::current>>(env, o);
+      throw mm::parallel::agreed_input_error("fp8_wire: --precision fp8_delayed or fp8_current");
+    }
     if (o.variant == "overlap") {
       if (o.precision == "fp32") {
         if (o.pieces == 4)

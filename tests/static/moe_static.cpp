@@ -46,6 +46,17 @@ static_assert(std::is_same_v<types_of<md::all_to_all_overlap<2>>::dispatcher_typ
                              md::all_to_all_dispatcher<float, float, true>>);
 static_assert(std::is_same_v<types_of<md::shared_memory_overlap<2>>::dispatcher_type,
                              md::shared_memory_dispatcher<float, float, true>>);
+// fp8_wire: the all-to-all with codes on the forward wire, and the routed operands take them.
+using fp8_current = mm::precision::fp8_tensorwise<mm::precision::current>;
+static_assert(std::is_same_v<types_of<md::fp8_wire<>, fp8_current>::dispatcher_type,
+                             md::all_to_all_dispatcher<float, float, false, true>>);
+static_assert(
+    std::is_same_v<types_of<md::fp8_wire<md::all_to_all_overlap<2>>, fp8_current>::dispatcher_type,
+                   md::all_to_all_dispatcher<float, float, true, true>>);
+static_assert(types_of<md::fp8_wire<>, fp8_current>::fp8_wire &&
+              !types_of<md::all_to_all, fp8_current>::fp8_wire);
+static_assert(types_of<md::fp8_wire<>, fp8_current>::routed_operands::codes_travel);
+static_assert(!types_of<md::all_to_all, mm::precision::mxfp8>::routed_operands::codes_travel);
 static_assert(std::is_same_v<types_of<mm::precision::fp64>::dispatcher_type,
                              md::local_dispatcher<double, double>>);
 // A static router's plan is in its type; the memory policy decides what is kept.

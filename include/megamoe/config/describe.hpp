@@ -130,7 +130,7 @@ inline nlohmann::ordered_json router_json(std::string_view policy,
 
 inline nlohmann::ordered_json dispatch_json(std::string_view policy, dispatch::dispatcher chosen,
                                             int overlap_chunks, bool intra_node_shared,
-                                            parallel::degrees const& d) {
+                                            bool fp8_wire, parallel::degrees const& d) {
   nlohmann::ordered_json j;
   j["policy"] = policy;
   bool const degrees_known = d.ep != dynamic && d.etp != dynamic;
@@ -142,6 +142,7 @@ inline nlohmann::ordered_json dispatch_json(std::string_view policy, dispatch::d
   }
   if (overlap_chunks > 1) j["overlap_chunks"] = overlap_chunks;
   if (intra_node_shared) j["intra_node"] = "shared_memory";
+  if (fp8_wire) j["moe_dispatch_fwd_dtype"] = "fp8";
   return j;
 }
 
@@ -270,7 +271,7 @@ inline config_description describe(config_values const& v) {
     j["shape"] = detail::shape_json(c.shape);
     j["router"] = detail::router_json(c.names.router, c.router);
     j["dispatch"] = detail::dispatch_json(c.names.dispatch, c.dispatch, c.overlap_chunks,
-                                          c.intra_node_shared, c.parallel);
+                                          c.intra_node_shared, c.fp8_wire, c.parallel);
     j["expert"] = detail::expert_json(c.names.expert, c.expert);
     j["precision"] = detail::precision_json(c.names.precision, c.precision);
     j["parallel"] = detail::parallel_json(c.names.parallel, c.parallel, c.cp_comm, c.world_size);

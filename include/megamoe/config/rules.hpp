@@ -138,6 +138,14 @@ constexpr bool overlap_needs_etp_one(config_values const& v) {
          !detail::usable(v.parallel.etp) || v.parallel.etp == 1;
 }
 
+/// R055 (codes made before the dispatch equal fc1's own only for one per-tensor FP8 copy)
+constexpr bool fp8_wire_needs_per_tensor_fp8(config_values const& v) {
+  if (!v.fp8_wire) return true;
+  bool const per_tensor = v.precision.recipe == precision::recipe_id::fp8_delayed ||
+                          v.precision.recipe == precision::recipe_id::fp8_current;
+  return per_tensor && (!detail::usable(v.parallel.etp) || v.parallel.etp == 1);
+}
+
 /// R014
 constexpr bool expert_bias_linear_needs_etp_one(config_values const& v) {
   return !v.expert.bias || !detail::usable(v.parallel.etp) || v.parallel.etp == 1;
@@ -325,7 +333,7 @@ struct value_rule {
 };
 
 /// Every value rule, in id order; the start-up check runs all of them.
-inline constexpr std::array<value_rule, 36> value_rules{{
+inline constexpr std::array<value_rule, 37> value_rules{{
     {id::shape_sizes_valid, shape_sizes_valid},
     {id::top_k_within_experts, top_k_within_experts},
     {id::ep_divides_experts, ep_divides_experts},
@@ -352,6 +360,7 @@ inline constexpr std::array<value_rule, 36> value_rules{{
     {id::top_k_within_chosen_groups, top_k_within_chosen_groups},
     {id::hierarchical_needs_etp_one, hierarchical_needs_etp_one},
     {id::overlap_needs_etp_one, overlap_needs_etp_one},
+    {id::fp8_wire_needs_per_tensor_fp8, fp8_wire_needs_per_tensor_fp8},
     {id::bf16_backends_need_a_recipe, bf16_backends_need_a_recipe},
     {id::etp_divides_ffn, etp_divides_ffn},
     {id::model_sizes_valid, model_sizes_valid},
@@ -436,6 +445,7 @@ consteval bool check() {
     static_assert(top_k_within_chosen_groups(v), MEGAMOE_RULE_R031);
     static_assert(hierarchical_needs_etp_one(v), MEGAMOE_RULE_R032);
     static_assert(overlap_needs_etp_one(v), MEGAMOE_RULE_R033);
+    static_assert(fp8_wire_needs_per_tensor_fp8(v), MEGAMOE_RULE_R055);
     static_assert(bf16_backends_need_a_recipe(v), MEGAMOE_RULE_R037);
     static_assert(etp_divides_ffn(v), MEGAMOE_RULE_R038);
     static_assert(model_sizes_valid(v), MEGAMOE_RULE_R039);

@@ -34,6 +34,7 @@ struct config_values {
   dispatch::dispatcher dispatch = dispatch::dispatcher::auto_;
   int overlap_chunks = 1;          // pieces of the exchange overlapped with compute (1: blocking)
   bool intra_node_shared = false;  // hierarchical's inside-node exchange through a shared window
+  bool fp8_wire = false;  // the forward dispatch's tokens as FP8 codes (dispatch::fp8_wire)
   expert::settings expert;
   precision::settings precision;
   parallel::degrees parallel;
@@ -59,6 +60,7 @@ constexpr config_values values_of() {
   v.dispatch = C::dispatch::value;
   v.overlap_chunks = dispatch::overlap_chunks_of<typename C::dispatch>();
   v.intra_node_shared = dispatch::intra_node_shared<typename C::dispatch>();
+  v.fp8_wire = dispatch::fp8_wire_of<typename C::dispatch>();
   v.expert = C::expert::value;
   v.precision = C::precision::value;
   v.parallel = C::parallel::value;

@@ -9,7 +9,8 @@
 // expert's rows by source rank, then token. Tokens and probs travel together. combine: the exact
 // inverse; the ETP shards' partial outputs are summed by a reduce-scatter-v. With ETP = 1 (and
 // buffers MPI can address in bytes, under 2 GiB) the permutations ride in MPI datatypes (no staging
-// copies).
+// copies). With CodesOnWire (dispatch::fp8_wire) the forward dispatch can move one byte per element
+// instead: the senders' FP8 codes in permutation-1 order, into the expert-major code rows.
 #pragma once
 
 #include <megamoe/core/buffer.hpp>
@@ -38,8 +39,9 @@
 
 namespace megamoe::dispatch {
 
-/// T: the layer's scalar; P: the router's probs type.
-template <class T, class P, bool Overlapped = false>
+/// T: the layer's scalar; P: the router's probs type; CodesOnWire: dispatch_codes() and
+/// forward_codes() move rows of one-byte codes (dispatch::fp8_wire).
+template <class T, class P, bool Overlapped = false, bool CodesOnWire = false>
 class all_to_all_dispatcher {
  public:
   /// `overlap_pieces` > 1: the exchanges of `dispatch_compute_combine` and
@@ -109,7 +111,33 @@ class all_to_all_dispatcher {
     T* send_probs = send_probs_.reserve(std::size_t(chunks_.send_rows().rows()));
     chunks_.send_rows().gather_probs(probs, 0, send_probs);
     forward({{{send, hidden_, rows}, {send_probs, 1, row_probs}}}, 2, pool);
+    token_bytes_sent_ = token_bytes(sizeof(T));
   }
+
+  /// dispatch::fp8_wire: dispatch() with the token rows as one-byte codes. `codes` [sent, H] holds
+  /// one row per sent row in permutation-1 order (row r for token send_rows().source_token(r));
+  /// they land in `code_rows` [N, H], expert-major as dispatch() places token rows; probs as
+  /// dispatch()'s. Needs the in-place exchange (ETP = 1, under 2 GiB), which every rank decides
+  /// alike from the plan's table.
+  void dispatch_codes(thread_pool& /*pool*/, std::uint8_t const* codes, std::uint8_t* code_rows,
+                      row_matrix<P> const& probs, T* row_probs) requires CodesOnWire {
+    require_codes_in_place();
+    T* send_probs = send_probs_.reserve(std::size_t(chunks_.send_rows().rows()));
+    chunks_.send_rows().gather_probs(probs, 0, send_probs);
+    std::array<parallel::request, 2> pending;
+    for (auto const& piece : pieces_) {
+      pending[0] = parallel::all_to_all_w_start(groups_.ep(), codes, piece.code_send, code_rows,
+                                                piece.code_recv);
+      pending[1] = parallel::all_to_all_w_start(groups_.ep(), send_probs, piece.forward_send[1],
+                                                row_probs, piece.forward_recv[1]);
+      for (auto& r : pending) r.wait();
+    }
+    token_bytes_sent_ = token_bytes(1);
+  }
+
+  /// Bytes of token rows this rank sent in its last forward dispatch (its own rows included): rows
+  /// times H times the element's size (one byte for codes).
+  [[nodiscard]] std::int64_t token_bytes_sent() const noexcept { return token_bytes_sent_; }
   void dispatch(thread_pool& pool, T const* tokens, T* rows) {
     T const* send = stage_tokens(pool, tokens);
     forward({{{send, hidden_, rows}, {}}}, 1, pool);
@@ -150,23 +178,31 @@ class all_to_all_dispatcher {
       combine(pool, expert_out, out);
       return;
     }
-    T* send_probs = send_probs_.reserve(std::size_t(chunks_.send_rows().rows()));
-    chunks_.send_rows().gather_probs(probs, 0, send_probs);
-    T* back = send_.reserve(std::size_t(chunks_.send_rows().rows()) * hidden_);
-    pipeline(
+    overlapped_forward(
         pool,
-        [&](piece const& p, parallel::request* r) {
-          r[0] = parallel::all_to_all_w_start(groups_.ep(), tokens, p.forward_send[0], rows,
+        [&](piece const& p) {
+          return parallel::all_to_all_w_start(groups_.ep(), tokens, p.forward_send[0], rows,
                                               p.forward_recv[0]);
-          r[1] = parallel::all_to_all_w_start(groups_.ep(), send_probs, p.forward_send[1],
-                                              row_probs, p.forward_recv[1]);
         },
-        compute,
-        [&](piece const& p, parallel::request* r) {
-          r[0] = parallel::all_to_all_w_start(groups_.ep(), expert_out, p.backward_send[0], back,
-                                              p.backward_recv[0]);
-        });
-    chunks_.send_rows().combine(pool, back, hidden_, out, false);
+        probs, row_probs, expert_out, out, compute);
+    token_bytes_sent_ = token_bytes(sizeof(T));
+  }
+
+  /// dispatch_compute_combine with the token rows as codes (dispatch_codes()'s arguments).
+  template <class Compute>
+  void dispatch_codes_compute_combine(thread_pool& pool, std::uint8_t const* codes,
+                                      std::uint8_t* code_rows, row_matrix<P> const& probs,
+                                      T* row_probs, T const* expert_out, T* out,
+                                      Compute&& compute) requires CodesOnWire {
+    require_codes_in_place();
+    overlapped_forward(
+        pool,
+        [&](piece const& p) {
+          return parallel::all_to_all_w_start(groups_.ep(), codes, p.code_send, code_rows,
+                                              p.code_recv);
+        },
+        probs, row_probs, expert_out, out, compute);
+    token_bytes_sent_ = token_bytes(1);
   }
 
   /// The backward twin: dy [T,H] to the experts' rows `grad_rows` by pieces; `compute(first, last)`
@@ -200,6 +236,25 @@ class all_to_all_dispatcher {
         });
     chunks_.send_rows().combine(pool, back, hidden_, dx, true);
     chunks_.send_rows().scatter_probs(back_probs, 0, grad_probs);
+  }
+
+  /// The layer's exchange with the forward's token rows as codes (dispatch::fp8_wire): forward()
+  /// with dispatch_codes()'s arguments in place of the tokens and their rows.
+  template <expert_computation Compute>
+  void forward_codes(thread_pool& pool, stage_times& times, std::uint8_t const* codes,
+                     std::uint8_t* code_rows, row_matrix<P> const& probs, T* row_probs,
+                     T const* expert_out, T* out, Compute&& compute) requires CodesOnWire {
+    if constexpr (Overlapped) {
+      times.time(layer_stage::experts, [&] {
+        dispatch_codes_compute_combine(pool, codes, code_rows, probs, row_probs, expert_out, out,
+                                       compute);
+      });
+    } else {
+      times.time(layer_stage::permute,
+                 [&] { dispatch_codes(pool, codes, code_rows, probs, row_probs); });
+      times.time(layer_stage::experts, [&] { compute(0, groups_.local_experts()); });
+      times.time(layer_stage::unpermute, [&] { combine(pool, expert_out, out); });
+    }
   }
 
   /// The layer's exchange (dispatch/exchange.hpp): overlapped by pieces of local experts when the
@@ -257,7 +312,67 @@ class all_to_all_dispatcher {
     std::vector<parallel::datatype> row_types;
     std::array<std::vector<parallel::datatype>, 2> chunk_types;
     std::array<parallel::typed_side, 2> forward_send, forward_recv, backward_send, backward_recv;
+    // CodesOnWire: the codes' chunks (bytes), sent contiguously in permutation-1 order.
+    std::vector<parallel::datatype> code_types;
+    parallel::typed_side code_send, code_recv;
   };
+
+  /// The tokens' arrival overlapped with compute and combine, piece by piece (`arrive(piece)`
+  /// starts a piece's token rows; the probs travel beside them).
+  template <class ArriveTokens, class Compute>
+  void overlapped_forward(thread_pool& pool, ArriveTokens const& arrive_tokens,
+                          row_matrix<P> const& probs, T* row_probs, T const* expert_out, T* out,
+                          Compute& compute) {
+    T* send_probs = send_probs_.reserve(std::size_t(chunks_.send_rows().rows()));
+    chunks_.send_rows().gather_probs(probs, 0, send_probs);
+    T* back = send_.reserve(std::size_t(chunks_.send_rows().rows()) * hidden_);
+    pipeline(
+        pool,
+        [&](piece const& p, parallel::request* r) {
+          r[0] = arrive_tokens(p);
+          r[1] = parallel::all_to_all_w_start(groups_.ep(), send_probs, p.forward_send[1],
+                                              row_probs, p.forward_recv[1]);
+        },
+        compute,
+        [&](piece const& p, parallel::request* r) {
+          r[0] = parallel::all_to_all_w_start(groups_.ep(), expert_out, p.backward_send[0], back,
+                                              p.backward_recv[0]);
+        });
+    chunks_.send_rows().combine(pool, back, hidden_, out, false);
+  }
+
+  std::int64_t token_bytes(std::size_t element) const {
+    return chunks_.send_rows().rows() * hidden_ * static_cast<std::int64_t>(element);
+  }
+
+  void require_codes_in_place() const {
+    if (!direct_)
+      throw input_error(
+          "dispatch::fp8_wire: the exchange needs ETP = 1 and every rank's token rows under 2 GiB "
+          "(one MPI datatype's reach); this plan has " +
+          std::to_string(most_rows()) + " rows of " + std::to_string(hidden_) +
+          " on some rank, ETP " + std::to_string(groups_.etp_size()));
+  }
+
+  /// The most rows any rank of tp_ep sends or holds in this plan, from the table every rank has:
+  /// so every rank picks the same exchange.
+  std::int64_t most_rows() const {
+    int const ETP = groups_.etp_size(), EP = groups_.ep_size(), L = groups_.local_experts();
+    int const E = EP * L;
+    std::int64_t most = 0;
+    std::vector<std::int64_t> held(static_cast<std::size_t>(EP), 0);
+    for (int i = 0; i < ETP; ++i)
+      for (int j = 0; j < EP; ++j) {
+        std::int64_t sent = 0;
+        for (int e = 0; e < E; ++e) {
+          sent += chunks_.count(i, j, e);
+          held[static_cast<std::size_t>(e / L)] += chunks_.count(i, j, e);
+        }
+        most = std::max(most, sent);
+      }
+    for (auto h : held) most = std::max(most, h);
+    return most;
+  }
 
   /// The tokens' send side: in place, the token buffer itself (the row datatypes pick the rows);
   /// staged, permutation 1 gathered into the send buffer.
@@ -276,10 +391,8 @@ class all_to_all_dispatcher {
   void build_datatypes() {
     int const EP = groups_.ep_size(), L = groups_.local_experts();
     auto const peers = static_cast<std::size_t>(EP);
-    std::int64_t const sent = chunks_.send_rows().rows();
-    direct_ =
-        groups_.etp_size() == 1 &&
-        std::max(sent, chunks_.rows()) * hidden_ * static_cast<std::int64_t>(sizeof(T)) <= INT_MAX;
+    direct_ = groups_.etp_size() == 1 &&
+              most_rows() * hidden_ * static_cast<std::int64_t>(sizeof(T)) <= INT_MAX;
     if (!direct_) return;
     // Where each global expert's rows start in permutation-1 order.
     auto const& mine = chunks_.send_rows().permutation().tokens_per_expert;
@@ -306,10 +419,12 @@ class all_to_all_dispatcher {
       piece.last = (g + 1) * L / count;
       piece.row_types.resize(peers);
       for (auto& t : piece.chunk_types) t.resize(peers);
-      for (auto* side : {&piece.forward_send[0], &piece.forward_send[1], &piece.forward_recv[0],
-                         &piece.forward_recv[1], &piece.backward_send[0], &piece.backward_send[1],
-                         &piece.backward_recv[0], &piece.backward_recv[1]})
+      for (auto* side :
+           {&piece.forward_send[0], &piece.forward_send[1], &piece.forward_recv[0],
+            &piece.forward_recv[1], &piece.backward_send[0], &piece.backward_send[1],
+            &piece.backward_recv[0], &piece.backward_recv[1], &piece.code_send, &piece.code_recv})
         side->resize(peers);
+      if constexpr (CodesOnWire) piece.code_types.resize(peers);
       for (int j = 0; j < EP; ++j) {
         auto const J = static_cast<std::size_t>(j);
         std::int64_t const begin = expert_start_[J * L + piece.first];
@@ -351,6 +466,20 @@ class all_to_all_dispatcher {
         piece.forward_send[0].counts[J] = n > 0 ? 1 : 0;
         piece.forward_send[0].byte_offsets[J] = 0;
         piece.forward_send[0].types[J] = piece.row_types[J].get();
+        if constexpr (CodesOnWire) {  // codes: contiguous rows out, chunks of bytes in
+          for (int l = piece.first; l < piece.last; ++l) {
+            std::size_t const c = J * L + l;
+            auto const at = static_cast<std::size_t>(l - piece.first);
+            lengths_[at] = static_cast<int>(chunks_.chunk_size()[c] * hidden_);
+            offsets_[at] = static_cast<MPI_Aint>(chunks_.target_start()[c] * hidden_);
+          }
+          piece.code_types[J] = parallel::blocks_type<std::uint8_t>(lengths_, offsets_);
+          piece.code_recv.counts[J] = arriving > 0 ? 1 : 0;
+          piece.code_recv.types[J] = piece.code_types[J].get();
+          piece.code_send.counts[J] = static_cast<int>(n * hidden_);
+          piece.code_send.byte_offsets[J] = static_cast<int>(begin * hidden_);
+          piece.code_send.types[J] = parallel::mpi_type<std::uint8_t>();
+        }
       }
     }
   }
@@ -488,6 +617,7 @@ class all_to_all_dispatcher {
   std::vector<int> lengths_;
   buffer<T> send_, send_probs_;
   std::array<lane_buffers, 2> lanes_;
+  std::int64_t token_bytes_sent_ = 0;
   activation_stash<expert_chunks, bool, std::vector<std::int64_t>, std::vector<piece>> stash_;
 };
 

@@ -50,9 +50,10 @@ struct dispatcher_of_policy {
   using type = dispatcher_t<D, T, P>;
 };
 template <class Policy, class T, class P>
-  requires(overlap_chunks_of<Policy>() > 1)
+  requires(overlap_chunks_of<Policy>() > 1 || fp8_wire_of<Policy>())
 struct dispatcher_of_policy<Policy, dispatcher::all_to_all, T, P> {
-  using type = all_to_all_dispatcher<T, P, true>;
+  using type =
+      all_to_all_dispatcher<T, P, (overlap_chunks_of<Policy>() > 1), fp8_wire_of<Policy>()>;
 };
 template <class Policy, class T, class P>
   requires(overlap_chunks_of<Policy>() > 1)
@@ -68,6 +69,7 @@ struct dispatcher_of_policy<Policy, dispatcher::hierarchical, T, P> {
 
 /// The class that moves tokens for dispatch policy Policy with D its resolved dispatcher (auto_
 /// resolved by the layout): dispatch::all_to_all_overlap gives the overlapped all-to-all,
+/// dispatch::fp8_wire the all-to-all with FP8 codes on the forward wire,
 /// dispatch::shared_memory_overlap the overlapped shared-memory one, and
 /// dispatch::hierarchical<shared_memory> the node-aware one with a shared window inside the node.
 template <class Policy, dispatcher D, class T, class P>

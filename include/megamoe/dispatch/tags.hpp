@@ -14,6 +14,8 @@
 //                                         while the previous piece computes
 //   dispatch::hierarchical<IntraNode>     node-aware: each token crosses a node boundary once;
 //                                         inside the node all_to_all or shared_memory
+//   dispatch::fp8_wire<Base>              all_to_all (or all_to_all_overlap) with the forward
+//                                         dispatch's tokens as the experts' FP8 input codes
 //   dispatch::auto_                       local when EP*ETP = 1, otherwise all_to_all (the
 //                                         default)
 #pragma once
@@ -84,6 +86,29 @@ constexpr int overlap_min_piece_kib_of() {
     return D::overlap_min_piece_kib;
   else
     return 0;
+}
+
+/// The reference's `moe_dispatch_fwd_dtype` = fp8 on `Base` (all_to_all or all_to_all_overlap<N>):
+/// the forward dispatch's token rows cross the wire as the FP8 codes the experts' fc1 would make of
+/// them anyway, one byte per element instead of the scalar's four. Each sender quantizes its rows
+/// with the destination expert's per-tensor scale (one all-reduce of the experts' amaxes, and of
+/// delayed scaling's scales, over EP first), so the codes, and every result, equal quantizing after
+/// the dispatch bit for bit. Needs a per-tensor FP8 recipe (precision::fp8_tensorwise), whose one
+/// copy serves fprop and wgrad, and ETP = 1 (R055). Backward's dy and the combines stay fp32.
+template <class Base = all_to_all>
+  requires(Base::value == dispatcher::all_to_all)
+struct fp8_wire : Base {
+  static constexpr std::string_view name = "fp8_wire";
+  static constexpr bool fp8_forward_wire = true;
+};
+
+/// Whether a dispatch policy sends the forward tokens as FP8 codes (dispatch::fp8_wire).
+template <class D>
+constexpr bool fp8_wire_of() {
+  if constexpr (requires { D::fp8_forward_wire; })
+    return D::fp8_forward_wire;
+  else
+    return false;
 }
 
 /// The DeepEP analog for one node: every rank of the tp_ep group publishes its tokens (or its

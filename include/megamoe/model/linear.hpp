@@ -50,9 +50,9 @@ inline constexpr bool rounds_operands_v = !std::is_same_v<Ops, expert::exact_ope
 /// Whether Ops holds the weights' codes as their primary copy (memory::quantized_weights).
 template <class Ops>
 inline constexpr bool holds_weight_codes_v = false;
-template <class Recipe, class Reduction, bool QuantizedActivations>
+template <class Recipe, class Reduction, bool QuantizedActivations, bool CodesOnWire>
 inline constexpr bool holds_weight_codes_v<
-    precision::grouped_operands<Recipe, Reduction, QuantizedActivations, true>> = true;
+    precision::grouped_operands<Recipe, Reduction, QuantizedActivations, true, CodesOnWire>> = true;
 
 /// memory::quantized_weights for a dense module: quantizes linear l's weight [rows, cols] from
 /// its fp32 values w into the operands' codes, its primary copy (collective over the operands'

@@ -33,6 +33,7 @@
 #include <megamoe/model/moe_routing.hpp>
 #include <megamoe/model/moe_setup.hpp>
 #include <megamoe/model/moe_types.hpp>
+#include <megamoe/model/moe_wire.hpp>
 #include <megamoe/parallel/environment.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 
@@ -42,6 +43,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -84,6 +86,8 @@ class moe_layer {
   /// Whether the dispatcher keeps the layer's input in its shared window (dispatch::shared_memory):
   /// the input's copy is then also the dispatch's publication.
   static constexpr bool input_in_window = requires(dispatcher_type & d) { d.token_rows(); };
+  /// The forward dispatch carries fc1's FP8 input codes (dispatch::fp8_wire).
+  static constexpr bool fp8_wire = types::fp8_wire;
   static_assert(expert_stage_of<expert_stage<types>, scalar>);
 
   /// One rank (dispatch::local): `layer_number` names the parameters (decoder.layers.{i}); `given`
@@ -233,8 +237,15 @@ class moe_layer {
       input_at_ = kept;
     }
     auto output = output_.matrix(tokens_, H);
-    dispatcher_.forward(ctx.pool(), ctx.stages, input_at_, rows.rows, routing_.output().probs,
-                        rows.probs, rows.out, output.data(), compute_forward(ctx, rows));
+    if constexpr (fp8_wire) {
+      std::uint8_t* code_rows = encode_for_wire(ctx, rows.count);
+      dispatcher_.forward_codes(ctx.pool(), ctx.stages, wire_.codes(), code_rows,
+                                routing_.output().probs, rows.probs, rows.out, output.data(),
+                                compute_forward(ctx, rows));
+    } else {
+      dispatcher_.forward(ctx.pool(), ctx.stages, input_at_, rows.rows, routing_.output().probs,
+                          rows.probs, rows.out, output.data(), compute_forward(ctx, rows));
+    }
     if (has_shared_expert())
       ctx.stages.time(layer_stage::shared_expert, [&] {
         experts_.shared_forward(ctx, f, input());
@@ -273,9 +284,18 @@ class moe_layer {
         if (window_allocations() != windows && input_at_ != input_.data())
           throw std::logic_error(
               "moe_layer: the recomputed plan grew the window holding the input");
-      ctx.stages.time(layer_stage::permute, [&] {
-        dispatcher_.dispatch(ctx.pool(), input_at_, rows.rows, routing_.output().probs, rows.probs);
-      });
+      if constexpr (fp8_wire) {
+        std::uint8_t* code_rows = encode_for_wire(ctx, rows.count);
+        ctx.stages.time(layer_stage::permute, [&] {
+          dispatcher_.dispatch_codes(ctx.pool(), wire_.codes(), code_rows, routing_.output().probs,
+                                     rows.probs);
+        });
+      } else {
+        ctx.stages.time(layer_stage::permute, [&] {
+          dispatcher_.dispatch(ctx.pool(), input_at_, rows.rows, routing_.output().probs,
+                               rows.probs);
+        });
+      }
       ctx.stages.time(layer_stage::experts, [&] {
         experts_.forward(exec, dispatcher_.tokens_per_local_expert(), rows, 0, local_experts());
       });
@@ -409,6 +429,18 @@ class moe_layer {
     return rows;
   }
 
+  /// dispatch::fp8_wire: this rank's rows as codes (collective over EP, timed as permute), and
+  /// where the local experts' codes will arrive, handed to their operands.
+  std::uint8_t* encode_for_wire(context& ctx, int expert_rows) requires fp8_wire {
+    ctx.stages.time(layer_stage::permute, [&] {
+      wire_.encode(ctx.pool(), groups_->ep(), dispatcher_.send_rows(), input_at_, hidden_size(),
+                   experts_.routed_ops(), first_expert(), local_experts());
+    });
+    std::uint8_t* code_rows = wire_.arrivals(expert_rows, hidden_size());
+    experts_.routed_ops().arrive_codes(code_rows, wire_.local_amax());
+    return code_rows;
+  }
+
   /// The expert stage's forward on the planned rows, as the dispatcher calls it.
   auto compute_forward(context& ctx, routed_rows<scalar> const& rows) {
     return [&ctx, &rows, this](int first, int last) {
@@ -447,6 +479,8 @@ class moe_layer {
   buffer<scalar> input_, output_, grad_input_;
   scalar const* input_at_ = nullptr;  // the kept input: in input_, or in the dispatcher's window
   activation_stash<int, router::batch_shape, std::uint64_t, buffer<scalar>> stash_;
+  struct no_wire {};
+  [[no_unique_address]] std::conditional_t<fp8_wire, fp8_wire_codes<operands_type>, no_wire> wire_;
   std::vector<double> load_;  // across micro-batches: expert_load()
 };
 

@@ -78,14 +78,18 @@ struct moe_types {
   static constexpr precision::settings recipe = Config::precision::value;
   static constexpr bool rounds_operands = precision::rounds_operands(recipe);
   static constexpr bool quantized_weights = memory_settings.quantized_weights;
-  template <bool QuantizedWeights>
-  using operands_for = std::conditional_t<
-      rounds_operands,
-      precision::grouped_operands<typename Config::precision, parallel::communicator_max,
-                                  memory_settings.quantized_activations, QuantizedWeights>,
-      expert::exact_operands>;
-  using routed_operands = operands_for<quantized_weights>;
-  using shared_operands = operands_for<false>;
+  /// The forward dispatch carries fc1's FP8 input codes (dispatch::fp8_wire): the routed experts'
+  /// operands take them as they arrive.
+  static constexpr bool fp8_wire = dispatch::fp8_wire_of<typename Config::dispatch>();
+  template <bool QuantizedWeights, bool CodesOnWire>
+  using operands_for =
+      std::conditional_t<rounds_operands,
+                         precision::grouped_operands<
+                             typename Config::precision, parallel::communicator_max,
+                             memory_settings.quantized_activations, QuantizedWeights, CodesOnWire>,
+                         expert::exact_operands>;
+  using routed_operands = operands_for<quantized_weights, fp8_wire>;
+  using shared_operands = operands_for<false, false>;
   static_assert(!rounds_operands || std::is_same_v<scalar, float>,
                 "megamoe: the bf16, FP8 and FP4 recipes keep fp32 master weights");
 

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -55,8 +56,10 @@ struct no_amax_reduction {
 /// instead of BF16, as DeepSeek-V3 caches the SwiGLU input in FP8 (memory::quantized_activations).
 /// With `QuantizedWeights` the weights' codes are the primary weights (memory::quantized_weights):
 /// store_weights() quantizes them once per optimizer step and forward only dequantizes them.
+/// With `CodesOnWire` fc1's input arrives as codes (dispatch::fp8_wire): the senders quantized each
+/// row with the expert's scale, and arrive_codes() hands over the codes and each expert's amax.
 template <class Recipe, class AmaxReduction = no_amax_reduction, bool QuantizedActivations = false,
-          bool QuantizedWeights = false>
+          bool QuantizedWeights = false, bool CodesOnWire = false>
 class grouped_operands {
  public:
   static constexpr settings recipe = Recipe::value;
@@ -75,6 +78,14 @@ class grouped_operands {
   static_assert(input_col.hadamard == grad_col.hadamard,
                 "both wgrad operands go through the same transform or neither");
   static constexpr int padding = recipe.padding_multiple > 1 ? recipe.padding_multiple : 1;
+  /// Whether codes made before the dispatch equal the ones input() makes: one per-tensor FP8 copy
+  /// serves fprop and wgrad (fp8_delayed, fp8_current).
+  static constexpr bool codes_travel =
+      input_row.scale == scale_kind::per_tensor && same_copies(recipe, role::input) &&
+      (input_row.element == element_kind::e4m3 || input_row.element == element_kind::e5m2);
+  static_assert(!CodesOnWire || codes_travel,
+                "megamoe[R055]: dispatch::fp8_wire needs a per-tensor FP8 recipe "
+                "(precision::fp8_tensorwise<delayed or current>)");
 
   /// `experts` experts; `seed` drives stochastic rounding.
   explicit grouped_operands(int experts, std::uint64_t seed = 0,
@@ -114,14 +125,38 @@ class grouped_operands {
     weights_ = &weights;
   }
 
+  // --- fc1's input as codes from the wire (CodesOnWire) -----------------------------------------
+
+  /// Current scaling's scale of fc1's input for an expert whose input has amax `amax`, as input()
+  /// computes it.
+  static float current_input_scale(float amax) {
+    return scale_from_amax(amax, max_of(input_row.element));
+  }
+  /// Delayed scaling's scale of local expert e's fc1 input this step (fixed until end_of_step).
+  [[nodiscard]] float delayed_input_scale(int e) const {
+    return delayed_[index(expert::linear::fc1)][static_cast<std::size_t>(role::input)]
+                   [static_cast<std::size_t>(e)]
+                       .scale;
+  }
+  /// fc1's input codes [N, cols] of the coming forward, grouped by local expert as its rows, each
+  /// expert's with the scale its amax (over every sender's rows, `amax` [local experts]) gives;
+  /// both must stay until the forward has run.
+  void arrive_codes(std::uint8_t const* code_rows,
+                    std::span<float const> amax) requires CodesOnWire {
+    wire_codes_ = code_rows;
+    wire_amax_ = amax;
+  }
+
   // --- Hooks of expert::grouped_mlp -------------------------------------------------------------
 
   /// fprop input [N, cols] of `layer`: quantizes the rowwise copy and keeps the wgrad copy;
-  /// returns the dequantized rowwise copy.
+  /// returns the dequantized rowwise copy. With CodesOnWire fc1's copy is the codes that arrived.
   float const* input(expert::linear layer, float const* x, int cols,
                      std::span<std::int64_t const> offsets, int first, int last) {
     auto const l = index(layer);
     float* out = rows_a_->reserve(rows_of(offsets, last) * static_cast<std::size_t>(cols));
+    if constexpr (CodesOnWire)
+      if (layer == expert::linear::fc1) return input_from_wire(l, cols, offsets, first, last, out);
     prepare_scales<input_row>(l, role::input, first, last, rows_of_expert(x, cols, offsets));
     for_experts(first, last, [&](int e) {
       auto [off, n] = slice(offsets, e);
@@ -541,6 +576,15 @@ class grouped_operands {
                   [&](int e) { amax_[static_cast<std::size_t>(e)] = amax_of(values(e)); });
       reduction_(std::span<float>(amax_).subspan(static_cast<std::size_t>(first),
                                                  static_cast<std::size_t>(last - first)));
+      scales_from_amaxes<F>(l, r, first, last);
+    }
+  }
+
+  /// scales_[e] from amax_[e] for experts [first, last): current scaling's, or delayed scaling's
+  /// stored one with the amax recorded.
+  template <operand_format F>
+  void scales_from_amaxes(std::size_t l, role r, int first, int last) {
+    if constexpr (F.scale == scale_kind::per_tensor) {
       for (int e = first; e < last; ++e) {
         float const amax = amax_[static_cast<std::size_t>(e)];
         if constexpr (recipe.recipe == recipe_id::fp8_delayed) {
@@ -552,6 +596,31 @@ class grouped_operands {
         }
       }
     }
+  }
+
+  /// fc1's input copy from the codes that arrived: each expert's amax and scale as input() would
+  /// have them (the amax is already every sender's), its codes kept, its values dequantized.
+  float* input_from_wire(std::size_t l, int cols, std::span<std::int64_t const> offsets, int first,
+                         int last, float* out) {
+    if (wire_codes_ == nullptr || wire_amax_.size() < static_cast<std::size_t>(last))
+      throw std::logic_error("grouped_operands: fc1's input codes have not arrived");
+    for (int e = first; e < last; ++e)
+      amax_[static_cast<std::size_t>(e)] = wire_amax_[static_cast<std::size_t>(e)];
+    scales_from_amaxes<input_row>(l, role::input, first, last);
+    for_experts(first, last, [&](int e) {
+      auto [off, n] = slice(offsets, e);
+      auto& q = held(l, role::input, usage::rowwise, e);
+      q.rows = static_cast<int>(n);
+      q.cols = cols;
+      auto const* from = wire_codes_ + off * cols;
+      q.codes.assign(from, from + n * cols);
+      q.scale_inv.assign(1, 1.0F / scales_[static_cast<std::size_t>(e)]);
+      q.scale_codes.clear();
+      q.global_amax = 0.0F;
+      q.has_global_amax = false;
+      dequantize_rows_into<input_row>(slot::rows_a, e, q, out + off * cols);
+    });
+    return out;
   }
 
   /// Writes q's values row-major [rows, cols] at out.
@@ -612,6 +681,8 @@ class grouped_operands {
   std::array<std::vector<float>, 3> units_;  // [operand_buffer][E]: tensor_factor of the values
   std::vector<std::uint16_t> fc1_bf16_;
   std::vector<std::int64_t> padded_offsets_;
+  std::uint8_t const* wire_codes_ = nullptr;  // CodesOnWire: fc1's input codes of the forward
+  std::span<float const> wire_amax_;          // and each local expert's amax
 };
 
 }  // namespace megamoe::precision
