@@ -42,7 +42,8 @@
 //   fp8_current), over three training steps whose inputs grow (delayed scaling's scales change
 //   between them): outputs, input gradients and every parameter gradient bit for bit, a quarter of
 //   Base's token bytes on the wire; --memory moe_layer recomputes the layer (the codes' dispatch
-//   again in backward).
+//   again in backward); --expect-empty 1: some rank's experts receive no row in some step (a
+//   first dispatch with nothing to receive included).
 //
 //   mpiexec -n 8 megamoe_dispatch_equivalence_mpi_tests --ep 8 --nodes 1,2,4 --experts 64
 //       --top-k 8 [--tp 2] [--precision fp32] [--router pad] [--fewer-at 4]
@@ -97,6 +98,7 @@ struct options {
   std::vector<int> nodes{1};
   int experts = 8, top_k = 2, tokens = 24, fewer_at = 0, pieces = 2;
   std::string precision = "fp64", router = "aux", variant = "hierarchical", memory = "keep_all";
+  bool expect_empty = false;  // fp8_wire: some rank's experts receive no row in some step
 };
 
 options parse(int argc, char** argv) {
@@ -132,6 +134,8 @@ options parse(int argc, char** argv) {
       o.pieces = std::stoi(value);
     } else if (key == "--memory") {
       o.memory = value;
+    } else if (key == "--expect-empty") {
+      o.expect_empty = value == "1";
     } else {
       throw mm::input_error("unknown argument " + key);
     }
@@ -614,6 +618,7 @@ int wire_run(mm::parallel::environment& env, options const& o) {
   };
   int const S = o.tokens / 2, B = 2;
   std::int64_t wire_bytes = 0, base_bytes = 0;
+  int empty = 0;  // steps in which this rank's experts received no row
   for (int step = 0; step < 3; ++step) {
     std::string const at = " (step " + std::to_string(step) + ")";
     mm::row_matrix<float> const x =
@@ -623,6 +628,7 @@ int wire_run(mm::parallel::environment& env, options const& o) {
     base.zero_grad();
     mm::row_matrix<float> const y_wire = wire.forward(ctx, x, S, B).y;
     wire_bytes += wire.dispatcher().token_bytes_sent();
+    empty += wire.dispatcher().expert_rows() == 0 ? 1 : 0;
     mm::row_matrix<float> const dx_wire = wire.backward(ctx, dy);
     mm::row_matrix<float> const y_base = base.forward(ctx, x, S, B).y;
     base_bytes += base.dispatcher().token_bytes_sent();
@@ -661,9 +667,13 @@ int wire_run(mm::parallel::environment& env, options const& o) {
     result.close("overlap pieces", wire.dispatcher().overlap_pieces(),
                  std::min(2, o.experts / o.degrees.ep), 1.0, 0.0);
   auto const all_base_bytes = boost::mpi::all_reduce(world, base_bytes, std::plus<std::int64_t>());
+  int const all_empty = boost::mpi::all_reduce(world, empty, std::plus<int>());
+  if (o.expect_empty)
+    result.close("some rank's experts received no row", all_empty > 0 ? 1.0 : 0.0, 1.0, 1.0, 0.0);
   if (world.rank() == 0)
     std::cout << "fp8_wire: token bytes sent over 3 steps, all ranks: codes " << all_bytes << ", "
-              << Base::name << " " << all_base_bytes << "\n";
+              << Base::name << " " << all_base_bytes << "; ranks x steps without expert rows "
+              << all_empty << "\n";
   return result.finish(world,
                        std::string("fp8_wire<") + std::string(Base::name) + "> " + o.precision +
                            " router " + o.router + " memory " + o.memory + " on " +

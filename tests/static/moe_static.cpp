@@ -57,6 +57,12 @@ static_assert(types_of<md::fp8_wire<>, fp8_current>::fp8_wire &&
               !types_of<md::all_to_all, fp8_current>::fp8_wire);
 static_assert(types_of<md::fp8_wire<>, fp8_current>::routed_operands::codes_travel);
 static_assert(!types_of<md::all_to_all, mm::precision::mxfp8>::routed_operands::codes_travel);
+// A layer kept in BF16 (first_last_layers_bf16) dispatches its fp32 rows through Base (R055).
+using wire_config = mm::make_config<shape, md::fp8_wire<md::all_to_all_overlap<2>>, fp8_current>;
+static_assert(
+    std::is_same_v<mm::bf16_layer_config_t<wire_config>::dispatch, md::all_to_all_overlap<2>>);
+static_assert(mm::rules::check<mm::bf16_layer_config_t<wire_config>>());
+static_assert(!mm::moe_types<mm::bf16_layer_config_t<wire_config>>::fp8_wire);
 static_assert(std::is_same_v<types_of<mm::precision::fp64>::dispatcher_type,
                              md::local_dispatcher<double, double>>);
 // A static router's plan is in its type; the memory policy decides what is kept.

@@ -124,15 +124,26 @@ struct without_quantized_storage<memory::plan<Options...>> {
   using type = boost::mp11::mp_rename<
       boost::mp11::mp_remove_if<boost::mp11::mp_list<Options...>, stores_quantized>, memory::plan>;
 };
+/// A dispatch policy without FP8 codes on the wire (dispatch::fp8_wire<Base> -> Base).
+template <class Dispatch>
+struct without_fp8_wire {
+  using type = Dispatch;
+};
+template <class Base>
+struct without_fp8_wire<dispatch::fp8_wire<Base>> {
+  using type = Base;
+};
 }  // namespace detail
 
 /// What a layer kept in BF16 under `Config`'s FP8 or FP4 recipe runs (the reference's
-/// first_last_layers_bf16): the bf16 recipe, and the memory plan without its quantized storage,
-/// which needs a quantized recipe (R030). For a `make_config` configuration this is the very
-/// type its bf16 counterpart is, so no module is built twice.
+/// first_last_layers_bf16): the bf16 recipe, the memory plan without its quantized storage, which
+/// needs a quantized recipe (R030), and the dispatch without FP8 codes on the wire (R055). For a
+/// `make_config` configuration this is the very type its bf16 counterpart is, so no module is
+/// built twice.
 template <training_config Config>
 using bf16_layer_config_t =
-    basic_config<typename Config::shape, typename Config::router, typename Config::dispatch,
+    basic_config<typename Config::shape, typename Config::router,
+                 typename detail::without_fp8_wire<typename Config::dispatch>::type,
                  typename Config::expert, precision::bf16, typename Config::parallel,
                  typename detail::without_quantized_storage<typename Config::memory>::type,
                  typename Config::model>;

@@ -342,7 +342,7 @@ class all_to_all_dispatcher {
   }
 
   std::int64_t token_bytes(std::size_t element) const {
-    return chunks_.send_rows().rows() * hidden_ * static_cast<std::int64_t>(element);
+    return std::int64_t{chunks_.send_rows().rows()} * hidden_ * static_cast<std::int64_t>(element);
   }
 
   void require_codes_in_place() const {

@@ -143,8 +143,9 @@ class grouped_operands {
   /// both must stay until the forward has run.
   void arrive_codes(std::uint8_t const* code_rows,
                     std::span<float const> amax) requires CodesOnWire {
-    wire_codes_ = code_rows;
+    wire_codes_ = code_rows;  // null when no row arrives
     wire_amax_ = amax;
+    codes_arrived_ = true;
   }
 
   // --- Hooks of expert::grouped_mlp -------------------------------------------------------------
@@ -602,7 +603,7 @@ class grouped_operands {
   /// have them (the amax is already every sender's), its codes kept, its values dequantized.
   float* input_from_wire(std::size_t l, int cols, std::span<std::int64_t const> offsets, int first,
                          int last, float* out) {
-    if (wire_codes_ == nullptr || wire_amax_.size() < static_cast<std::size_t>(last))
+    if (!codes_arrived_ || wire_amax_.size() < static_cast<std::size_t>(last))
       throw std::logic_error("grouped_operands: fc1's input codes have not arrived");
     for (int e = first; e < last; ++e)
       amax_[static_cast<std::size_t>(e)] = wire_amax_[static_cast<std::size_t>(e)];
@@ -683,6 +684,7 @@ class grouped_operands {
   std::vector<std::int64_t> padded_offsets_;
   std::uint8_t const* wire_codes_ = nullptr;  // CodesOnWire: fc1's input codes of the forward
   std::span<float const> wire_amax_;          // and each local expert's amax
+  bool codes_arrived_ = false;
 };
 
 }  // namespace megamoe::precision
