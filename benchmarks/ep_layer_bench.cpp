@@ -25,7 +25,8 @@
 // same weights. A round times `--iters` steps of each variant, alternating which goes first; a
 // step's time is the slowest rank's. Reported: per variant the median, min and max over rounds, and
 // the median and range of the per-round ratio (second / first). Bytes: what one dispatch sends from
-// each rank to other ranks (token rows and probs), summed over ranks, in total and across nodes.
+// each rank to other ranks (token rows and probs), summed over ranks, in total and across nodes;
+// for the flat dispatchers also a training step's (forward dispatch and combine, backward's two).
 // Before timing, the first step's outputs are compared: equal bit for bit (overlap,
 // shared_memory, shared_memory_overlap, hierarchical_shared_memory, fp8_wire) or within 1e-4
 // relative (hierarchical), else exit 1. rank 0 prints one JSON line.
@@ -68,6 +69,7 @@ using bench_config = mm::make_config<
 
 struct variant_bytes {
   double total = 0.0, inter_node = 0.0;
+  double step = -1.0;  // a training step's four exchanges (flat dispatchers; else unknown)
 };
 
 /// Bytes one dispatch sends from this rank to others, in total and to other nodes.
@@ -85,11 +87,16 @@ variant_bytes bytes_of(Layer const& layer, std::vector<int> const& node_of_ep, i
       splits = d.chunks().send_splits();
     else
       splits = d.send_splits();
-    // A row: its token (FP8 codes on fp8_wire's wire) and its prob.
+    // A row: its token (FP8 codes on fp8_wire's wire) and its prob. A step: the forward's
+    // dispatch and combine, dy's dispatch, and combine_grad with the probs' gradients.
     double const token_bytes = Layer::fp8_wire ? 1.0 : sizeof(float);
+    double const row = H * token_bytes + sizeof(float);
+    double const row_step = row + 3.0 * H * sizeof(float) + sizeof(float);
+    b.step = 0.0;
     for (std::size_t j = 0; j < splits.size(); ++j) {
       if (static_cast<int>(j) == me) continue;
-      double const bytes = static_cast<double>(splits[j]) * (H * token_bytes + sizeof(float));
+      double const bytes = static_cast<double>(splits[j]) * row;
+      b.step += static_cast<double>(splits[j]) * row_step;
       b.total += bytes;
       if (node_of_ep[j] != node_of_ep[static_cast<std::size_t>(me)]) b.inter_node += bytes;
     }
@@ -234,10 +241,13 @@ int compare(mm::parallel::environment& env, std::string const& what, std::string
   // Collective: every rank sums the bytes.
   double const total1 = sum(b1.total), inter1 = sum(b1.inter_node);
   double const total2 = sum(b2.total), inter2 = sum(b2.inter_node);
+  double const step1 = sum(b1.step), step2 = sum(b2.step);
   if (world.rank() == 0) {
     nlohmann::ordered_json j;
     j["bytes_per_dispatch"] = {{label<First>(), {{"total", total1}, {"inter_node", inter1}}},
                                {label<Second>(), {{"total", total2}, {"inter_node", inter2}}}};
+    if (b1.step >= 0.0 && b2.step >= 0.0)
+      j["bytes_per_step"] = {{label<First>(), step1}, {label<Second>(), step2}};
     std::cout << j.dump() << std::endl;
   }
   return ok ? 0 : 1;
