@@ -419,12 +419,15 @@ class all_to_all_dispatcher {
       piece.last = (g + 1) * L / count;
       piece.row_types.resize(peers);
       for (auto& t : piece.chunk_types) t.resize(peers);
-      for (auto* side :
-           {&piece.forward_send[0], &piece.forward_send[1], &piece.forward_recv[0],
-            &piece.forward_recv[1], &piece.backward_send[0], &piece.backward_send[1],
-            &piece.backward_recv[0], &piece.backward_recv[1], &piece.code_send, &piece.code_recv})
+      for (auto* side : {&piece.forward_send[0], &piece.forward_send[1], &piece.forward_recv[0],
+                         &piece.forward_recv[1], &piece.backward_send[0], &piece.backward_send[1],
+                         &piece.backward_recv[0], &piece.backward_recv[1]})
         side->resize(peers);
-      if constexpr (CodesOnWire) piece.code_types.resize(peers);
+      if constexpr (CodesOnWire) {
+        piece.code_send.resize(peers);
+        piece.code_recv.resize(peers);
+        piece.code_types.resize(peers);
+      }
       for (int j = 0; j < EP; ++j) {
         auto const J = static_cast<std::size_t>(j);
         std::int64_t const begin = expert_start_[J * L + piece.first];

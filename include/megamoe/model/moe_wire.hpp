@@ -14,7 +14,6 @@
 #include <megamoe/core/thread_pool.hpp>
 #include <megamoe/dispatch/token_rows.hpp>
 #include <megamoe/parallel/watchdog.hpp>
-#include <megamoe/precision/formats.hpp>
 #include <megamoe/precision/quantize.hpp>
 #include <megamoe/precision/recipe.hpp>
 #include <megamoe/precision/scaling.hpp>
@@ -36,7 +35,6 @@ template <class Operands>
 class fp8_wire_codes {
  public:
   static constexpr auto format = Operands::input_row;
-  using element = typename precision::detail::element_type_of<format.element>::type;
   static constexpr bool delayed = Operands::recipe.recipe == precision::recipe_id::fp8_delayed;
 
   /// Collective over `ep` (ETP = 1): every expert's amax and scale, then the codes of `rows`
@@ -82,15 +80,14 @@ class fp8_wire_codes {
     for (int l = 0; l < local_experts; ++l)
       local_amax_[static_cast<std::size_t>(l)] =
           std::bit_cast<float>(reduced_[static_cast<std::size_t>(first_expert + l)]);
-    // The codes, as the operands' quantize<F> makes them: encode(value * scale).
+    // The codes, as the operands' quantize<F> makes them.
     std::uint8_t* out = send_.reserve(static_cast<std::size_t>(rows.rows()) * H);
     parallel_rows(pool, rows.rows(), [&](int begin, int end) {
-      for (int r = begin; r < end; ++r) {
-        float const scale = scale_[static_cast<std::size_t>(rows.row_expert(r))];
-        float const* v = tokens + static_cast<std::size_t>(rows.source_token(r)) * H;
-        std::uint8_t* code = out + static_cast<std::size_t>(r) * H;
-        for (std::size_t c = 0; c < H; ++c) code[c] = precision::encode<element>(v[c] * scale);
-      }
+      for (int r = begin; r < end; ++r)
+        precision::encode_per_tensor<format>(
+            tokens + static_cast<std::size_t>(rows.source_token(r)) * H, H,
+            scale_[static_cast<std::size_t>(rows.row_expert(r))],
+            out + static_cast<std::size_t>(r) * H);
     });
   }
 

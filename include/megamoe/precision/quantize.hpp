@@ -119,6 +119,16 @@ constexpr float max_of(element_kind e) {
   }
 }
 
+/// Per-tensor codes of n values of a per-tensor format F: encode(v * tensor_scale), as quantize<F>
+/// writes them (and dispatch::fp8_wire's senders, whose codes must be the experts' own).
+template <operand_format F>
+  requires(F.scale == scale_kind::per_tensor && F.element != element_kind::bf16 &&
+           F.element != element_kind::fp32)
+void encode_per_tensor(float const* v, std::size_t n, float tensor_scale, std::uint8_t* out) {
+  using E = typename detail::element_type_of<F.element>::type;
+  for (std::size_t i = 0; i < n; ++i) out[i] = encode<E>(v[i] * tensor_scale);
+}
+
 /// Quantizes a row-major [rows, cols] matrix in format F. `tensor_scale` is the per-tensor scale
 /// (per-tensor formats only); `seed` drives stochastic rounding; `global_amax` is the amax NVFP4's
 /// block scales sit under (default: the matrix's own).
@@ -144,7 +154,7 @@ void quantize(float const* v, int rows, int cols, float tensor_scale, std::uint6
     constexpr int br = F.block_rows, bc = F.block_cols;
     if constexpr (F.scale == scale_kind::per_tensor) {
       q.codes.resize(n);
-      for (std::size_t i = 0; i < n; ++i) q.codes[i] = encode<E>(v[i] * tensor_scale);
+      encode_per_tensor<F>(v, n, tensor_scale, q.codes.data());
       q.scale_inv.assign(1, 1.0F / tensor_scale);
     } else if constexpr (F.scale == scale_kind::fp32_blocks) {
       detail::block_amax_into(v, rows, cols, br, bc, q.scale_inv);
