@@ -20,7 +20,8 @@
 // shared_memory_overlap<4> (the dispatches' pulls in pieces of local experts, overlapped with
 // their compute; the fraction of rank 0's rows pulled while experts computed is reported).
 // --compare fp8_wire: all_to_all against fp8_wire<all_to_all> (the forward's token rows as FP8
-// codes), both under fp8_tensorwise<current> (the other comparisons run fp32). Each
+// codes), both under fp8_tensorwise<current>; fp8_wire_mxfp8 the same under
+// wgrad_from_rowwise<mxfp8> (codes and E8M0 block scales) (the other comparisons run fp32). Each
 // rank holds tokens/EP of the shape's tokens (random, seeded per rank); both layers start from the
 // same weights. A round times `--iters` steps of each variant, alternating which goes first; a
 // step's time is the slowest rank's. Reported: per variant the median, min and max over rounds, and
@@ -87,10 +88,13 @@ variant_bytes bytes_of(Layer const& layer, std::vector<int> const& node_of_ep, i
       splits = d.chunks().send_splits();
     else
       splits = d.send_splits();
-    // A row: its token (FP8 codes on fp8_wire's wire) and its prob. A step: the forward's
-    // dispatch and combine, dy's dispatch, and combine_grad with the probs' gradients.
-    double const token_bytes = Layer::fp8_wire ? 1.0 : sizeof(float);
-    double const row = H * token_bytes + sizeof(float);
+    // A row: its token (FP8 codes, and block scales, on fp8_wire's wire) and its prob. A step:
+    // the forward's dispatch and combine, dy's dispatch, and combine_grad with the probs'
+    // gradients.
+    double token_row = H * static_cast<double>(sizeof(float));
+    if constexpr (Layer::fp8_wire)
+      token_row = static_cast<double>(Layer::operands_type::wire_row_bytes(H));
+    double const row = token_row + sizeof(float);
     double const row_step = row + 3.0 * H * sizeof(float) + sizeof(float);
     b.step = 0.0;
     for (std::size_t j = 0; j < splits.size(); ++j) {
@@ -262,9 +266,9 @@ int main(int argc, char** argv) {
     int rounds = 11, iters = 1, progress_us = 200;
     app.add_option("--compare", what,
                    "overlap | hierarchical | shared_memory | shared_memory_overlap | "
-                   "hierarchical_shared_memory | fp8_wire")
+                   "hierarchical_shared_memory | fp8_wire | fp8_wire_mxfp8")
         ->check(CLI::IsMember({"overlap", "hierarchical", "shared_memory", "shared_memory_overlap",
-                               "hierarchical_shared_memory", "fp8_wire"}));
+                               "hierarchical_shared_memory", "fp8_wire", "fp8_wire_mxfp8"}));
     app.add_option("--shape", shape, "A | B | C")->check(CLI::IsMember({"A", "B", "C"}));
     app.add_option("--rounds", rounds, "alternating rounds")->check(CLI::PositiveNumber);
     app.add_option("--iters", iters, "steps per variant and round")->check(CLI::PositiveNumber);
@@ -288,6 +292,10 @@ int main(int argc, char** argv) {
     if (what == "fp8_wire")
       return compare<mm::dispatch::all_to_all, mm::dispatch::fp8_wire<>,
                      mm::precision::fp8_tensorwise<mm::precision::current>>(
+          env, what, shape, rounds, iters, progress_us);
+    if (what == "fp8_wire_mxfp8")
+      return compare<mm::dispatch::all_to_all, mm::dispatch::fp8_wire<>,
+                     mm::precision::wgrad_from_rowwise<mm::precision::mxfp8>>(
           env, what, shape, rounds, iters, progress_us);
     if (what == "hierarchical_shared_memory")
       return compare<mm::dispatch::hierarchical<>,

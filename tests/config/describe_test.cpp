@@ -143,6 +143,11 @@ TEST(Describe, PrecisionRecipes) {
   EXPECT_EQ(p(mm::precision::fp8_tensorwise<mm::precision::current>{})["fp8_recipe"], "tensorwise");
   EXPECT_EQ(p(mm::precision::fp8_blockwise{})["quantization_padding_multiple"], 16);
   EXPECT_EQ(p(mm::precision::mxfp8{})["quantization_padding_multiple"], 32);
+  EXPECT_FALSE(p(mm::precision::mxfp8{}).contains("wgrad_from_rowwise"));
+  auto const requantized = p(mm::precision::wgrad_from_rowwise<mm::precision::mxfp8>{});
+  EXPECT_EQ(requantized["policy"], "wgrad_from_rowwise<mxfp8>");
+  EXPECT_EQ(requantized["fp8_recipe"], "mxfp8");
+  EXPECT_EQ(requantized["wgrad_from_rowwise"], true);
   auto const fp4 = p(mm::precision::nvfp4{});
   EXPECT_EQ(fp4["fp4_recipe"], "nvfp4");
   EXPECT_EQ(fp4["quantization_padding_multiple"], 128);

@@ -151,6 +151,19 @@ std::vector<breaking_case> const& breaking_cases() {
          v.fp8_wire = true;
          v.precision = mm::precision::mxfp8::value;
        }},
+      {55, "fp8 wire under mxfp8 at etp 2, wgrad from rowwise",
+       [](auto& v) {
+         v.dispatch = mm::dispatch::dispatcher::all_to_all;
+         v.fp8_wire = true;
+         v.precision = mm::precision::wgrad_from_rowwise<mm::precision::mxfp8>::value;
+         v.parallel.ep = 2;
+         v.parallel.etp = 2;
+       }},
+      {56, "wgrad from rowwise under nvfp4",
+       [](auto& v) {
+         v.precision = mm::precision::nvfp4::value;
+         v.precision.wgrad_from_rowwise = true;
+       }},
       {55, "fp8 wire at etp 2",
        [](auto& v) {
          v.dispatch = mm::dispatch::dispatcher::all_to_all;
@@ -267,7 +280,8 @@ TEST(ValueRules, SharedMemoryOverlapAtEtpTwoIsValid) {
   EXPECT_EQ(mm::rules::broken(v), std::vector<int>{33});
 }
 
-// R055: FP8 codes on the wire under either per-tensor FP8 recipe at ETP 1.
+// R055: FP8 codes on the wire under either per-tensor FP8 recipe, or MXFP8 and blockwise FP8 with
+// the wgrad copies made from the rowwise codes, at ETP 1.
 TEST(ValueRules, Fp8WireUnderPerTensorFp8IsValid) {
   namespace mp = mm::precision;
   auto v = valid_values();
@@ -280,8 +294,16 @@ TEST(ValueRules, Fp8WireUnderPerTensorFp8IsValid) {
     v.precision = recipe;
     EXPECT_TRUE(mm::rules::broken(v).empty());
   }
+  for (auto const& recipe : {mp::wgrad_from_rowwise<mp::mxfp8>::value,
+                             mp::wgrad_from_rowwise<mp::fp8_blockwise>::value}) {
+    v.precision = recipe;
+    EXPECT_TRUE(mm::rules::broken(v).empty());
+  }
   v.precision = mp::fp8_blockwise::value;
   EXPECT_EQ(mm::rules::broken(v), std::vector<int>{55});
+  v.precision = mp::nvfp4::value;
+  v.precision.wgrad_from_rowwise = true;  // R056, and no codes made at the source either
+  EXPECT_EQ(mm::rules::broken(v), (std::vector<int>{55, 56}));
 }
 
 TEST(ValueRules, EachBrokenValueReportsExactlyItsRule) {
@@ -360,7 +382,7 @@ TEST(RuleCatalog, NamedIdsAreTheCatalogueEntries) {
   EXPECT_EQ(mm::rule(mm::rules::id::shape_sizes_valid).name, "shape_sizes_valid");
   EXPECT_EQ(mm::rule(mm::rules::id::etp_divides_ffn).id, 38);
   EXPECT_EQ(mm::rule(mm::rules::id::moe_layer_pattern_valid).name, "moe_layer_pattern_valid");
-  EXPECT_EQ(static_cast<std::size_t>(mm::rules::id::fp8_wire_needs_per_tensor_fp8),
+  EXPECT_EQ(static_cast<std::size_t>(mm::rules::id::wgrad_from_rowwise_needs_row_blocks),
             mm::rule_catalog.size());
   mm::config_error const e(mm::rules::id::pipeline_stages_divide_layers, "PP 3");
   EXPECT_EQ(e.rule_id(), 36);

@@ -38,12 +38,13 @@
 //   Every row, prob, output and gradient bit for bit.
 //
 // --variant fp8_wire: dispatch::fp8_wire<Base> (all_to_all; fp8_wire_overlap: all_to_all_overlap<2,
-//   0>) against Base under the same per-tensor FP8 recipe (--precision fp8_delayed or
-//   fp8_current), over three training steps whose inputs grow (delayed scaling's scales change
-//   between them): outputs, input gradients and every parameter gradient bit for bit, a quarter of
-//   Base's token bytes on the wire; --memory moe_layer recomputes the layer (the codes' dispatch
-//   again in backward); --expect-empty 1: some rank's experts receive no row in some step (a
-//   first dispatch with nothing to receive included).
+//   0>) against Base under the same recipe (--precision fp8_delayed, fp8_current,
+//   mxfp8_wgrad_from_rowwise or blockwise_wgrad_from_rowwise, the last with all_to_all alone),
+//   over three training steps whose inputs grow (delayed scaling's scales change between them):
+//   outputs, input gradients and every parameter gradient bit for bit, Base's token bytes times
+//   the wire's row bytes over 4 H (codes, and block scales) on the wire; --memory moe_layer
+//   recomputes the layer (the codes' dispatch again in backward); --expect-empty 1: some rank's
+//   experts receive no row in some step (a first dispatch with nothing to receive included).
 //
 //   mpiexec -n 8 megamoe_dispatch_equivalence_mpi_tests --ep 8 --nodes 1,2,4 --experts 64
 //       --top-k 8 [--tp 2] [--precision fp32] [--router pad] [--fewer-at 4]
@@ -85,9 +86,9 @@ using mm::testing::tally;
 
 constexpr int hidden = 16, ffn = 12;
 
-template <class Dispatch, class Precision, class Memory = mm::memory::keep_all>
+template <class Dispatch, class Precision, class Memory = mm::memory::keep_all, int Hidden = hidden>
 using layer_config = mm::make_config<
-    mm::shape<mm::hidden<hidden>, mm::ffn<ffn>, mm::experts<mm::dynamic>>, mr::runtime, Dispatch,
+    mm::shape<mm::hidden<Hidden>, mm::ffn<ffn>, mm::experts<mm::dynamic>>, mr::runtime, Dispatch,
     mm::expert::mlp<mm::expert::swiglu>, Precision,
     mm::parallel::mapping<mm::parallel::tp<mm::dynamic>, mm::parallel::etp<mm::dynamic>,
                           mm::parallel::ep<mm::dynamic>>,
@@ -161,10 +162,10 @@ mr::settings router_settings(options const& o) {
 
 /// This rank's tokens: different on every rank.
 template <class T>
-mm::row_matrix<T> tokens_of(int rank, int count, double phase) {
-  mm::row_matrix<T> x(count, hidden);
+mm::row_matrix<T> tokens_of(int rank, int count, double phase, int width = hidden) {
+  mm::row_matrix<T> x(count, width);
   for (int t = 0; t < count; ++t)
-    for (int h = 0; h < hidden; ++h)
+    for (int h = 0; h < width; ++h)
       x(t, h) = static_cast<T>(std::sin(0.37 * t + 1.3 * rank + 0.21 * h + phase) +
                                0.1 * std::cos(0.05 * t * h));
   return x;
@@ -593,11 +594,17 @@ int dispatchers_alone(mm::parallel::environment& env, options const& o, char con
                        (std::string("all equal ") + against + "'s").c_str());
 }
 
-/// dispatch::fp8_wire<Base> against Base, both under Precision (a per-tensor FP8 recipe).
+/// dispatch::fp8_wire<Base> against Base, both under Precision. Block-scaled rows are 160 wide:
+/// five MXFP8 blocks, or a blockwise block and a partial one.
 template <class Base, class Precision, class Memory>
 int wire_run(mm::parallel::environment& env, options const& o) {
-  using wire_layer = mm::moe_layer<layer_config<md::fp8_wire<Base>, Precision, Memory>>;
-  using base_layer = mm::moe_layer<layer_config<Base, Precision, Memory>>;
+  constexpr int H = mm::precision::format_of(Precision::value, mm::precision::operand_role::input,
+                                             mm::precision::operand_usage::rowwise)
+                                .scale == mm::precision::scale_kind::per_tensor
+                        ? hidden
+                        : 160;
+  using wire_layer = mm::moe_layer<layer_config<md::fp8_wire<Base>, Precision, Memory, H>>;
+  using base_layer = mm::moe_layer<layer_config<Base, Precision, Memory, H>>;
   static_assert(wire_layer::fp8_wire && !base_layer::fp8_wire);
   auto const& world = env.world();
   tally result;
@@ -621,9 +628,12 @@ int wire_run(mm::parallel::environment& env, options const& o) {
   int empty = 0;  // steps in which this rank's experts received no row
   for (int step = 0; step < 3; ++step) {
     std::string const at = " (step " + std::to_string(step) + ")";
-    mm::row_matrix<float> const x =
-        tokens_of<float>(world.rank(), o.tokens, 0.5 * step) * static_cast<float>(1 + 3 * step);
-    auto const dy = tokens_of<float>(world.rank(), o.tokens, 2.0 + step);
+    // Every fifth feature 1e-4 as large: FP8 subnormals within a row's block, normal numbers
+    // along the tokens, so requantizing the rowwise codes differs from quantizing the values.
+    mm::row_matrix<float> x =
+        tokens_of<float>(world.rank(), o.tokens, 0.5 * step, H) * static_cast<float>(1 + 3 * step);
+    for (int h = 0; h < H; h += 5) x.col(h) *= 1e-4F;
+    auto const dy = tokens_of<float>(world.rank(), o.tokens, 2.0 + step, H);
     wire.zero_grad();
     base.zero_grad();
     mm::row_matrix<float> const y_wire = wire.forward(ctx, x, S, B).y;
@@ -659,8 +669,15 @@ int wire_run(mm::parallel::environment& env, options const& o) {
                static_cast<double>(base_state.size()), 1.0, 0.0);
   for (std::size_t i = 0; i < std::min(wire_state.size(), base_state.size()); ++i)
     result.close("persistent state", wire_state[i], base_state[i], 1.0, 0.0);
-  result.close("token bytes on the wire, times 4", static_cast<double>(4 * wire_bytes),
-               static_cast<double>(base_bytes), 1.0, 0.0);
+  // Base sends H floats per row, the wire a row of codes (and block scales).
+  auto const row_bytes =
+      static_cast<std::int64_t>(wire_layer::operands_type::wire_row_bytes(wire.hidden_size()));
+  result.close("token bytes on the wire, per row",
+               static_cast<double>(wire_bytes * 4 * wire.hidden_size()),
+               static_cast<double>(base_bytes * row_bytes), 1.0, 0.0);
+  result.close("dispatcher's code row bytes",
+               static_cast<double>(wire.dispatcher().code_row_bytes()),
+               static_cast<double>(row_bytes), 1.0, 0.0);
   auto const all_bytes = boost::mpi::all_reduce(world, wire_bytes, std::plus<std::int64_t>());
   result.close("codes crossed the wire", all_bytes > 0 ? 1.0 : 0.0, 1.0, 1.0, 0.0);
   if constexpr (wire_layer::overlapped)
@@ -683,6 +700,11 @@ int wire_run(mm::parallel::environment& env, options const& o) {
 
 template <class Precision>
 int wire_run_for(mm::parallel::environment& env, options const& o) {
+  if constexpr (Precision::value.recipe == mm::precision::recipe_id::fp8_blockwise) {
+    if (o.variant != "fp8_wire" || o.memory != "keep_all")
+      throw mm::parallel::agreed_input_error("fp8_wire: blockwise runs the plain exchange alone");
+    return wire_run<md::all_to_all, Precision, mm::memory::keep_all>(env, o);
+  }
   using recompute = mm::memory::recompute<mm::memory::moe_layer>;
   if (o.variant == "fp8_wire_overlap")
     return wire_run<md::all_to_all_overlap<2, 0>, Precision, mm::memory::keep_all>(env, o);
@@ -702,7 +724,13 @@ int main(int argc, char** argv) {
         return wire_run_for<mp::fp8_tensorwise<mp::delayed>>(env, o);
       if (o.precision == "fp8_current")
         return wire_run_for<mp::fp8_tensorwise<mp::current>>(env, o);
-      throw mm::parallel::agreed_input_error("fp8_wire: --precision fp8_delayed or fp8_current");
+      if (o.precision == "mxfp8_wgrad_from_rowwise")
+        return wire_run_for<mp::wgrad_from_rowwise<mp::mxfp8>>(env, o);
+      if (o.precision == "blockwise_wgrad_from_rowwise")
+        return wire_run_for<mp::wgrad_from_rowwise<mp::fp8_blockwise>>(env, o);
+      throw mm::parallel::agreed_input_error(
+          "fp8_wire: --precision fp8_delayed, fp8_current, mxfp8_wgrad_from_rowwise or "
+          "blockwise_wgrad_from_rowwise");
     }
     if (o.variant == "overlap") {
       if (o.precision == "fp32") {

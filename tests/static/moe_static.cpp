@@ -57,6 +57,16 @@ static_assert(types_of<md::fp8_wire<>, fp8_current>::fp8_wire &&
               !types_of<md::all_to_all, fp8_current>::fp8_wire);
 static_assert(types_of<md::fp8_wire<>, fp8_current>::routed_operands::codes_travel);
 static_assert(!types_of<md::all_to_all, mm::precision::mxfp8>::routed_operands::codes_travel);
+using mxfp8_from_rowwise = mm::precision::wgrad_from_rowwise<mm::precision::mxfp8>;
+using blockwise_from_rowwise = mm::precision::wgrad_from_rowwise<mm::precision::fp8_blockwise>;
+static_assert(types_of<md::fp8_wire<>, mxfp8_from_rowwise>::routed_operands::row_codes_travel);
+static_assert(types_of<md::fp8_wire<>, blockwise_from_rowwise>::routed_operands::row_codes_travel);
+// A row of H = 64 on the wire: 64 codes and 2 E8M0 scales, or 64 codes and one fp32 scale.
+static_assert(types_of<md::fp8_wire<>, mxfp8_from_rowwise>::routed_operands::wire_row_bytes(64) ==
+              66);
+static_assert(
+    types_of<md::fp8_wire<>, blockwise_from_rowwise>::routed_operands::wire_row_bytes(64) == 68);
+static_assert(types_of<md::fp8_wire<>, fp8_current>::routed_operands::wire_row_bytes(64) == 64);
 // A layer kept in BF16 (first_last_layers_bf16) dispatches its fp32 rows through Base (R055).
 using wire_config = mm::make_config<shape, md::fp8_wire<md::all_to_all_overlap<2>>, fp8_current>;
 static_assert(

@@ -185,6 +185,7 @@ inline nlohmann::ordered_json precision_json(std::string_view policy,
   j["fp4"] = p.recipe == recipe_id::nvfp4 ? nlohmann::ordered_json("e2m1") : nullptr;
   j["fp4_recipe"] = p.recipe == recipe_id::nvfp4 ? nlohmann::ordered_json("nvfp4") : nullptr;
   j["quantization_padding_multiple"] = p.padding_multiple;
+  if (p.wgrad_from_rowwise) j["wgrad_from_rowwise"] = true;  // absent otherwise: older checkpoints
   return j;
 }
 

@@ -155,11 +155,15 @@
   "megamoe[R054]: dispatch::shared_memory needs the dispatcher's tp_ep group on one node (ranks " \
   "that share memory, and one emulated node under MEGAMOE_RANKS_PER_NODE); across nodes use "     \
   "dispatch::hierarchical"
-#define MEGAMOE_RULE_R055                                                                          \
-  "megamoe[R055]: dispatch::fp8_wire (the reference's moe_dispatch_fwd_dtype) needs a per-tensor " \
-  "FP8 recipe (precision::fp8_tensorwise<delayed or current>: one copy of fc1's input serves "     \
-  "fprop and wgrad, so codes made before the dispatch equal the experts' own) and parallel::etp "  \
-  "== 1"
+#define MEGAMOE_RULE_R055                                                                         \
+  "megamoe[R055]: dispatch::fp8_wire (the reference's moe_dispatch_fwd_dtype) needs fc1's input " \
+  "codes made before the dispatch to equal the experts' own: a per-tensor FP8 recipe "            \
+  "(precision::fp8_tensorwise<delayed or current>) or row-local blocks whose wgrad copy comes "   \
+  "from the rowwise codes (precision::wgrad_from_rowwise<mxfp8 or fp8_blockwise>), and "          \
+  "parallel::etp == 1"
+#define MEGAMOE_RULE_R056                                                         \
+  "megamoe[R056]: precision::wgrad_from_rowwise applies to precision::mxfp8 and " \
+  "precision::fp8_blockwise (row-local blocks: a rowwise copy whose wgrad copy differs from it)"
 
 namespace megamoe {
 
@@ -220,7 +224,8 @@ enum class id : int {
   bf16_unit_usable = 52,
   bf16_edge_layers = 53,
   shared_memory_needs_one_node = 54,
-  fp8_wire_needs_per_tensor_fp8 = 55,
+  fp8_wire_needs_codes_made_at_source = 55,
+  wgrad_from_rowwise_needs_row_blocks = 56,
 };
 }  // namespace rules
 
@@ -233,7 +238,7 @@ struct rule_info {
 };
 
 /// Every rule megamoe checks, in id order. `rule_catalog[i].id == i + 1`.
-inline constexpr std::array<rule_info, 55> rule_catalog{{
+inline constexpr std::array<rule_info, 56> rule_catalog{{
     {1, "shape_sizes_valid", MEGAMOE_RULE_R001},
     {2, "top_k_within_experts", MEGAMOE_RULE_R002},
     {3, "ep_divides_experts", MEGAMOE_RULE_R003},
@@ -288,7 +293,8 @@ inline constexpr std::array<rule_info, 55> rule_catalog{{
     {52, "bf16_unit_usable", MEGAMOE_RULE_R052},
     {53, "bf16_edge_layers", MEGAMOE_RULE_R053},
     {54, "shared_memory_needs_one_node", MEGAMOE_RULE_R054},
-    {55, "fp8_wire_needs_per_tensor_fp8", MEGAMOE_RULE_R055},
+    {55, "fp8_wire_needs_codes_made_at_source", MEGAMOE_RULE_R055},
+    {56, "wgrad_from_rowwise_needs_row_blocks", MEGAMOE_RULE_R056},
 }};
 
 /// The catalogue entry of rule `id` (1-based).

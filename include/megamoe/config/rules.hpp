@@ -138,12 +138,23 @@ constexpr bool overlap_needs_etp_one(config_values const& v) {
          !detail::usable(v.parallel.etp) || v.parallel.etp == 1;
 }
 
-/// R055 (codes made before the dispatch equal fc1's own only for one per-tensor FP8 copy)
-constexpr bool fp8_wire_needs_per_tensor_fp8(config_values const& v) {
+/// R055 (codes made before the dispatch equal fc1's own only where the sender has all they depend
+/// on: one per-tensor FP8 copy, or row-local blocks whose wgrad copy comes from the rowwise codes)
+constexpr bool fp8_wire_needs_codes_made_at_source(config_values const& v) {
   if (!v.fp8_wire) return true;
-  bool const per_tensor = v.precision.recipe == precision::recipe_id::fp8_delayed ||
-                          v.precision.recipe == precision::recipe_id::fp8_current;
-  return per_tensor && (!detail::usable(v.parallel.etp) || v.parallel.etp == 1);
+  using precision::recipe_id;
+  auto const r = v.precision.recipe;
+  bool const per_tensor = r == recipe_id::fp8_delayed || r == recipe_id::fp8_current;
+  bool const row_blocks =
+      (r == recipe_id::mxfp8 || r == recipe_id::fp8_blockwise) && v.precision.wgrad_from_rowwise;
+  return (per_tensor || row_blocks) && (!detail::usable(v.parallel.etp) || v.parallel.etp == 1);
+}
+
+/// R056
+constexpr bool wgrad_from_rowwise_needs_row_blocks(config_values const& v) {
+  using precision::recipe_id;
+  return !v.precision.wgrad_from_rowwise || v.precision.recipe == recipe_id::mxfp8 ||
+         v.precision.recipe == recipe_id::fp8_blockwise;
 }
 
 /// R014
@@ -333,7 +344,7 @@ struct value_rule {
 };
 
 /// Every value rule, in id order; the start-up check runs all of them.
-inline constexpr std::array<value_rule, 37> value_rules{{
+inline constexpr std::array<value_rule, 38> value_rules{{
     {id::shape_sizes_valid, shape_sizes_valid},
     {id::top_k_within_experts, top_k_within_experts},
     {id::ep_divides_experts, ep_divides_experts},
@@ -360,7 +371,8 @@ inline constexpr std::array<value_rule, 37> value_rules{{
     {id::top_k_within_chosen_groups, top_k_within_chosen_groups},
     {id::hierarchical_needs_etp_one, hierarchical_needs_etp_one},
     {id::overlap_needs_etp_one, overlap_needs_etp_one},
-    {id::fp8_wire_needs_per_tensor_fp8, fp8_wire_needs_per_tensor_fp8},
+    {id::fp8_wire_needs_codes_made_at_source, fp8_wire_needs_codes_made_at_source},
+    {id::wgrad_from_rowwise_needs_row_blocks, wgrad_from_rowwise_needs_row_blocks},
     {id::bf16_backends_need_a_recipe, bf16_backends_need_a_recipe},
     {id::etp_divides_ffn, etp_divides_ffn},
     {id::model_sizes_valid, model_sizes_valid},
@@ -445,7 +457,8 @@ consteval bool check() {
     static_assert(top_k_within_chosen_groups(v), MEGAMOE_RULE_R031);
     static_assert(hierarchical_needs_etp_one(v), MEGAMOE_RULE_R032);
     static_assert(overlap_needs_etp_one(v), MEGAMOE_RULE_R033);
-    static_assert(fp8_wire_needs_per_tensor_fp8(v), MEGAMOE_RULE_R055);
+    static_assert(wgrad_from_rowwise_needs_row_blocks(v), MEGAMOE_RULE_R056);
+    static_assert(fp8_wire_needs_codes_made_at_source(v), MEGAMOE_RULE_R055);
     static_assert(bf16_backends_need_a_recipe(v), MEGAMOE_RULE_R037);
     static_assert(etp_divides_ffn(v), MEGAMOE_RULE_R038);
     static_assert(model_sizes_valid(v), MEGAMOE_RULE_R039);

@@ -9,8 +9,9 @@
 // expert's rows by source rank, then token. Tokens and probs travel together. combine: the exact
 // inverse; the ETP shards' partial outputs are summed by a reduce-scatter-v. With ETP = 1 (and
 // buffers MPI can address in bytes, under 2 GiB) the permutations ride in MPI datatypes (no staging
-// copies). With CodesOnWire (dispatch::fp8_wire) the forward dispatch can move one byte per element
-// instead: the senders' FP8 codes in permutation-1 order, into the expert-major code rows.
+// copies). With CodesOnWire (dispatch::fp8_wire) the forward dispatch can move rows of bytes
+// instead: the senders' FP8 codes (and block scales) in permutation-1 order, into the expert-major
+// code rows.
 #pragma once
 
 #include <megamoe/core/buffer.hpp>
@@ -40,7 +41,7 @@
 namespace megamoe::dispatch {
 
 /// T: the layer's scalar; P: the router's probs type; CodesOnWire: dispatch_codes() and
-/// forward_codes() move rows of one-byte codes (dispatch::fp8_wire).
+/// forward_codes() move rows of code_row_bytes() bytes (dispatch::fp8_wire).
 template <class T, class P, bool Overlapped = false, bool CodesOnWire = false>
 class all_to_all_dispatcher {
  public:
@@ -111,14 +112,21 @@ class all_to_all_dispatcher {
     T* send_probs = send_probs_.reserve(std::size_t(chunks_.send_rows().rows()));
     chunks_.send_rows().gather_probs(probs, 0, send_probs);
     forward({{{send, hidden_, rows}, {send_probs, 1, row_probs}}}, 2, pool);
-    token_bytes_sent_ = token_bytes(sizeof(T));
+    token_bytes_sent_ = token_bytes(hidden_ * std::int64_t{sizeof(T)});
   }
 
-  /// dispatch::fp8_wire: dispatch() with the token rows as one-byte codes. `codes` [sent, H] holds
-  /// one row per sent row in permutation-1 order (row r for token send_rows().source_token(r));
-  /// they land in `code_rows` [N, H], expert-major as dispatch() places token rows; probs as
-  /// dispatch()'s. Needs the in-place exchange (ETP = 1, under 2 GiB), which every rank decides
-  /// alike from the plan's table.
+  /// dispatch::fp8_wire: the bytes of one token row as codes (H one-byte codes, and their block
+  /// scales where the recipe has them); H until set. Set before the first plan.
+  void set_code_row_bytes(std::size_t bytes) requires CodesOnWire {
+    code_row_bytes_ = static_cast<std::int64_t>(bytes);
+  }
+  [[nodiscard]] std::int64_t code_row_bytes() const noexcept { return code_row_bytes_; }
+
+  /// dispatch::fp8_wire: dispatch() with the token rows as codes. `codes` [sent, code_row_bytes()]
+  /// holds one row per sent row in permutation-1 order (row r for token
+  /// send_rows().source_token(r)); they land in `code_rows` [N, code_row_bytes()], expert-major as
+  /// dispatch() places token rows; probs as dispatch()'s. Needs the in-place exchange (ETP = 1,
+  /// under 2 GiB), which every rank decides alike from the plan's table.
   void dispatch_codes(thread_pool& /*pool*/, std::uint8_t const* codes, std::uint8_t* code_rows,
                       row_matrix<P> const& probs, T* row_probs) requires CodesOnWire {
     require_codes_in_place();
@@ -132,11 +140,11 @@ class all_to_all_dispatcher {
                                                 row_probs, piece.forward_recv[1]);
       for (auto& r : pending) r.wait();
     }
-    token_bytes_sent_ = token_bytes(1);
+    token_bytes_sent_ = token_bytes(code_row_bytes_);
   }
 
   /// Bytes of token rows this rank sent in its last forward dispatch (its own rows included): rows
-  /// times H times the element's size (one byte for codes).
+  /// times the bytes of a row (code_row_bytes() for codes).
   [[nodiscard]] std::int64_t token_bytes_sent() const noexcept { return token_bytes_sent_; }
   void dispatch(thread_pool& pool, T const* tokens, T* rows) {
     T const* send = stage_tokens(pool, tokens);
@@ -185,7 +193,7 @@ class all_to_all_dispatcher {
                                               p.forward_recv[0]);
         },
         probs, row_probs, expert_out, out, compute);
-    token_bytes_sent_ = token_bytes(sizeof(T));
+    token_bytes_sent_ = token_bytes(hidden_ * std::int64_t{sizeof(T)});
   }
 
   /// dispatch_compute_combine with the token rows as codes (dispatch_codes()'s arguments).
@@ -202,7 +210,7 @@ class all_to_all_dispatcher {
                                               p.code_recv);
         },
         probs, row_probs, expert_out, out, compute);
-    token_bytes_sent_ = token_bytes(1);
+    token_bytes_sent_ = token_bytes(code_row_bytes_);
   }
 
   /// The backward twin: dy [T,H] to the experts' rows `grad_rows` by pieces; `compute(first, last)`
@@ -341,8 +349,8 @@ class all_to_all_dispatcher {
     chunks_.send_rows().combine(pool, back, hidden_, out, false);
   }
 
-  std::int64_t token_bytes(std::size_t element) const {
-    return std::int64_t{chunks_.send_rows().rows()} * hidden_ * static_cast<std::int64_t>(element);
+  std::int64_t token_bytes(std::int64_t row_bytes) const {
+    return std::int64_t{chunks_.send_rows().rows()} * row_bytes;
   }
 
   void require_codes_in_place() const {
@@ -351,7 +359,7 @@ class all_to_all_dispatcher {
           "dispatch::fp8_wire: the exchange needs ETP = 1 and every rank's token rows under 2 GiB "
           "(one MPI datatype's reach); this plan has " +
           std::to_string(most_rows()) + " rows of " + std::to_string(hidden_) +
-          " on some rank, ETP " + std::to_string(groups_.etp_size()));
+          " elements on some rank, ETP " + std::to_string(groups_.etp_size()));
   }
 
   /// The most rows any rank of tp_ep sends or holds in this plan, from the table every rank has:
@@ -392,7 +400,7 @@ class all_to_all_dispatcher {
     int const EP = groups_.ep_size(), L = groups_.local_experts();
     auto const peers = static_cast<std::size_t>(EP);
     direct_ = groups_.etp_size() == 1 &&
-              most_rows() * hidden_ * static_cast<std::int64_t>(sizeof(T)) <= INT_MAX;
+              most_rows() * std::max(hidden_ * std::int64_t{sizeof(T)}, code_row_bytes_) <= INT_MAX;
     if (!direct_) return;
     // Where each global expert's rows start in permutation-1 order.
     auto const& mine = chunks_.send_rows().permutation().tokens_per_expert;
@@ -473,14 +481,14 @@ class all_to_all_dispatcher {
           for (int l = piece.first; l < piece.last; ++l) {
             std::size_t const c = J * L + l;
             auto const at = static_cast<std::size_t>(l - piece.first);
-            lengths_[at] = static_cast<int>(chunks_.chunk_size()[c] * hidden_);
-            offsets_[at] = static_cast<MPI_Aint>(chunks_.target_start()[c] * hidden_);
+            lengths_[at] = static_cast<int>(chunks_.chunk_size()[c] * code_row_bytes_);
+            offsets_[at] = static_cast<MPI_Aint>(chunks_.target_start()[c] * code_row_bytes_);
           }
           piece.code_types[J] = parallel::blocks_type<std::uint8_t>(lengths_, offsets_);
           piece.code_recv.counts[J] = arriving > 0 ? 1 : 0;
           piece.code_recv.types[J] = piece.code_types[J].get();
-          piece.code_send.counts[J] = static_cast<int>(n * hidden_);
-          piece.code_send.byte_offsets[J] = static_cast<int>(begin * hidden_);
+          piece.code_send.counts[J] = static_cast<int>(n * code_row_bytes_);
+          piece.code_send.byte_offsets[J] = static_cast<int>(begin * code_row_bytes_);
           piece.code_send.types[J] = parallel::mpi_type<std::uint8_t>();
         }
       }
@@ -608,6 +616,7 @@ class all_to_all_dispatcher {
 
   expert_groups groups_;
   int hidden_;
+  std::int64_t code_row_bytes_ = hidden_;  // CodesOnWire
   expert_chunks chunks_;
   bool direct_ = false;
   int overlap_ = 1;  // pieces of local experts the exchanges are cut into (at most)

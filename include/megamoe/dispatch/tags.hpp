@@ -90,11 +90,13 @@ constexpr int overlap_min_piece_kib_of() {
 
 /// The reference's `moe_dispatch_fwd_dtype` = fp8 on `Base` (all_to_all or all_to_all_overlap<N>):
 /// the forward dispatch's token rows cross the wire as the FP8 codes the experts' fc1 would make of
-/// them anyway, one byte per element instead of the scalar's four. Each sender quantizes its rows
-/// with the destination expert's per-tensor scale (one all-reduce of the experts' amaxes, and of
-/// delayed scaling's scales, over EP first), so the codes, and every result, equal quantizing after
-/// the dispatch bit for bit. Needs a per-tensor FP8 recipe (precision::fp8_tensorwise), whose one
-/// copy serves fprop and wgrad, and ETP = 1 (R055). Backward's dy and the combines stay fp32.
+/// them anyway, one byte per element instead of the scalar's four (and, under block scales, each
+/// row's scales after its codes). Under per-tensor FP8 each sender quantizes its rows with the
+/// destination expert's scale (one all-reduce of the experts' amaxes, and of delayed scaling's
+/// scales, over EP first); under precision::wgrad_from_rowwise<mxfp8 or fp8_blockwise> each token's
+/// row-local blocks are quantized once where it starts. Either way the codes, and every result,
+/// equal quantizing after the dispatch bit for bit. Needs one of those recipes and ETP = 1 (R055).
+/// Backward's dy and the combines stay fp32.
 template <class Base = all_to_all>
   requires(Base::value == dispatcher::all_to_all)
 struct fp8_wire : Base {

@@ -399,7 +399,10 @@ class moe_layer {
         routing_(setup::router_settings(values_), values_.shape.experts, values_.shape.hidden,
                  types::recipe.padding_multiple, layer_number, groups),
         dispatcher_(setup::dispatcher(groups, values_)),
-        experts_(values_, layer_number, groups) {}
+        experts_(values_, layer_number, groups) {
+    if constexpr (fp8_wire)
+      dispatcher_.set_code_row_bytes(operands_type::wire_row_bytes(hidden_size()));
+  }
 
   const_row_matrix_map<scalar> input() const { return {input_at_, tokens_, hidden_size()}; }
   /// Windows the dispatcher allocated so far (0 without one).

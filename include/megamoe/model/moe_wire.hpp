@@ -7,7 +7,10 @@
 // over the rows it sends there, and one all-reduce over EP gives every rank every expert's amax
 // (and, under delayed scaling, the scale each expert's owner holds for this step). Then each sent
 // row is encoded with its expert's scale: the codes and the scale are the ones the experts'
-// operands would make, bit for bit. The receiver's half is the routed operands' arrive_codes().
+// operands would make, bit for bit. Blocks within a row (wgrad_from_rowwise<mxfp8 or
+// fp8_blockwise>) depend on the row alone: each token is quantized once, and each sent row is its
+// token's codes followed by their block scales. The receiver's half is the routed operands'
+// arrive_codes().
 #pragma once
 
 #include <megamoe/core/buffer.hpp>
@@ -25,6 +28,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <vector>
 
@@ -36,13 +40,61 @@ class fp8_wire_codes {
  public:
   static constexpr auto format = Operands::input_row;
   static constexpr bool delayed = Operands::recipe.recipe == precision::recipe_id::fp8_delayed;
+  static constexpr bool row_blocks = Operands::row_codes_travel;
 
-  /// Collective over `ep` (ETP = 1): every expert's amax and scale, then the codes of `rows`
-  /// (permutation 1 of this rank's tokens [T, hidden] over every expert, in global expert order).
-  /// `ops` holds experts [first_expert, + local_experts) (delayed scaling's scales).
+  /// The codes of `rows` (permutation 1 of this rank's tokens [T, hidden] over every expert, in
+  /// global expert order), each row Operands::wire_row_bytes(hidden) bytes. Per-tensor scales:
+  /// collective over `ep` (ETP = 1), every expert's amax and scale first; `ops` holds experts
+  /// [first_expert, + local_experts) (delayed scaling's scales).
   void encode(thread_pool& pool, boost::mpi::communicator const& ep,
               dispatch::token_rows const& rows, float const* tokens, int hidden,
               Operands const& ops, int first_expert, int local_experts) {
+    if constexpr (row_blocks)
+      encode_rows(pool, rows, tokens, hidden);
+    else
+      encode_with_tensor_scales(pool, ep, rows, tokens, hidden, ops, first_expert, local_experts);
+  }
+
+  /// The codes encode() made: [sent rows, wire row bytes].
+  [[nodiscard]] std::uint8_t const* codes() const noexcept { return send_.data(); }
+  /// Where the local experts' code rows arrive: [rows, wire row bytes], reused across
+  /// micro-batches.
+  std::uint8_t* arrivals(int rows, int hidden) {
+    return received_.reserve(static_cast<std::size_t>(rows) * Operands::wire_row_bytes(hidden));
+  }
+  /// Per-tensor scales: each local expert's amax over every sender's rows (the operands'
+  /// arrive_codes()); empty under block scales.
+  [[nodiscard]] std::span<float const> local_amax() const noexcept { return local_amax_; }
+  /// Per-tensor scales: the scale each global expert's rows were encoded with.
+  [[nodiscard]] std::span<float const> scales() const noexcept { return scale_; }
+
+ private:
+  static std::uint32_t bits(float v) { return std::bit_cast<std::uint32_t>(v); }
+
+  /// Row-local blocks: each token's codes and scales once, then each sent row a copy of its
+  /// token's.
+  void encode_rows(thread_pool& pool, dispatch::token_rows const& rows, float const* tokens,
+                   int hidden) {
+    auto const width = Operands::wire_row_bytes(hidden);
+    auto const H = static_cast<std::size_t>(hidden);
+    std::uint8_t* per_token = token_codes_.reserve(static_cast<std::size_t>(rows.tokens()) * width);
+    parallel_rows(pool, rows.tokens(), [&](int begin, int end) {
+      thread_local precision::quantized_matrix q;
+      precision::quantize<format>(tokens + static_cast<std::size_t>(begin) * H, end - begin, hidden,
+                                  1.0F, 0, q);
+      precision::rows_to_bytes<format>(q, per_token + static_cast<std::size_t>(begin) * width);
+    });
+    std::uint8_t* out = send_.reserve(static_cast<std::size_t>(rows.rows()) * width);
+    parallel_rows(pool, rows.rows(), [&](int begin, int end) {
+      for (int r = begin; r < end; ++r)
+        std::memcpy(out + static_cast<std::size_t>(r) * width,
+                    per_token + static_cast<std::size_t>(rows.source_token(r)) * width, width);
+    });
+  }
+
+  void encode_with_tensor_scales(thread_pool& pool, boost::mpi::communicator const& ep,
+                                 dispatch::token_rows const& rows, float const* tokens, int hidden,
+                                 Operands const& ops, int first_expert, int local_experts) {
     auto const& per_expert = rows.permutation().tokens_per_expert;
     auto const E = per_expert.size();
     auto const H = static_cast<std::size_t>(hidden);
@@ -91,25 +143,11 @@ class fp8_wire_codes {
     });
   }
 
-  /// The codes encode() made: [sent rows, hidden].
-  [[nodiscard]] std::uint8_t const* codes() const noexcept { return send_.data(); }
-  /// Where the local experts' code rows arrive: [rows, hidden], reused across micro-batches.
-  std::uint8_t* arrivals(int rows, int hidden) {
-    return received_.reserve(static_cast<std::size_t>(rows) * static_cast<std::size_t>(hidden));
-  }
-  /// Each local expert's amax over every sender's rows (the operands' arrive_codes()).
-  [[nodiscard]] std::span<float const> local_amax() const noexcept { return local_amax_; }
-  /// The scale each global expert's rows were encoded with.
-  [[nodiscard]] std::span<float const> scales() const noexcept { return scale_; }
-
- private:
-  static std::uint32_t bits(float v) { return std::bit_cast<std::uint32_t>(v); }
-
   std::vector<float> token_amax_;       // [T]
   std::vector<std::uint32_t> reduced_;  // [E] amax bits, then under delayed scaling [E] scale bits
   std::vector<float> scale_;            // [E]
   std::vector<float> local_amax_;       // [L]
-  buffer<std::uint8_t> send_, received_;
+  buffer<std::uint8_t> token_codes_, send_, received_;
 };
 
 }  // namespace megamoe

@@ -57,7 +57,8 @@ struct no_amax_reduction {
 /// With `QuantizedWeights` the weights' codes are the primary weights (memory::quantized_weights):
 /// store_weights() quantizes them once per optimizer step and forward only dequantizes them.
 /// With `CodesOnWire` fc1's input arrives as codes (dispatch::fp8_wire): the senders quantized each
-/// row with the expert's scale, and arrive_codes() hands over the codes and each expert's amax.
+/// row, with the expert's per-tensor scale or in the row's own blocks, and arrive_codes() hands
+/// over the codes (and, per-tensor, each expert's amax).
 template <class Recipe, class AmaxReduction = no_amax_reduction, bool QuantizedActivations = false,
           bool QuantizedWeights = false, bool CodesOnWire = false>
 class grouped_operands {
@@ -79,13 +80,28 @@ class grouped_operands {
                 "both wgrad operands go through the same transform or neither");
   static constexpr int padding = recipe.padding_multiple > 1 ? recipe.padding_multiple : 1;
   /// Whether codes made before the dispatch equal the ones input() makes: one per-tensor FP8 copy
-  /// serves fprop and wgrad (fp8_delayed, fp8_current).
-  static constexpr bool codes_travel =
+  /// serves fprop and wgrad (fp8_delayed, fp8_current), or the rowwise copy's blocks lie within a
+  /// row and the wgrad copy is made from it (wgrad_from_rowwise<mxfp8 or fp8_blockwise>).
+  static constexpr bool per_tensor_codes_travel =
       input_row.scale == scale_kind::per_tensor && same_copies(recipe, role::input) &&
       (input_row.element == element_kind::e4m3 || input_row.element == element_kind::e5m2);
+  static constexpr bool row_codes_travel = row_local_blocks<input_row> && recipe.wgrad_from_rowwise;
+  static constexpr bool codes_travel = per_tensor_codes_travel || row_codes_travel;
   static_assert(!CodesOnWire || codes_travel,
                 "megamoe[R055]: dispatch::fp8_wire needs a per-tensor FP8 recipe "
-                "(precision::fp8_tensorwise<delayed or current>)");
+                "(precision::fp8_tensorwise<delayed or current>) or "
+                "precision::wgrad_from_rowwise<mxfp8 or fp8_blockwise>");
+  static_assert(!recipe.wgrad_from_rowwise || row_local_blocks<input_row>,
+                "megamoe[R056]: precision::wgrad_from_rowwise applies to precision::mxfp8 and "
+                "precision::fp8_blockwise");
+  /// Bytes of one row of fc1's input as it crosses the wire: its codes, and under block scales
+  /// the row's scales after them.
+  static constexpr std::size_t wire_row_bytes(int cols) {
+    if constexpr (row_codes_travel)
+      return row_bytes<input_row>(cols);
+    else
+      return static_cast<std::size_t>(cols);
+  }
 
   /// `experts` experts; `seed` drives stochastic rounding.
   explicit grouped_operands(int experts, std::uint64_t seed = 0,
@@ -138,9 +154,10 @@ class grouped_operands {
                    [static_cast<std::size_t>(e)]
                        .scale;
   }
-  /// fc1's input codes [N, cols] of the coming forward, grouped by local expert as its rows, each
-  /// expert's with the scale its amax (over every sender's rows, `amax` [local experts]) gives;
-  /// both must stay until the forward has run.
+  /// fc1's input codes of the coming forward, [N, wire_row_bytes(cols)] grouped by local expert as
+  /// its rows: per-tensor codes, each expert's with the scale its amax (over every sender's rows,
+  /// `amax` [local experts]) gives; or each row's block codes and scales (`amax` empty). Both must
+  /// stay until the forward has run.
   void arrive_codes(std::uint8_t const* code_rows,
                     std::span<float const> amax) requires CodesOnWire {
     wire_codes_ = code_rows;  // null when no row arrives
@@ -166,8 +183,9 @@ class grouped_operands {
       quantize<input_row>(x + off * cols, static_cast<int>(n), cols, scale, 0, row);
       dequantize_rows_into<input_row>(slot::rows_a, e, row, out + off * cols);
       if constexpr (!same_copies(recipe, role::input))
-        quantize_columnwise<input_col>(x + off * cols, static_cast<int>(n), cols, scale, 0,
-                                       codes(l, role::input, usage::columnwise, e));
+        quantize_columnwise<input_col>(
+            recipe.wgrad_from_rowwise ? out + off * cols : x + off * cols, static_cast<int>(n),
+            cols, scale, 0, codes(l, role::input, usage::columnwise, e));
     });
     return out;
   }
@@ -599,27 +617,40 @@ class grouped_operands {
     }
   }
 
-  /// fc1's input copy from the codes that arrived: each expert's amax and scale as input() would
-  /// have them (the amax is already every sender's), its codes kept, its values dequantized.
+  /// fc1's input copy from the codes that arrived, as input() would have made it. Per-tensor: each
+  /// expert's amax (already every sender's) and scale, its codes kept, its values dequantized.
+  /// Row-local blocks: each row's codes and scales, its values dequantized, and the wgrad copy
+  /// quantized from them (wgrad_from_rowwise).
   float* input_from_wire(std::size_t l, int cols, std::span<std::int64_t const> offsets, int first,
                          int last, float* out) {
-    if (!codes_arrived_ || wire_amax_.size() < static_cast<std::size_t>(last))
+    if (!codes_arrived_ ||
+        (per_tensor_codes_travel && wire_amax_.size() < static_cast<std::size_t>(last)))
       throw std::logic_error("grouped_operands: fc1's input codes have not arrived");
-    for (int e = first; e < last; ++e)
-      amax_[static_cast<std::size_t>(e)] = wire_amax_[static_cast<std::size_t>(e)];
-    scales_from_amaxes<input_row>(l, role::input, first, last);
+    if constexpr (per_tensor_codes_travel) {
+      for (int e = first; e < last; ++e)
+        amax_[static_cast<std::size_t>(e)] = wire_amax_[static_cast<std::size_t>(e)];
+      scales_from_amaxes<input_row>(l, role::input, first, last);
+    }
+    auto const width = static_cast<std::ptrdiff_t>(wire_row_bytes(cols));
     for_experts(first, last, [&](int e) {
       auto [off, n] = slice(offsets, e);
       auto& q = held(l, role::input, usage::rowwise, e);
-      q.rows = static_cast<int>(n);
-      q.cols = cols;
-      auto const* from = wire_codes_ + off * cols;
-      q.codes.assign(from, from + n * cols);
-      q.scale_inv.assign(1, 1.0F / scales_[static_cast<std::size_t>(e)]);
-      q.scale_codes.clear();
-      q.global_amax = 0.0F;
-      q.has_global_amax = false;
-      dequantize_rows_into<input_row>(slot::rows_a, e, q, out + off * cols);
+      auto const* from = wire_codes_ + off * width;
+      if constexpr (per_tensor_codes_travel) {
+        q.rows = static_cast<int>(n);
+        q.cols = cols;
+        q.codes.assign(from, from + n * cols);
+        q.scale_inv.assign(1, 1.0F / scales_[static_cast<std::size_t>(e)]);
+        q.scale_codes.clear();
+        q.global_amax = 0.0F;
+        q.has_global_amax = false;
+        dequantize_rows_into<input_row>(slot::rows_a, e, q, out + off * cols);
+      } else {
+        rows_from_bytes<input_row>(from, static_cast<int>(n), cols, q);
+        dequantize_rows_into<input_row>(slot::rows_a, e, q, out + off * cols);
+        quantize_columnwise<input_col>(out + off * cols, static_cast<int>(n), cols, 1.0F, 0,
+                                       codes(l, role::input, usage::columnwise, e));
+      }
     });
     return out;
   }

@@ -264,6 +264,69 @@ float tensor_factor(quantized_matrix const& q) {
   return u > 0.0F && std::isfinite(u) ? u : 1.0F;
 }
 
+/// True for an FP8 format whose blocks lie within one row (MXFP8's 1x32, blockwise FP8's 1x128):
+/// each row's codes and scales depend on that row alone, so a row can be quantized where it starts
+/// and travel as bytes (dispatch::fp8_wire).
+template <operand_format F>
+inline constexpr bool row_local_blocks =
+    (F.scale == scale_kind::fp32_blocks || F.scale == scale_kind::e8m0_blocks) &&
+    F.block_rows == 1 && (F.element == element_kind::e4m3 || F.element == element_kind::e5m2);
+
+/// Bytes of one row of `cols` values of a row-local format F as it travels: its codes, then its
+/// block scales (E8M0 codes, or fp32 scale_inv).
+template <operand_format F>
+  requires row_local_blocks<F>
+constexpr std::size_t row_bytes(int cols) {
+  auto const blocks = static_cast<std::size_t>((cols + F.block_cols - 1) / F.block_cols);
+  return static_cast<std::size_t>(cols) +
+         blocks * (F.scale == scale_kind::fp32_blocks ? sizeof(float) : 1);
+}
+
+/// Writes every row of q (format F) at out, row r at r * row_bytes<F>(q.cols).
+template <operand_format F>
+  requires row_local_blocks<F>
+void rows_to_bytes(quantized_matrix const& q, std::uint8_t* out) {
+  auto const cols = static_cast<std::size_t>(q.cols);
+  auto const blocks = (cols + F.block_cols - 1) / F.block_cols;
+  auto const width = row_bytes<F>(q.cols);
+  for (std::size_t r = 0; r < static_cast<std::size_t>(q.rows); ++r, out += width) {
+    std::memcpy(out, q.codes.data() + r * cols, cols);
+    if constexpr (F.scale == scale_kind::fp32_blocks)
+      std::memcpy(out + cols, q.scale_inv.data() + r * blocks, blocks * sizeof(float));
+    else
+      std::memcpy(out + cols, q.scale_codes.data() + r * blocks, blocks);
+  }
+}
+
+/// q as `rows` rows of `cols` values of format F read from bytes rows_to_bytes<F> wrote.
+template <operand_format F>
+  requires row_local_blocks<F>
+void rows_from_bytes(std::uint8_t const* in, int rows, int cols, quantized_matrix& q) {
+  auto const n = static_cast<std::size_t>(cols);
+  auto const blocks = (n + F.block_cols - 1) / F.block_cols;
+  auto const width = row_bytes<F>(cols);
+  q.rows = rows;
+  q.cols = cols;
+  q.global_amax = 0.0F;
+  q.has_global_amax = false;
+  q.codes.resize(static_cast<std::size_t>(rows) * n);
+  constexpr bool fp32_scales = F.scale == scale_kind::fp32_blocks;
+  if constexpr (fp32_scales) {
+    q.scale_codes.clear();
+    q.scale_inv.resize(static_cast<std::size_t>(rows) * blocks);
+  } else {
+    q.scale_inv.clear();
+    q.scale_codes.resize(static_cast<std::size_t>(rows) * blocks);
+  }
+  for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r, in += width) {
+    std::memcpy(q.codes.data() + r * n, in, n);
+    if constexpr (fp32_scales)
+      std::memcpy(q.scale_inv.data() + r * blocks, in + n, blocks * sizeof(float));
+    else
+      std::memcpy(q.scale_codes.data() + r * blocks, in + n, blocks);
+  }
+}
+
 /// The dequantized values of q as a row-major vector (for tests and tools).
 template <operand_format F>
 std::vector<double> dequantized(quantized_matrix const& q) {

@@ -9,11 +9,14 @@
 //   precision::fp8_blockwise                     1x128 activations / 128x128 weights, pow-2 scales
 //   precision::mxfp8                             1x32 blocks, E8M0 scales
 //   precision::nvfp4                             E2M1 with two-level scales
+//   precision::wgrad_from_rowwise<R>             R (mxfp8, fp8_blockwise) with the inputs' wgrad
+//                                                copies made from their rowwise codes
 //
 // Bit-exact definitions: docs/spec/precision.md of the design documents.
 #pragma once
 
 #include <megamoe/config/policy.hpp>
+#include <megamoe/config/rule_ids.hpp>
 
 #include <string_view>
 
@@ -36,6 +39,9 @@ struct settings {
   int amax_history_len = 0;  // delayed scaling only
   amax_compute amax_algo = amax_compute::most_recent;
   int margin = 0;  // delayed scaling only
+  /// The inputs' wgrad copies are quantized from the values of their rowwise codes, not from the
+  /// inputs (precision::wgrad_from_rowwise).
+  bool wgrad_from_rowwise = false;
   friend constexpr bool operator==(settings const&, settings const&) = default;
 };
 
@@ -130,6 +136,25 @@ struct mxfp8 : detail::fp32_master {
 struct nvfp4 : detail::fp32_master {
   static constexpr std::string_view name = "nvfp4";
   static constexpr settings value{recipe_id::nvfp4, fp8_format::none, 128};
+};
+
+/// Recipe R (mxfp8 or fp8_blockwise) with each GEMM input's wgrad copy (blocks along the tokens)
+/// quantized from the dequantized rowwise copy (blocks along the features) instead of from the
+/// input: DeepSeek-V3's 1x128 to 128x1 requantization. The rowwise codes then carry everything
+/// backward needs, so they can be made before the dispatch and cross the wire in place of the
+/// tokens (dispatch::fp8_wire); the wgrad operand is rounded twice.
+template <class R>
+struct wgrad_from_rowwise : R {
+  static_assert(R::value.recipe == recipe_id::mxfp8 || R::value.recipe == recipe_id::fp8_blockwise,
+                MEGAMOE_RULE_R056);
+  static constexpr std::string_view name = R::value.recipe == recipe_id::mxfp8
+                                               ? "wgrad_from_rowwise<mxfp8>"
+                                               : "wgrad_from_rowwise<fp8_blockwise>";
+  static constexpr settings value = [] {
+    settings s = R::value;
+    s.wgrad_from_rowwise = true;
+    return s;
+  }();
 };
 
 constexpr std::string_view name_of(recipe_id r) {
