@@ -65,8 +65,6 @@ class fp8_wire_codes {
   /// Per-tensor scales: each local expert's amax over every sender's rows (the operands'
   /// arrive_codes()); empty under block scales.
   [[nodiscard]] std::span<float const> local_amax() const noexcept { return local_amax_; }
-  /// Per-tensor scales: the scale each global expert's rows were encoded with.
-  [[nodiscard]] std::span<float const> scales() const noexcept { return scale_; }
 
  private:
   static std::uint32_t bits(float v) { return std::bit_cast<std::uint32_t>(v); }

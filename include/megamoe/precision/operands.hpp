@@ -644,13 +644,13 @@ class grouped_operands {
         q.scale_codes.clear();
         q.global_amax = 0.0F;
         q.has_global_amax = false;
-        dequantize_rows_into<input_row>(slot::rows_a, e, q, out + off * cols);
       } else {
         rows_from_bytes<input_row>(from, static_cast<int>(n), cols, q);
-        dequantize_rows_into<input_row>(slot::rows_a, e, q, out + off * cols);
+      }
+      dequantize_rows_into<input_row>(slot::rows_a, e, q, out + off * cols);
+      if constexpr (!same_copies(recipe, role::input))  // wgrad_from_rowwise: from the values
         quantize_columnwise<input_col>(out + off * cols, static_cast<int>(n), cols, 1.0F, 0,
                                        codes(l, role::input, usage::columnwise, e));
-      }
     });
     return out;
   }

@@ -272,29 +272,34 @@ inline constexpr bool row_local_blocks =
     (F.scale == scale_kind::fp32_blocks || F.scale == scale_kind::e8m0_blocks) &&
     F.block_rows == 1 && (F.element == element_kind::e4m3 || F.element == element_kind::e5m2);
 
+/// Bytes of one row's block scales of a row-local format F (E8M0 codes, or fp32 scale_inv).
+template <operand_format F>
+  requires row_local_blocks<F>
+constexpr std::size_t row_scale_bytes(int cols) {
+  auto const blocks = static_cast<std::size_t>((cols + F.block_cols - 1) / F.block_cols);
+  return blocks * (F.scale == scale_kind::fp32_blocks ? sizeof(float) : 1);
+}
+
 /// Bytes of one row of `cols` values of a row-local format F as it travels: its codes, then its
-/// block scales (E8M0 codes, or fp32 scale_inv).
+/// block scales.
 template <operand_format F>
   requires row_local_blocks<F>
 constexpr std::size_t row_bytes(int cols) {
-  auto const blocks = static_cast<std::size_t>((cols + F.block_cols - 1) / F.block_cols);
-  return static_cast<std::size_t>(cols) +
-         blocks * (F.scale == scale_kind::fp32_blocks ? sizeof(float) : 1);
+  return static_cast<std::size_t>(cols) + row_scale_bytes<F>(cols);
 }
 
 /// Writes every row of q (format F) at out, row r at r * row_bytes<F>(q.cols).
 template <operand_format F>
   requires row_local_blocks<F>
 void rows_to_bytes(quantized_matrix const& q, std::uint8_t* out) {
-  auto const cols = static_cast<std::size_t>(q.cols);
-  auto const blocks = (cols + F.block_cols - 1) / F.block_cols;
-  auto const width = row_bytes<F>(q.cols);
-  for (std::size_t r = 0; r < static_cast<std::size_t>(q.rows); ++r, out += width) {
+  auto const cols = static_cast<std::size_t>(q.cols), scale_bytes = row_scale_bytes<F>(q.cols);
+  auto const* scales = F.scale == scale_kind::fp32_blocks
+                           ? reinterpret_cast<std::uint8_t const*>(q.scale_inv.data())
+                           : q.scale_codes.data();
+  for (std::size_t r = 0; r < static_cast<std::size_t>(q.rows); ++r) {
     std::memcpy(out, q.codes.data() + r * cols, cols);
-    if constexpr (F.scale == scale_kind::fp32_blocks)
-      std::memcpy(out + cols, q.scale_inv.data() + r * blocks, blocks * sizeof(float));
-    else
-      std::memcpy(out + cols, q.scale_codes.data() + r * blocks, blocks);
+    std::memcpy(out + cols, scales + r * scale_bytes, scale_bytes);
+    out += cols + scale_bytes;
   }
 }
 
@@ -302,28 +307,27 @@ void rows_to_bytes(quantized_matrix const& q, std::uint8_t* out) {
 template <operand_format F>
   requires row_local_blocks<F>
 void rows_from_bytes(std::uint8_t const* in, int rows, int cols, quantized_matrix& q) {
-  auto const n = static_cast<std::size_t>(cols);
-  auto const blocks = (n + F.block_cols - 1) / F.block_cols;
-  auto const width = row_bytes<F>(cols);
+  auto const n = static_cast<std::size_t>(cols), scale_bytes = row_scale_bytes<F>(cols);
+  auto const count = static_cast<std::size_t>(rows);
   q.rows = rows;
   q.cols = cols;
   q.global_amax = 0.0F;
   q.has_global_amax = false;
-  q.codes.resize(static_cast<std::size_t>(rows) * n);
-  constexpr bool fp32_scales = F.scale == scale_kind::fp32_blocks;
-  if constexpr (fp32_scales) {
+  q.codes.resize(count * n);
+  std::uint8_t* scales = nullptr;
+  if constexpr (F.scale == scale_kind::fp32_blocks) {
     q.scale_codes.clear();
-    q.scale_inv.resize(static_cast<std::size_t>(rows) * blocks);
+    q.scale_inv.resize(count * scale_bytes / sizeof(float));
+    scales = reinterpret_cast<std::uint8_t*>(q.scale_inv.data());
   } else {
     q.scale_inv.clear();
-    q.scale_codes.resize(static_cast<std::size_t>(rows) * blocks);
+    q.scale_codes.resize(count * scale_bytes);
+    scales = q.scale_codes.data();
   }
-  for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r, in += width) {
+  for (std::size_t r = 0; r < count; ++r) {
     std::memcpy(q.codes.data() + r * n, in, n);
-    if constexpr (fp32_scales)
-      std::memcpy(q.scale_inv.data() + r * blocks, in + n, blocks * sizeof(float));
-    else
-      std::memcpy(q.scale_codes.data() + r * blocks, in + n, blocks);
+    std::memcpy(scales + r * scale_bytes, in + n, scale_bytes);
+    in += n + scale_bytes;
   }
 }
 
