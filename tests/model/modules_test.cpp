@@ -1,13 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// The transformer's modules (RMSNorm, token embedding, causal attention with RoPE, output layer and
-// cross-entropy) in double precision: every input and weight gradient against central finite
-// differences of L = sum(R * y) (or of the loss itself), and each forward against a plain loop
-// re-statement of its formula.
+// The transformer's modules (RMSNorm, token embedding, causal attention with RoPE, multi-head
+// latent attention, output layer and cross-entropy) in double precision: every input and weight
+// gradient against central finite differences of L = sum(R * y) (or of the loss itself), and each
+// forward against a plain loop re-statement of its formula.
 #include <megamoe/config/config.hpp>
 #include <megamoe/core/random.hpp>
 #include <megamoe/model/attention.hpp>
 #include <megamoe/model/embedding.hpp>
 #include <megamoe/model/lm_head.hpp>
+#include <megamoe/model/mla.hpp>
 #include <megamoe/model/norm.hpp>
 #include <megamoe/model/transformer.hpp>
 
@@ -554,3 +555,126 @@ TEST(Transformer, SizesLeftToStartUpAreGivenOrNamedInTheError) {
   // A size the type fixes may only be given again with the same value.
   EXPECT_THROW(mm::transformer<open>({.layers = 2, .heads = 3, .vocabulary = 9}), mm::input_error);
 }
+
+namespace {
+
+/// MLA by plain loops: the formula of mla.hpp, RoPE written as the reference writes it (the
+/// positional part's even and odd elements concatenated, then rotated as halves by
+/// [cos, cos] and [sin, sin]). Parameters by their names under prefix "p".
+matrix mla_by_loops(matrix const& x, std::map<std::string, mm::row_matrix_map<double>> const& p,
+                    int S, int B, int heads, mm::mla_dims const& dims) {
+  int const dn = dims.qk_head_dim, dr = dims.qk_pos_emb_head_dim, dv = dims.v_head_dim;
+  int const rkv = dims.kv_lora_rank, half = dr / 2;
+  auto norm = [](matrix const& m, mm::row_matrix_map<double> const& w) {
+    matrix out = m;
+    for (Eigen::Index t = 0; t < m.rows(); ++t)
+      out.row(t) = (m.row(t) / std::sqrt(m.row(t).squaredNorm() / double(m.cols()) + 1e-5))
+                       .cwiseProduct(w.row(0));
+    return out;
+  };
+  matrix const q = dims.q_lora_rank > 0
+                       ? matrix(norm(x * p.at("p.linear_q_down_proj.weight").transpose(),
+                                     p.at("p.q_layernorm.weight")) *
+                                p.at("p.linear_q_up_proj.weight").transpose())
+                       : matrix(x * p.at("p.linear_q_proj.weight").transpose());
+  matrix const compressed = x * p.at("p.linear_kv_down_proj.weight").transpose();
+  matrix const kv = norm(compressed.leftCols(rkv), p.at("p.kv_layernorm.weight")) *
+                    p.at("p.linear_kv_up_proj.weight").transpose();
+  auto rope = [&](Eigen::RowVectorXd const& u, int s) {
+    Eigen::RowVectorXd cat(dr), rotated_half(dr), cos(dr), sin(dr);
+    for (int i = 0; i < half; ++i) {
+      cat(i) = u(2 * i);
+      cat(half + i) = u(2 * i + 1);
+      double const angle = s * std::pow(10000.0, -2.0 * i / dr);
+      cos(i) = cos(half + i) = std::cos(angle);
+      sin(i) = sin(half + i) = std::sin(angle);
+    }
+    rotated_half << -cat.tail(half), cat.head(half);
+    return Eigen::RowVectorXd(cat.cwiseProduct(cos) + rotated_half.cwiseProduct(sin));
+  };
+  matrix context = matrix::Zero(x.rows(), heads * dv);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < heads; ++h)
+      for (int i = 0; i < S; ++i) {
+        auto const qi = q.row(i * B + b).segment(h * (dn + dr), dn + dr);
+        Eigen::RowVectorXd query(dn + dr);
+        query << qi.head(dn), rope(qi.tail(dr), i);
+        std::vector<double> score(static_cast<std::size_t>(i) + 1);
+        double top = -1e300, sum = 0.0;
+        for (int j = 0; j <= i; ++j) {
+          Eigen::RowVectorXd key(dn + dr);
+          key << kv.row(j * B + b).segment(h * (dn + dv), dn),
+              rope(compressed.row(j * B + b).segment(rkv, dr), j);
+          score[static_cast<std::size_t>(j)] = query.dot(key) / std::sqrt(double(dn + dr));
+          top = std::max(top, score[static_cast<std::size_t>(j)]);
+        }
+        for (double& s : score) sum += (s = std::exp(s - top));
+        for (int j = 0; j <= i; ++j)
+          context.row(i * B + b).segment(h * dv, dv) +=
+              score[static_cast<std::size_t>(j)] / sum *
+              kv.row(j * B + b).segment(h * (dn + dv) + dn, dv);
+      }
+  return context * p.at("p.linear_proj.weight").transpose();
+}
+
+/// q_lora_rank 6 (queries through the low-rank path and its norm) and 0 (linear_q_proj).
+class MultiLatentAttention : public ::testing::TestWithParam<int> {};
+
+TEST_P(MultiLatentAttention, ForwardIsTheFormulaAndGradientsMatchFiniteDifferences) {
+  mm::thread_pool pool(2);
+  mm::expert::executor<double> exec(pool);
+  int const S = 5, B = 2, H = 8, heads = 2, N = S * B;
+  // dn odd and dv != dn, so a mixed-up layout cannot pass.
+  mm::mla_dims const dims{.q_lora_rank = GetParam(),
+                          .kv_lora_rank = 4,
+                          .qk_head_dim = 3,
+                          .qk_pos_emb_head_dim = 4,
+                          .v_head_dim = 5};
+  mm::multi_latent_attention<double> attention(H, heads, dims);
+  EXPECT_EQ(attention.query_width(), heads * 7);
+  EXPECT_EQ(attention.context_width(), heads * 5);
+  auto params = parameters(attention);
+  ASSERT_EQ(params.size(), GetParam() > 0 ? 7U : 5U);
+  EXPECT_EQ(params.at("p.kv_layernorm.weight"), matrix::Ones(1, 4));  // norms start at 1
+  std::uint64_t seed = 70;
+  for (auto& [name, value] : params) {
+    value = random_matrix(value.rows(), value.cols(), ++seed, 0.5);
+    if (name.ends_with("layernorm.weight")) value.array() += 1.0;
+  }
+  EXPECT_EQ(params.at("p.linear_kv_down_proj.weight").rows(), 4 + 4);
+  EXPECT_EQ(params.at("p.linear_kv_up_proj.weight").rows(), heads * (3 + 5));
+  matrix x = random_matrix(N, H, 81), R = random_matrix(N, H, 82), y(N, H), dx(N, H);
+  attention.forward(exec, in(x), S, B, out(y));
+  EXPECT_LT((y - mla_by_loops(x, params, S, B, heads, dims)).cwiseAbs().maxCoeff(), 1e-12);
+
+  // Causal: changing the last position changes no earlier output.
+  matrix later = x;
+  later.row(N - 1) += Eigen::RowVectorXd::Ones(H);
+  matrix y_later(N, H);
+  attention.forward(exec, in(later), S, B, out(y_later));
+  EXPECT_EQ(y_later.topRows(N - B), y.topRows(N - B));
+  EXPECT_NE(y_later.row(N - 1), y.row(N - 1));
+
+  auto loss = [&] {
+    matrix result(N, H);
+    attention.forward(exec, in(x), S, B, out(result));
+    return (result.array() * R.array()).sum();
+  };
+  attention.zero_grad();
+  attention.forward(exec, in(x), S, B, out(y));
+  attention.backward(exec, in(R), out(dx));
+  auto const grads = gradients(attention);
+  expect_matches_finite_differences("MLA input", out(x), dx, loss);
+  for (auto& [name, value] : params)
+    expect_matches_finite_differences("MLA " + name, value, grads.at(name), loss);
+
+  EXPECT_THROW(mm::multi_latent_attention<double>(H, 3, dims, 1e4, 1e-5, 2), mm::input_error);
+  auto odd = dims;
+  odd.qk_pos_emb_head_dim = 3;  // RoPE rotates pairs
+  EXPECT_THROW(mm::multi_latent_attention<double>(H, heads, odd), mm::input_error);
+  EXPECT_THROW(attention.forward(exec, in(x), S + 1, B, out(y)), mm::input_error);
+}
+
+INSTANTIATE_TEST_SUITE_P(QueryRank, MultiLatentAttention, ::testing::Values(6, 0));
+
+}  // namespace

@@ -14,15 +14,16 @@
 // head passes an RMSNorm over its d values before RoPE: q_layernorm.weight [d] for the queries,
 // k_layernorm.weight [d] for the keys, each shared by its heads.
 // Scores are q.k / sqrt(d) with a causal mask; linear_proj.weight [H, H] maps the heads back.
-// The attention itself is flash_attention (blocked, online softmax, RoPE fused; backward
-// recomputes the scores from the saved log-sum-exp); the projections run on every thread
-// (model/linear.hpp, through the precision recipe's operands).
+// The attention itself is attention_core (flash_attention: blocked, online softmax, RoPE fused;
+// backward recomputes the scores from the saved log-sum-exp; context parallelism); the
+// projections run on every thread (model/linear.hpp, through the precision recipe's operands).
 #pragma once
 
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
+#include <megamoe/model/attention_core.hpp>
 #include <megamoe/model/flash_attention.hpp>
 #include <megamoe/model/linear.hpp>
 #include <megamoe/model/norm.hpp>
@@ -65,7 +66,7 @@ class causal_attention {
         heads_(tensor_parallel > 0 ? heads / tensor_parallel : 0),
         groups_((query_groups > 0 ? query_groups : heads) / std::max(1, tensor_parallel)),
         head_size_(heads > 0 ? hidden / heads : 0),
-        kernel_(rope_base) {
+        core_(rope_base) {
     if (hidden < 1 || heads < 1 || hidden % heads != 0 || (hidden / heads) % 2 != 0)
       throw input_error("causal_attention: hidden " + std::to_string(hidden) + " over " +
                         std::to_string(heads) + " heads must give an even head size");
@@ -106,17 +107,13 @@ class causal_attention {
   /// order, each S / 2 positions of the B sequences (t = s B + b within the rank's S positions).
   /// Keys and values go around the CP ring (`CpComm` p2p) or are all-gathered (all_gather), and
   /// their gradients come back the same way; RoPE and the causal mask see global positions.
-  void set_context_parallel(boost::mpi::communicator const& cp) {
-    cp_ = &cp;
-    cp_size_ = cp.size();
-    cp_rank_ = cp.rank();
-  }
+  void set_context_parallel(boost::mpi::communicator const& cp) { core_.set_context_parallel(cp); }
 
   /// y [S*B, H] from x [S*B, H]; keeps what backward needs.
   void forward(expert::executor<T>& exec, const_row_matrix_map<T> x, int seq, int batch,
                row_matrix_map<T> y) {
     if (seq < 1 || batch < 1 || x.rows() != std::int64_t{seq} * batch || x.cols() != hidden_ ||
-        y.rows() != x.rows() || y.cols() != hidden_ || (cp_size_ > 1 && seq % 2 != 0))
+        y.rows() != x.rows() || y.cols() != hidden_ || (core_.cp_size() > 1 && seq % 2 != 0))
       throw input_error("causal_attention: input of shape [" + std::to_string(x.rows()) + ", " +
                         std::to_string(x.cols()) + "] for S = " + std::to_string(seq) +
                         ", B = " + std::to_string(batch) + ", H = " + std::to_string(hidden_));
@@ -133,12 +130,8 @@ class causal_attention {
     linears_.forward(exec, qkv_linear, N, W, H, x_.data(), qkv_weight_.data(), qkv_.data(), W);
     if constexpr (QkLayernorm) normalize_heads(exec.pool(), N);
     context_.resize(N, C);
-    lse_.resize(std::size_t(batch) * heads_ * seq);
     auto const qkv = views<T const>(qkv_.data());
-    if (cp_size_ > 1)
-      context_parallel_forward(exec.pool());
-    else
-      kernel_.forward(exec.pool(), shape(), qkv.q, qkv.k, qkv.v, {context_.data(), C}, lse_.data());
+    core_.forward(exec.pool(), shape(), qkv.q, qkv.k, qkv.v, {context_.data(), C});
     linears_.forward(exec, proj_linear, N, H, C, context_.data(), proj_weight_.data(), y.data(),
                      static_cast<int>(y.outerStride()));
   }
@@ -157,11 +150,8 @@ class causal_attention {
     grad_qkv_.resize(N, W);
     auto const qkv = views<T const>(qkv_.data());
     auto const grad = views<T>(grad_qkv_.data());
-    if (cp_size_ > 1)
-      context_parallel_backward(exec.pool());
-    else
-      kernel_.backward(exec.pool(), shape(), qkv.q, qkv.k, qkv.v, {context_.data(), C},
-                       {grad_context_.data(), C}, lse_.data(), grad.q, grad.k, grad.v);
+    core_.backward(exec.pool(), qkv.q, qkv.k, qkv.v, {context_.data(), C},
+                   {grad_context_.data(), C}, grad.q, grad.k, grad.v);
     if constexpr (QkLayernorm) normalize_heads_backward(exec.pool(), N);
     linears_.backward(exec, qkv_linear, N, W, H, grad_qkv_.data(), W, qkv_weight_.data(), x_.data(),
                       dx.data(), static_cast<int>(dx.outerStride()), qkv_grad_.data());
@@ -224,14 +214,16 @@ class causal_attention {
 
   /// Sets micro-batch `key`'s kept values aside (core/stash.hpp), or brings them back.
   void park(std::uint64_t key) {
-    stash_.park(key, seq_, batch_, x_, qkv_, context_, lse_, kv_local_, kv_sequence_);
+    stash_.park(key, seq_, batch_, x_, qkv_, context_);
+    core_.park(key);
     if constexpr (QkLayernorm) {
       qk_norm_.q.park(key);
       qk_norm_.k.park(key);
     }
   }
   void restore(std::uint64_t key) {
-    stash_.restore(key, seq_, batch_, x_, qkv_, context_, lse_, kv_local_, kv_sequence_);
+    stash_.restore(key, seq_, batch_, x_, qkv_, context_);
+    core_.restore(key);
     if constexpr (QkLayernorm) {
       qk_norm_.q.restore(key);
       qk_norm_.k.restore(key);
@@ -243,9 +235,8 @@ class causal_attention {
   [[nodiscard]] std::size_t saved_bytes() const noexcept {
     std::size_t norms = 0;
     if constexpr (QkLayernorm) norms = qk_norm_.q.saved_bytes() + qk_norm_.k.saved_bytes();
-    std::size_t const gathered = cp_size_ > 1 ? static_cast<std::size_t>(kv_sequence_.size()) : 0;
     return static_cast<std::size_t>(x_.size() + qkv_.size() + context_.size()) * sizeof(T) +
-           (lse_.size() + gathered) * sizeof(T) + norms;
+           core_.saved_bytes() + norms;
   }
 
  private:
@@ -326,227 +317,16 @@ class causal_attention {
     });
   }
 
-  // ---- context parallelism ----
-  // Keys and values travel as rows of G blocks of 2d (a group's key head, then its value head:
-  // the last 2d of its linear_qkv block, packed by move_heads with first P, count 2).
-  [[nodiscard]] int kv_width() const noexcept { return 2 * groups_ * head_size(); }
-  /// The sequence chunk of local chunk i (0 or 1) of CP rank r.
-  [[nodiscard]] int chunk_of(int r, int i) const noexcept {
-    return i == 0 ? r : 2 * cp_size_ - 1 - r;
-  }
-  /// Where sequence chunk j (of 2 CP) lies among gathered rows: rank-major, each rank's two.
-  [[nodiscard]] int gathered_block(int chunk) const noexcept {
-    return chunk < cp_size_ ? 2 * chunk : 2 * (2 * cp_size_ - 1 - chunk) + 1;
-  }
-  /// Copies whole chunks between the rank-major gathered order and sequence order.
-  template <bool ToSequence>
-  void reorder_chunks(thread_pool& pool, T* gathered, T* sequence, int chunk_rows) const {
-    std::int64_t const run = std::int64_t(chunk_rows) * kv_width();
-    parallel_rows(pool, 2 * cp_size_, [&](int begin, int end) {
-      for (int j = begin; j < end; ++j) {
-        T* const g = gathered + gathered_block(j) * run;
-        T* const q = sequence + j * run;
-        if constexpr (ToSequence)
-          std::copy(g, g + run, q);
-        else
-          std::copy(q, q + run, g);
-      }
-    });
-  }
-  /// Local query chunk i against `keys` key rows starting at sequence chunk `key_chunk`.
-  [[nodiscard]] attention::attention_shape chunk_shape(int i, int key_chunk,
-                                                       int keys) const noexcept {
-    int const L = seq_ / 2;
-    attention::attention_shape s = shape();
-    s.seq = L;
-    s.key_seq = keys;
-    s.query_offset = chunk_of(cp_rank_, i) * L;
-    s.key_offset = key_chunk * L;
-    return s;
-  }
-  template <class U>
-  [[nodiscard]] attention::token_view<U> kv_view(U* data, bool value) const noexcept {
-    int const d = head_size();
-    return {data + (value ? d : 0), kv_width(), 1, 2 * d};
-  }
-  /// Local query chunk i's queries (in qkv_) and their gradients (in grad_qkv_), context and
-  /// context gradient rows, and log-sum-exp.
-  template <class U>
-  [[nodiscard]] attention::token_view<U> chunk_queries(U* qkv, int i) const noexcept {
-    auto q = views<U>(qkv).q;
-    q.data += std::int64_t(i) * (qkv_.rows() / 2) * qkv_width();
-    return q;
-  }
-  template <class U>
-  [[nodiscard]] attention::token_view<U> chunk_rows_of(U* rows, int i) const noexcept {
-    int const C = context_width();
-    return {rows + std::int64_t(i) * (qkv_.rows() / 2) * C, C};
-  }
-  [[nodiscard]] T* chunk_lse(int i) noexcept { return lse_.data() + i * (lse_.size() / 2); }
-
-  void context_parallel_forward(thread_pool& pool) {
-    int const N = static_cast<int>(qkv_.rows()), per = heads_ / groups_;
-    kv_local_.resize(N, kv_width());
-    move_heads<false>(pool, qkv_.data(), kv_local_.data(), N, per, 2);
-    if constexpr (CpComm == parallel::cp_comm_type::all_gather)
-      gathered_forward(pool);
-    else
-      ring_forward(pool);
-  }
-  void context_parallel_backward(thread_pool& pool) {
-    int const N = static_cast<int>(qkv_.rows()), per = heads_ / groups_;
-    if constexpr (CpComm == parallel::cp_comm_type::all_gather)
-      gathered_backward(pool);
-    else
-      ring_backward(pool);
-    // kv_local_ now holds this rank's key and value gradients.
-    move_heads<true>(pool, grad_qkv_.data(), kv_local_.data(), N, per, 2);
-  }
-
-  // all_gather: every rank's keys and values in sequence order; each local query chunk against
-  // the keys up to its end; backward sums the two chunks' key gradients and reduce-scatters.
-  void gathered_forward(thread_pool& pool) {
-    int const N = static_cast<int>(qkv_.rows()), KV = kv_width(), chunk_rows = N / 2;
-    kv_gathered_.resize(std::int64_t(N) * cp_size_, KV);
-    rows_per_rank_.assign(static_cast<std::size_t>(cp_size_), N);
-    parallel::all_gather_v(*cp_, kv_local_.data(), kv_gathered_.data(),
-                           std::span<std::int64_t const>(rows_per_rank_), KV);
-    kv_sequence_.resize(kv_gathered_.rows(), KV);
-    reorder_chunks<true>(pool, kv_gathered_.data(), kv_sequence_.data(), chunk_rows);
-    for (int i = 0; i < 2; ++i) {
-      int const keys = (chunk_of(cp_rank_, i) + 1) * (seq_ / 2);
-      kernel_.forward(pool, chunk_shape(i, 0, keys), chunk_queries<T const>(qkv_.data(), i),
-                      kv_view<T const>(kv_sequence_.data(), false),
-                      kv_view<T const>(kv_sequence_.data(), true),
-                      chunk_rows_of<T>(context_.data(), i), chunk_lse(i));
-    }
-  }
-  void gathered_backward(thread_pool& pool) {
-    int const N = static_cast<int>(qkv_.rows()), KV = kv_width(), chunk_rows = N / 2;
-    // Chunk 1 (the later one) sees keys up to its end, which covers chunk 0's; chunk 0's key
-    // gradients go to their own rows and are added.
-    grad_kv_sequence_.resize(kv_sequence_.rows(), KV);
-    grad_kv_chunk_.resize(std::int64_t(chunk_of(cp_rank_, 0) + 1) * chunk_rows, KV);
-    for (int i = 1; i >= 0; --i) {
-      int const keys = (chunk_of(cp_rank_, i) + 1) * (seq_ / 2);
-      T* const dkv = i == 1 ? grad_kv_sequence_.data() : grad_kv_chunk_.data();
-      kernel_.backward(
-          pool, chunk_shape(i, 0, keys), chunk_queries<T const>(qkv_.data(), i),
-          kv_view<T const>(kv_sequence_.data(), false), kv_view<T const>(kv_sequence_.data(), true),
-          chunk_rows_of<T const>(context_.data(), i),
-          chunk_rows_of<T const>(grad_context_.data(), i), chunk_lse(i),
-          chunk_queries<T>(grad_qkv_.data(), i), kv_view(dkv, false), kv_view(dkv, true));
-    }
-    auto const covered = std::int64_t(chunk_of(cp_rank_, 1) + 1) * chunk_rows;
-    grad_kv_sequence_.bottomRows(grad_kv_sequence_.rows() - covered).setZero();
-    grad_kv_sequence_.topRows(grad_kv_chunk_.rows()) += grad_kv_chunk_;
-    kv_gathered_.resize(kv_sequence_.rows(), KV);
-    reorder_chunks<false>(pool, kv_gathered_.data(), grad_kv_sequence_.data(), chunk_rows);
-    parallel::reduce_scatter_v(*cp_, kv_gathered_.data(), kv_local_.data(),
-                               std::span<std::int64_t const>(rows_per_rank_), KV);
-  }
-
-  // p2p: CP steps around the ring; at step i this rank holds the keys and values of rank
-  // s = r - i (its chunks s and 2 CP - 1 - s) and runs each local query chunk against each key
-  // chunk it may see, merging by log-sum-exp; then passes them to rank r + 1. Backward goes
-  // around again, each block's key and value gradients travelling with it and arriving home
-  // after one more pass.
-  template <class Pair>
-  void for_each_visible_pair(int step, Pair&& pair) const {
-    int const source = (cp_rank_ - step + cp_size_) % cp_size_;
-    for (int i = 0; i < 2; ++i)
-      for (int half = 0; half < 2; ++half) {
-        int const key_chunk = chunk_of(source, half);
-        if (key_chunk <= chunk_of(cp_rank_, i)) pair(i, half, key_chunk);
-      }
-  }
-  void pass_on(T const* send, T* recv, std::int64_t elements) const {
-    parallel::ring_exchange(*cp_, send, recv, elements, (cp_rank_ + 1) % cp_size_,
-                            (cp_rank_ - 1 + cp_size_) % cp_size_);
-  }
-  void ring_forward(thread_pool& pool) {
-    int const N = static_cast<int>(qkv_.rows()), KV = kv_width(), chunk_rows = N / 2;
-    int const L = seq_ / 2;
-    ring_[0] = kv_local_;
-    ring_[1].resize(N, KV);
-    part_out_.resize(chunk_rows, context_width());
-    part_lse_.resize(lse_.size() / 2);
-    bool started[2] = {false, false};
-    for (int step = 0; step < cp_size_; ++step) {
-      T const* const kv = ring_[step % 2].data();
-      for_each_visible_pair(step, [&](int i, int half, int key_chunk) {
-        auto const s = chunk_shape(i, key_chunk, L);
-        T const* const keys = kv + std::int64_t(half) * chunk_rows * KV;
-        auto const q = chunk_queries<T const>(qkv_.data(), i);
-        auto const k = kv_view<T const>(keys, false), v = kv_view<T const>(keys, true);
-        auto const out = chunk_rows_of<T>(context_.data(), i);
-        if (!started[i]) {
-          kernel_.forward(pool, s, q, k, v, out, chunk_lse(i));
-          started[i] = true;
-          return;
-        }
-        int const C = context_width();
-        kernel_.forward(pool, s, q, k, v, {part_out_.data(), C}, part_lse_.data());
-        attention::merge_partial(pool, s, out, chunk_lse(i), {part_out_.data(), C},
-                                 part_lse_.data());
-      });
-      if (step + 1 < cp_size_) pass_on(kv, ring_[(step + 1) % 2].data(), std::int64_t(N) * KV);
-    }
-  }
-  void ring_backward(thread_pool& pool) {
-    int const N = static_cast<int>(qkv_.rows()), KV = kv_width(), chunk_rows = N / 2;
-    int const L = seq_ / 2, per = heads_ / groups_, QW = heads_ * head_size();
-    ring_[0] = kv_local_;
-    ring_[1].resize(N, KV);
-    grad_ring_[0].setZero(N, KV);
-    grad_ring_[1].resize(N, KV);
-    grad_queries_.setZero(N, QW);
-    part_dq_.resize(chunk_rows, QW);
-    part_dkv_.resize(chunk_rows, KV);
-    for (int step = 0; step < cp_size_; ++step) {
-      T const* const kv = ring_[step % 2].data();
-      auto& dkv = grad_ring_[step % 2];
-      for_each_visible_pair(step, [&](int i, int half, int key_chunk) {
-        T const* const keys = kv + std::int64_t(half) * chunk_rows * KV;
-        kernel_.backward(pool, chunk_shape(i, key_chunk, L), chunk_queries<T const>(qkv_.data(), i),
-                         kv_view<T const>(keys, false), kv_view<T const>(keys, true),
-                         chunk_rows_of<T const>(context_.data(), i),
-                         chunk_rows_of<T const>(grad_context_.data(), i), chunk_lse(i),
-                         {part_dq_.data(), QW}, kv_view(part_dkv_.data(), false),
-                         kv_view(part_dkv_.data(), true));
-        grad_queries_.middleRows(std::int64_t(i) * chunk_rows, chunk_rows) += part_dq_;
-        dkv.middleRows(std::int64_t(half) * chunk_rows, chunk_rows) += part_dkv_;
-      });
-      if (step + 1 < cp_size_) pass_on(kv, ring_[(step + 1) % 2].data(), std::int64_t(N) * KV);
-      // The gradients follow their block; after the last step each block's arrive home.
-      pass_on(dkv.data(), grad_ring_[(step + 1) % 2].data(), std::int64_t(N) * KV);
-    }
-    kv_local_ = grad_ring_[cp_size_ % 2];
-    move_heads<true>(pool, grad_qkv_.data(), grad_queries_.data(), N, 0, per);
-  }
-
   linears_type linears_;
   int hidden_, heads_, groups_, head_size_;
   [[no_unique_address]] std::conditional_t<QkLayernorm, qk_norms, no_qk_norms> qk_norm_;
-  attention::flash_attention<T> kernel_;
+  attention_core<T, CpComm> core_;
   int seq_ = 0, batch_ = 0;
   row_matrix<T> qkv_weight_, qkv_grad_, proj_weight_, proj_grad_;
   row_matrix<T> x_, qkv_, context_;
-  std::vector<T> lse_;
   row_matrix<T> grad_context_, grad_qkv_;
   row_matrix<T> heads_in_, heads_out_;  // QK layernorm's packed heads
-  boost::mpi::communicator const* cp_ = nullptr;
-  int cp_size_ = 1, cp_rank_ = 0;
-  // Context parallelism: this rank's keys and values (their gradients after backward); with
-  // all_gather every rank's (rank-major), in sequence order, and their gradients; with p2p the
-  // blocks in flight, their gradients, a partial result, and the queries' gradients.
-  row_matrix<T> kv_local_, kv_gathered_, kv_sequence_, grad_kv_sequence_, grad_kv_chunk_;
-  std::vector<std::int64_t> rows_per_rank_;
-  row_matrix<T> ring_[2], grad_ring_[2], part_out_, part_dq_, part_dkv_, grad_queries_;
-  std::vector<T> part_lse_;
-  activation_stash<int, int, row_matrix<T>, row_matrix<T>, row_matrix<T>, std::vector<T>,
-                   row_matrix<T>, row_matrix<T>>
-      stash_;
+  activation_stash<int, int, row_matrix<T>, row_matrix<T>, row_matrix<T>> stash_;
 };
 
 }  // namespace megamoe
