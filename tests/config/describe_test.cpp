@@ -217,6 +217,18 @@ TEST(Describe, TheModelSlotUsesReferenceNames) {
   EXPECT_EQ(l["num_attention_heads"], "dynamic");
   EXPECT_EQ(l["num_query_groups"], "dynamic");
   EXPECT_EQ(l["vocab_size"], "dynamic");
+  EXPECT_FALSE(m.contains("multi_latent_attention"));  // MLA's keys only when it is chosen
+  EXPECT_FALSE(m.contains("q_lora_rank"));
+  using latent =
+      mm::make_config<small_shape, md::decoder<md::layers<2>, md::heads<4>, md::vocabulary<64>,
+                                               md::multi_latent_attention<24, 16, 12, 8, 10>>>;
+  auto const a = mm::describe<latent>().json["model"];
+  EXPECT_EQ(a["multi_latent_attention"], true);
+  EXPECT_EQ(a["q_lora_rank"], 24);
+  EXPECT_EQ(a["kv_lora_rank"], 16);
+  EXPECT_EQ(a["qk_head_dim"], 12);
+  EXPECT_EQ(a["qk_pos_emb_head_dim"], 8);
+  EXPECT_EQ(a["v_head_dim"], 10);
 }
 
 // The flat form holds every field of every slot once, at the top level, as the reference's flat

@@ -240,6 +240,25 @@ std::vector<breaking_case> const& breaking_cases() {
          v.model.moe_layers.every = 2;
          v.model.dense_ffn = 5;
        }},
+      {57, "MLA with an odd positional part",
+       [](auto& v) {
+         v.model.mla = {0, 4, 8, 3, 8};
+       }},
+      {57, "MLA sizes without a latent rank",
+       [](auto& v) {
+         v.model.mla = {8, 0, 8, 4, 8};
+       }},
+      {57, "MLA with 2 query groups of 4 heads",
+       [](auto& v) {
+         v.model.heads = 4;
+         v.model.query_groups = 2;
+         v.model.mla = {8, 4, 8, 4, 8};
+       }},
+      {57, "MLA with QK layernorm",
+       [](auto& v) {
+         v.model.qk_layernorm = true;
+         v.model.mla = {8, 4, 8, 4, 8};
+       }},
       {27, "runtime router not given", [](auto& v) { v.router.reset(); }},
       {27, "dynamic hidden", [](auto& v) { v.shape.hidden = mm::dynamic; }},
       {27, "dynamic ep", [](auto& v) { v.parallel.ep = mm::dynamic; }},
@@ -266,6 +285,17 @@ TEST(RuleCatalog, IdsAreSequentialAndMessagesCarryTheirId) {
 TEST(ValueRules, TheBaseConfigurationIsValid) {
   EXPECT_TRUE(mm::rules::broken(valid_values()).empty());
   EXPECT_NO_THROW(mm::rules::require_valid(valid_values()));
+}
+
+// MLA sizes its heads itself: 6 heads of hidden 64 (R040 without MLA) and q_lora_rank 0 are
+// valid.
+TEST(ValueRules, LatentAttentionHeadsNeedNotDivideTheHiddenSize) {
+  auto v = valid_values();
+  v.model.heads = 6;
+  v.model.query_groups = 6;
+  EXPECT_EQ(mm::rules::broken(v), std::vector<int>{40});
+  v.model.mla = {0, 4, 8, 4, 8};
+  EXPECT_TRUE(mm::rules::broken(v).empty());
 }
 
 // R033 holds the all-to-all's pieces alone: shared_memory_overlap pulls rows of any ETP index.
@@ -382,8 +412,7 @@ TEST(RuleCatalog, NamedIdsAreTheCatalogueEntries) {
   EXPECT_EQ(mm::rule(mm::rules::id::shape_sizes_valid).name, "shape_sizes_valid");
   EXPECT_EQ(mm::rule(mm::rules::id::etp_divides_ffn).id, 38);
   EXPECT_EQ(mm::rule(mm::rules::id::moe_layer_pattern_valid).name, "moe_layer_pattern_valid");
-  EXPECT_EQ(static_cast<std::size_t>(mm::rules::id::wgrad_from_rowwise_needs_row_blocks),
-            mm::rule_catalog.size());
+  EXPECT_EQ(static_cast<std::size_t>(mm::rules::id::mla_sizes_valid), mm::rule_catalog.size());
   mm::config_error const e(mm::rules::id::pipeline_stages_divide_layers, "PP 3");
   EXPECT_EQ(e.rule_id(), 36);
   EXPECT_EQ(e.which(), mm::rules::id::pipeline_stages_divide_layers);

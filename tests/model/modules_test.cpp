@@ -474,6 +474,67 @@ TEST(Transformer, WholeModelGradientsMatchFiniteDifferences) {
   EXPECT_EQ(names, expected);
 }
 
+/// tiny_moe with multi-head latent attention (q_lora_rank 5, or 0: linear_q_proj).
+template <int QLoraRank>
+using tiny_mla = mm::make_config<
+    mm::shape<mm::hidden<8>, mm::ffn<6>, mm::experts<4>>, rt::top_k<2, rt::aux_loss<1e-2>>,
+    mm::dispatch::local, mm::expert::mlp<mm::expert::swiglu>, mm::precision::fp64,
+    md::decoder<md::layers<2>, md::heads<3>, md::vocabulary<11>, md::dense_ffn<5>,
+                md::moe_layer_freq<2>, md::multi_latent_attention<QLoraRank, 4, 3, 4, 5>>>;
+
+// The same check with MLA in every layer: its seven (or five) tensors per layer, every
+// gradient against central differences; the norms start at 1.
+TEST(Transformer, WholeModelWithLatentAttentionGradientsMatchFiniteDifferences) {
+  auto check = [](auto model_tag, std::vector<std::string> const& attention_names) {
+    using model_type = typename decltype(model_tag)::type;
+    model_type model;
+    model.initialize(5, 0.4);
+    mm::context ctx(2);
+    ctx.step.loss_backward_scale = 0.9;
+    int const S = 4, B = 2;
+    std::vector<std::int32_t> const tokens{1, 4, 7, 2, 9, 10, 0, 3};
+    std::vector<std::int32_t> const targets{4, 2, 2, 9, 10, 5, 3, 3};
+    auto objective = [&] {
+      auto const out = model.forward(ctx, tokens, targets, S, B);
+      return 0.7 * out.cross_entropy + 0.9 * out.router_losses;
+    };
+    model.zero_grad();
+    model.forward(ctx, tokens, targets, S, B);
+    model.backward(ctx, 0.7);
+    std::vector<std::string> names;
+    model.for_each_parameter([&](std::string_view name, auto value, auto grad, mm::parameter_kind) {
+      if (name.starts_with("decoder.layers.0.self_attention.")) {
+        names.emplace_back(name.substr(32));
+        if (name.ends_with("layernorm.weight")) {
+          EXPECT_EQ(value, matrix::Ones(1, value.cols()));
+        }
+      }
+      matrix const g = grad;
+      double const step = 1e-6;
+      for (int i = 0; i < 3; ++i) {
+        Eigen::Index const at = (29 * i + 5) % value.size();
+        double const kept = value.data()[at];
+        value.data()[at] = kept + step;
+        double const up = objective();
+        value.data()[at] = kept - step;
+        double const down = objective();
+        value.data()[at] = kept;
+        double const numeric = (up - down) / (2 * step);
+        EXPECT_NEAR(g.data()[at], numeric, 1e-6 * std::max(1.0, std::abs(numeric)))
+            << name << "[" << at << "]";
+      }
+    });
+    EXPECT_EQ(names, attention_names);
+  };
+  check(std::type_identity<mm::transformer<tiny_mla<5>>>{},
+        {"linear_q_down_proj.weight", "linear_q_up_proj.weight", "linear_kv_down_proj.weight",
+         "linear_kv_up_proj.weight", "linear_proj.weight", "q_layernorm.weight",
+         "kv_layernorm.weight"});
+  check(std::type_identity<mm::transformer<tiny_mla<0>>>{},
+        {"linear_q_proj.weight", "linear_kv_down_proj.weight", "linear_kv_up_proj.weight",
+         "linear_proj.weight", "kv_layernorm.weight"});
+}
+
 }  // namespace
 
 namespace {
@@ -518,6 +579,8 @@ TEST(Transformer, ParameterCountIsWhatTheModelHolds) {
                       md::decoder<md::layers<2>, md::heads<4>, md::query_groups<2>,
                                   md::vocabulary<7>, md::dense_ffn<5>, md::qk_layernorm<>>>;
   expect_parameter_count_is_what_the_model_holds<qk_normed>();
+  expect_parameter_count_is_what_the_model_holds<tiny_mla<5>>();
+  expect_parameter_count_is_what_the_model_holds<tiny_mla<0>>();
   mm::transformer<qk_normed> normed;
   normed.initialize(3);
   int norms = 0;

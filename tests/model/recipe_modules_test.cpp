@@ -15,6 +15,7 @@
 #include <megamoe/model/attention.hpp>
 #include <megamoe/model/dense_mlp.hpp>
 #include <megamoe/model/linear.hpp>
+#include <megamoe/model/mla.hpp>
 #include <megamoe/model/transformer.hpp>
 #include <megamoe/precision/operands.hpp>
 #include <megamoe/train/corpus.hpp>
@@ -306,6 +307,89 @@ void attention_matches_its_codes() {
   }
 }
 
+/// Multi-head latent attention under Recipe, as attention_matches_its_codes: its five linears in
+/// three operands objects, each against the double module on that object's codes.
+template <class Recipe>
+void latent_attention_matches_its_codes() {
+  using ops_type = recipe_ops<Recipe>;
+  constexpr int H = 160, heads = 4, S = 16, B = 3, N = S * B;
+  mm::mla_dims const dims{.q_lora_rank = 48,
+                          .kv_lora_rank = 32,
+                          .qk_head_dim = 32,
+                          .qk_pos_emb_head_dim = 16,
+                          .v_head_dim = 32};
+  mm::context ctx(2);
+  mm::multi_latent_attention<float, mm::parallel::cp_comm_type::p2p, ops_type> module(
+      H, heads, dims, 10000.0, 1e-5, 1,
+      mm::mla_operands<ops_type>{mm::make_linear_operands<ops_type>(5, nullptr),
+                                 mm::make_linear_operands<ops_type>(6, nullptr),
+                                 mm::make_linear_operands<ops_type>(7, nullptr)});
+  mm::multi_latent_attention<double, mm::parallel::cp_comm_type::p2p, replay_operands> twin(
+      H, heads, dims);
+  module.for_each_linears([](std::string_view, auto& l) { l.operands().keep_all_codes(true); });
+  std::uint64_t seed = 80;
+  module.for_each_parameter("a", [&](std::string const& name, auto value, auto) {
+    auto const r = random_matrix<float>(static_cast<int>(value.rows()),
+                                        static_cast<int>(value.cols()), ++seed);
+    if (name.ends_with("layernorm.weight"))
+      value = (1.0F + 0.1F * r.array()).matrix();
+    else
+      value = 0.08F * r;
+  });
+  for (int step = 0; step < 2; ++step) {
+    module.zero_grad();
+    twin.zero_grad();
+    auto const x = random_matrix<float>(N, H, 700 + step);
+    auto const dy = random_matrix<float>(N, H, 800 + step, 0.01);
+    mm::row_matrix<float> y(N, H), dx(N, H);
+    {
+      auto f = ctx.scratch<float>().open();
+      module.for_each_linears([&](std::string_view, auto& l) { l.bind(ctx, f); });
+      module.forward(ctx.executor<float>(), in(x), S, B, out(y));
+      module.backward(ctx.executor<float>(), in(dy), out(dx));
+    }
+    module.for_each_linears(
+        [](std::string_view, auto& l) { l.end_of_step(mm::parallel::communicator_max()); });
+    std::vector<mm::row_matrix<float>> grads, values;
+    module.for_each_parameter("a", [&](std::string const&, auto value, auto grad) {
+      values.emplace_back(value);
+      grads.emplace_back(grad);
+    });
+    std::size_t at = 0;
+    twin.for_each_parameter("a", [&](std::string const&, auto value, auto) {
+      value = values[at++].template cast<double>();
+    });
+    // Each operands object's codes replayed by the twin's object of the same part (proj's
+    // second slot is unused).
+    std::vector<replay_operands*> replays;
+    twin.for_each_linears([&](std::string_view, auto& l) { replays.push_back(&l.operands()); });
+    std::size_t part = 0;
+    module.for_each_linears([&](std::string_view name, auto& l) {
+      auto& replay = *replays[part++];
+      for (auto lin : {ex::linear::fc1, ex::linear::fc2})
+        if (lin == ex::linear::fc1 || name != ".proj")
+          replay.linears[static_cast<std::size_t>(lin)] = values_of(l.operands(), lin);
+      replay.drift = 0.0;
+    });
+    mm::row_matrix<double> const xd = x.cast<double>(), dyd = dy.cast<double>();
+    mm::row_matrix<double> yd(N, H), dxd(N, H);
+    twin.forward(ctx.executor<double>(), in(xd), S, B, out(yd));
+    twin.backward(ctx.executor<double>(), in(dyd), out(dxd));
+    std::string const where = std::string(Recipe::name) + ", step " + std::to_string(step);
+    EXPECT_LT(relative_error(y, to_mat(yd)), 1e-5) << "output, " << where;
+    EXPECT_LT(relative_error(dx, to_mat(dxd)), 1e-5) << "dx, " << where;
+    at = 0;
+    twin.for_each_parameter("a", [&](std::string const& name, auto, auto grad) {
+      EXPECT_LT(relative_error(grads[at++], to_mat(grad)), 1e-5) << name << ", " << where;
+    });
+    for (auto const* replay : replays) {
+      EXPECT_LT(replay->drift, quantization_tolerance(Recipe::value))
+          << replay->drift_at << ", " << where;
+      EXPECT_GT(replay->drift, 0.0) << "the codes should differ from the values, " << where;
+    }
+  }
+}
+
 /// The dense FFN (SwiGLU) under Recipe on Backend, as attention_matches_its_codes.
 template <class Recipe, class Backend = ex::grouped_gemm>
 void dense_matches_its_codes() {
@@ -389,6 +473,15 @@ TEST(RecipeModules, AttentionMatchesItsCodesMxfp8) {
 }
 TEST(RecipeModules, AttentionMatchesItsCodesNvfp4) {
   attention_matches_its_codes<pr::nvfp4>();
+}
+TEST(RecipeModules, LatentAttentionMatchesItsCodesFp8Current) {
+  latent_attention_matches_its_codes<fp8_current>();
+}
+TEST(RecipeModules, LatentAttentionMatchesItsCodesMxfp8) {
+  latent_attention_matches_its_codes<pr::mxfp8>();
+}
+TEST(RecipeModules, LatentAttentionMatchesItsCodesNvfp4) {
+  latent_attention_matches_its_codes<pr::nvfp4>();
 }
 TEST(RecipeModules, DenseMatchesItsCodesBf16) {
   dense_matches_its_codes<pr::bf16>();

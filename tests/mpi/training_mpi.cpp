@@ -18,6 +18,9 @@
 //
 // Under TP each rank holds its shards (compared element by element through their numbering).
 //
+// Multi-head latent attention trains alike in every layout too (sigmoid with expert bias, and
+// under CP the all_gather exchange).
+//
 //   mpiexec -n 4 megamoe_training_mpi --ep 2 [--tp 2] [--cp 2] [--etp 2] [--steps 3]
 #include "support/tally.hpp"
 
@@ -44,11 +47,15 @@ namespace md = mm::model;
 using decoder = md::decoder<md::layers<2>, md::heads<4>, md::query_groups<2>, md::vocabulary<256>,
                             md::dense_ffn<20>, md::moe_layer_freq<2>>;
 using softmax_aux = rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>;
+// Multi-head latent attention (4 heads, query rank 6, latent rank 4, head parts 3 + 4 and values
+// of 5), so TP 2 splits whole heads and a mixed-up layout cannot pass.
+using mla_decoder = md::decoder<md::layers<2>, md::heads<4>, md::vocabulary<256>, md::dense_ffn<20>,
+                                md::moe_layer_freq<2>, md::multi_latent_attention<6, 4, 3, 4, 5>>;
 template <class Dispatch, class Precision, class Parallel, class Memory = mm::memory::keep_all,
-          class Router = softmax_aux>
+          class Router = softmax_aux, class Decoder = decoder>
 using config =
     mm::make_config<mm::shape<mm::hidden<16>, mm::ffn<12>, mm::experts<8>>, Router, Dispatch,
-                    mm::expert::mlp<mm::expert::swiglu>, Precision, Parallel, Memory, decoder>;
+                    mm::expert::mlp<mm::expert::swiglu>, Precision, Parallel, Memory, Decoder>;
 // The dropless routers every layout must train alike (a capacity limit sees tokens in another
 // order per layout): softmax with aux and z loss, sequence aux loss, global aux loss, and sigmoid
 // scores with the aux-loss-free expert bias.
@@ -128,7 +135,7 @@ void compare(mm::testing::tally& result, std::string const& what, numbered_value
 /// fp64 steps through the trainer (clipping every step: losses, then parameters, 1e-9) and the
 /// fp32 first global batch (loss and reduced gradients, 1e-5) of the job against one rank, with
 /// `Router`.
-template <class Router, class Mapping = mapped>
+template <class Router, class Mapping = mapped, class Decoder = decoder>
 void against_one_rank(mm::parallel::process_groups const& groups, mt::byte_corpus const& corpus,
                       mm::context& ctx, mm::testing::tally& result, int steps,
                       std::string const& what) {
@@ -136,9 +143,9 @@ void against_one_rank(mm::parallel::process_groups const& groups, mt::byte_corpu
   // fp64, whole steps through the trainer, clipping every step.
   {
     using job_config = config<mm::dispatch::all_to_all, mm::precision::fp64, Mapping,
-                              mm::memory::keep_all, Router>;
-    using one_config =
-        config<mm::dispatch::local, mm::precision::fp64, one_rank, mm::memory::keep_all, Router>;
+                              mm::memory::keep_all, Router, Decoder>;
+    using one_config = config<mm::dispatch::local, mm::precision::fp64, one_rank,
+                              mm::memory::keep_all, Router, Decoder>;
     mt::train_settings s = settings(steps, 1);
     s.optimizer.clip_grad = 1e-3;
     mm::transformer<job_config> model(groups);
@@ -176,9 +183,9 @@ void against_one_rank(mm::parallel::process_groups const& groups, mt::byte_corpu
   // fp32, the first global batch's gradients.
   {
     using job_config = config<mm::dispatch::all_to_all, mm::precision::fp32, Mapping,
-                              mm::memory::keep_all, Router>;
-    using one_config =
-        config<mm::dispatch::local, mm::precision::fp32, one_rank, mm::memory::keep_all, Router>;
+                              mm::memory::keep_all, Router, Decoder>;
+    using one_config = config<mm::dispatch::local, mm::precision::fp32, one_rank,
+                              mm::memory::keep_all, Router, Decoder>;
     mm::transformer<job_config> model(groups);
     mm::transformer<one_config> one;
     model.initialize(4, 0.3);
@@ -193,14 +200,25 @@ void against_one_rank(mm::parallel::process_groups const& groups, mt::byte_corpu
     // And computes only its part: each attention keeps its S/CP x B input rows, its 1/TP of the
     // q k v and context columns and of the heads' log-sum-exp (and with all_gather the gathered
     // keys and values of its groups).
+    // MLA keeps its input, the two normed latents and the norms' inputs and inverse RMS (whole),
+    // and its heads' queries, keys, up-projected keys and values, and context.
     {
       auto const& m = model.model_settings();
       int const TP = groups.tp().size(), H = model.hidden_size(), d = H / m.heads;
       double const N = double(seq) / CP * micro, W = double(m.heads + 2 * m.query_groups) * d;
-      double const gathered = CP > 1 && Mapping::cp_comm == mm::parallel::cp_comm_type::all_gather
-                                  ? double(seq) * micro * 2 * m.query_groups * d / TP
-                                  : 0.0;
-      double const per_layer = N * H + N * W / TP + N * H / TP + N * m.heads / TP + gathered;
+      bool const gathers = CP > 1 && Mapping::cp_comm == mm::parallel::cp_comm_type::all_gather;
+      double per_layer = 0.0;
+      if constexpr (Decoder::value.mla.enabled()) {
+        auto const& a = m.mla;
+        double const n = double(m.heads) / TP, qk = a.qk_head_dim + a.qk_pos_emb_head_dim;
+        double const latents = 2.0 * N * (a.q_lora_rank + a.kv_lora_rank) + 2.0 * N;
+        double const heads = N * n * (2 * qk + a.qk_head_dim + 2 * a.v_head_dim) + N * n;
+        double const gathered = gathers ? double(seq) * micro * n * (qk + a.v_head_dim) : 0.0;
+        per_layer = N * H + latents + heads + gathered;
+      } else {
+        double const gathered = gathers ? double(seq) * micro * 2 * m.query_groups * d / TP : 0.0;
+        per_layer = N * H + N * W / TP + N * H / TP + N * m.heads / TP + gathered;
+      }
       result.close(what + "attention's saved bytes",
                    static_cast<double>(model.attention_saved_bytes()),
                    per_layer * m.layers * sizeof(float), 1.0, 0.0);
@@ -264,6 +282,11 @@ int main(int argc, char** argv) {
     if (groups.dp().size() == 1)
       against_one_rank<global_aux>(groups, corpus, ctx, result, steps, "global aux: ");
     against_one_rank<sigmoid_bias>(groups, corpus, ctx, result, steps, "sigmoid, expert bias: ");
+    against_one_rank<sigmoid_bias, mapped, mla_decoder>(groups, corpus, ctx, result, steps,
+                                                        "MLA, sigmoid, expert bias: ");
+    if (CP > 1)
+      against_one_rank<softmax_aux, gathered, mla_decoder>(groups, corpus, ctx, result, steps,
+                                                           "MLA, all_gather: ");
     if (CP > 1)
       against_one_rank<softmax_aux, gathered>(groups, corpus, ctx, result, steps, "all_gather: ");
     // FP8 with the expert weights held as codes, against the same job keeping them in fp32.

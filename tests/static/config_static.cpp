@@ -54,6 +54,14 @@ static_assert(md::decoder<md::heads<8>, md::query_groups<2>>::value.query_groups
 static_assert(md::decoder<>::value.heads == mm::dynamic &&
               md::decoder<>::value.query_groups == mm::dynamic);
 static_assert(mm::model_policy<md::decoder<>> && !mm::model_policy<small>);
+// MLA's sizes by the reference's names; none without it.
+constexpr auto latent_values =
+    md::decoder<md::heads<4>, md::multi_latent_attention<96, 64, 32, 16, 32>>::value;
+static_assert(latent_values.mla.enabled() && latent_values.mla.q_lora_rank == 96 &&
+              latent_values.mla.kv_lora_rank == 64 && latent_values.mla.qk_head_dim == 32 &&
+              latent_values.mla.qk_pos_emb_head_dim == 16 && latent_values.mla.v_head_dim == 32 &&
+              latent_values.query_groups == 4);
+static_assert(!decoder_values.mla.enabled());
 
 // A struct with named slots is a configuration just as well.
 struct named : mm::defaults {

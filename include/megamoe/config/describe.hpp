@@ -254,6 +254,14 @@ inline nlohmann::ordered_json model_json(std::string_view policy, model::setting
   j["layernorm_epsilon"] = m.norm_epsilon;
   j["position_embedding_type"] = "rope";
   j["rotary_base"] = m.rope_base;
+  if (m.mla.enabled()) {  // only when set: configurations without MLA describe as before
+    j["multi_latent_attention"] = true;
+    j["q_lora_rank"] = m.mla.q_lora_rank;
+    j["kv_lora_rank"] = m.mla.kv_lora_rank;
+    j["qk_head_dim"] = m.mla.qk_head_dim;
+    j["qk_pos_emb_head_dim"] = m.mla.qk_pos_emb_head_dim;
+    j["v_head_dim"] = m.mla.v_head_dim;
+  }
   return j;
 }
 

@@ -164,6 +164,10 @@
 #define MEGAMOE_RULE_R056                                                         \
   "megamoe[R056]: precision::wgrad_from_rowwise applies to precision::mxfp8 and " \
   "precision::fp8_blockwise (row-local blocks: a rowwise copy whose wgrad copy differs from it)"
+#define MEGAMOE_RULE_R057                                                                        \
+  "megamoe[R057]: model::multi_latent_attention needs kv_lora_rank, qk_head_dim and v_head_dim " \
+  "positive, q_lora_rank at least 0, qk_pos_emb_head_dim even and positive (RoPE rotates "       \
+  "pairs), num_query_groups equal to num_attention_heads and no qk_layernorm"
 
 namespace megamoe {
 
@@ -226,6 +230,7 @@ enum class id : int {
   shared_memory_needs_one_node = 54,
   fp8_wire_needs_codes_made_at_source = 55,
   wgrad_from_rowwise_needs_row_blocks = 56,
+  mla_sizes_valid = 57,
 };
 }  // namespace rules
 
@@ -238,7 +243,7 @@ struct rule_info {
 };
 
 /// Every rule megamoe checks, in id order. `rule_catalog[i].id == i + 1`.
-inline constexpr std::array<rule_info, 56> rule_catalog{{
+inline constexpr std::array<rule_info, 57> rule_catalog{{
     {1, "shape_sizes_valid", MEGAMOE_RULE_R001},
     {2, "top_k_within_experts", MEGAMOE_RULE_R002},
     {3, "ep_divides_experts", MEGAMOE_RULE_R003},
@@ -295,6 +300,7 @@ inline constexpr std::array<rule_info, 56> rule_catalog{{
     {54, "shared_memory_needs_one_node", MEGAMOE_RULE_R054},
     {55, "fp8_wire_needs_codes_made_at_source", MEGAMOE_RULE_R055},
     {56, "wgrad_from_rowwise_needs_row_blocks", MEGAMOE_RULE_R056},
+    {57, "mla_sizes_valid", MEGAMOE_RULE_R057},
 }};
 
 /// The catalogue entry of rule `id` (1-based).

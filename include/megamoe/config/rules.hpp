@@ -267,14 +267,27 @@ constexpr bool model_sizes_valid(config_values const& v) {
          detail::finite_above(m.norm_epsilon, 0.0) && detail::finite_above(m.rope_base, 0.0);
 }
 
-/// R040
+/// R057 (MLA's sizes; its heads are its own, no groups, no per-head norm)
+constexpr bool mla_sizes_valid(config_values const& v) {
+  auto const& m = v.model;
+  auto const& a = m.mla;
+  if (a == model::mla_settings{}) return true;
+  bool const groups =
+      !detail::usable(m.query_groups) || !detail::usable(m.heads) || m.query_groups == m.heads;
+  return a.kv_lora_rank > 0 && a.q_lora_rank >= 0 && a.qk_head_dim > 0 && a.v_head_dim > 0 &&
+         a.qk_pos_emb_head_dim > 0 && a.qk_pos_emb_head_dim % 2 == 0 && groups && !m.qk_layernorm;
+}
+
+/// R040 (the head size of grouped-query attention; MLA sizes its heads itself)
 constexpr bool heads_divide_hidden(config_values const& v) {
+  if (v.model.mla.enabled()) return true;
   if (!detail::usable(v.model.heads) || !detail::usable(v.shape.hidden)) return true;
   return v.shape.hidden % v.model.heads == 0;
 }
 
 /// R041
 constexpr bool head_size_even(config_values const& v) {
+  if (v.model.mla.enabled()) return true;
   if (!heads_divide_hidden(v) || !detail::usable(v.model.heads) || !detail::usable(v.shape.hidden))
     return true;
   return (v.shape.hidden / v.model.heads) % 2 == 0;
@@ -344,7 +357,7 @@ struct value_rule {
 };
 
 /// Every value rule, in id order; the start-up check runs all of them.
-inline constexpr std::array<value_rule, 38> value_rules{{
+inline constexpr std::array<value_rule, 39> value_rules{{
     {id::shape_sizes_valid, shape_sizes_valid},
     {id::top_k_within_experts, top_k_within_experts},
     {id::ep_divides_experts, ep_divides_experts},
@@ -376,6 +389,7 @@ inline constexpr std::array<value_rule, 38> value_rules{{
     {id::bf16_backends_need_a_recipe, bf16_backends_need_a_recipe},
     {id::etp_divides_ffn, etp_divides_ffn},
     {id::model_sizes_valid, model_sizes_valid},
+    {id::mla_sizes_valid, mla_sizes_valid},
     {id::heads_divide_hidden, heads_divide_hidden},
     {id::head_size_even, head_size_even},
     {id::query_groups_divide_heads, query_groups_divide_heads},
@@ -462,6 +476,7 @@ consteval bool check() {
     static_assert(bf16_backends_need_a_recipe(v), MEGAMOE_RULE_R037);
     static_assert(etp_divides_ffn(v), MEGAMOE_RULE_R038);
     static_assert(model_sizes_valid(v), MEGAMOE_RULE_R039);
+    static_assert(mla_sizes_valid(v), MEGAMOE_RULE_R057);
     static_assert(heads_divide_hidden(v), MEGAMOE_RULE_R040);
     static_assert(head_size_even(v), MEGAMOE_RULE_R041);
     static_assert(query_groups_divide_heads(v), MEGAMOE_RULE_R042);

@@ -101,6 +101,12 @@ class causal_attention {
   using linears_type = linear_products<T, Ops, Backend>;
   [[nodiscard]] linears_type& linears() noexcept { return linears_; }
   [[nodiscard]] linears_type const& linears() const noexcept { return linears_; }
+  /// f(part, linears) for the module's operands' products (one: part ""), as
+  /// multi_latent_attention names its three.
+  template <class F>
+  void for_each_linears(F&& f) {
+    f(std::string_view(), linears_);
+  }
 
   /// Context parallelism over `cp` (kept by reference; size 1: none): each sequence is cut into
   /// 2 CP chunks and this rank's rows are chunks r and 2 CP - 1 - r (r its rank in `cp`), in that

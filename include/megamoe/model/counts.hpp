@@ -11,8 +11,42 @@
 
 namespace megamoe {
 
+/// One layer's attention weights: grouped-query attention's linear_qkv and linear_proj (and QK
+/// layernorm's two weights), or MLA's five linears and two norms (model/mla.hpp).
+constexpr std::int64_t attention_parameter_count(config_values const& v) {
+  std::int64_t const H = v.shape.hidden, n = v.model.heads;
+  auto const& a = v.model.mla;
+  if (a.enabled()) {
+    std::int64_t const rq = a.q_lora_rank, rkv = a.kv_lora_rank, dr = a.qk_pos_emb_head_dim;
+    std::int64_t const q = n * (a.qk_head_dim + dr);  // query columns
+    std::int64_t const queries = rq > 0 ? rq * H + rq + q * rq : q * H;
+    return queries + (rkv + dr) * H + rkv + n * (a.qk_head_dim + a.v_head_dim) * rkv +
+           H * n * a.v_head_dim;
+  }
+  std::int64_t const kv = H / n * v.model.query_groups;  // key (or value) width
+  std::int64_t total = 2 * H * H + 2 * kv * H;           // qkv [H + 2 kv, H], proj [H, H]
+  if (v.model.qk_layernorm) total += 2 * (H / n);        // q and k norms [d]
+  return total;
+}
+
+/// One token's attention forward FLOPs in a sequence of `seq`: the projections, then q.k and p.v
+/// over the causal half.
+constexpr double attention_forward_flops(config_values const& v, int seq) {
+  double const H = v.shape.hidden, n = v.model.heads, causal = (seq + 1) / 2.0;
+  auto const& a = v.model.mla;
+  if (a.enabled()) {
+    double const rq = a.q_lora_rank, rkv = a.kv_lora_rank, dr = a.qk_pos_emb_head_dim;
+    double const q = n * (a.qk_head_dim + dr);
+    double const products = (rq > 0 ? rq * H + q * rq : q * H) + (rkv + dr) * H +
+                            n * (a.qk_head_dim + a.v_head_dim) * rkv + H * n * a.v_head_dim;
+    return 2.0 * products + 2.0 * n * (a.qk_head_dim + dr + a.v_head_dim) * causal;
+  }
+  double const kv = H / n * v.model.query_groups;  // key (or value) width
+  return 2.0 * (2.0 * H + 2.0 * kv) * H + 2.0 * 2.0 * H * causal;
+}
+
 /// Parameters of the whole model (one copy of each, whatever the layout): the token embedding,
-/// per layer two RMSNorms and attention's qkv and projection weights (and QK layernorm's two), then
+/// per layer two RMSNorms and attention's weights (attention_parameter_count), then
 /// the MoE layer (router, every routed expert, the shared expert and its gate) or the dense SwiGLU
 /// FFN, the final RMSNorm and the output layer (not tied to the embedding). Every size must be
 /// resolved.
@@ -20,11 +54,9 @@ constexpr std::int64_t parameter_count(config_values const& v) {
   std::int64_t const H = v.shape.hidden, V = v.model.vocabulary, E = v.shape.experts;
   std::int64_t const F = v.shape.ffn, Fs = v.shape.shared_ffn, Fd = v.model.dense_ffn;
   std::int64_t const W1 = expert::fc1_width(v.expert.activation, 1);
-  std::int64_t const kv = H / v.model.heads * v.model.query_groups;  // key (or value) width
   std::int64_t total = 2 * V * H + H;  // embedding, output layer, final norm
   for (int i = 0; i < v.model.layers; ++i) {
-    total += 2 * H + 2 * H * H + 2 * kv * H;  // norms, qkv [H + 2 kv, H], proj [H, H]
-    if (v.model.qk_layernorm) total += 2 * (H / v.model.heads);  // q and k norms [d]
+    total += 2 * H + attention_parameter_count(v);  // norms, attention
     if (v.model.is_moe(i)) {
       total += E * H;                 // router
       total += E * (W1 + 1) * F * H;  // fc1 [W1 F, H] and fc2 [H, F] per expert
@@ -45,11 +77,9 @@ constexpr double flops_per_token(config_values const& v, int seq) {
   double const H = v.shape.hidden, V = v.model.vocabulary;
   double const W1 = expert::fc1_width(v.expert.activation, 1);
   int const k = v.router ? v.router->top_k : 0;
-  double const kv = H / v.model.heads * v.model.query_groups;  // key (or value) width
-  double forward = 2.0 * H * V;                                // output layer
+  double forward = 2.0 * H * V;  // output layer
   for (int i = 0; i < v.model.layers; ++i) {
-    // qkv and proj, then q.k and p.v over the causal half
-    forward += 2.0 * (2.0 * H + 2.0 * kv) * H + 2.0 * 2.0 * H * (seq + 1) / 2.0;
+    forward += attention_forward_flops(v, seq);
     if (v.model.is_moe(i)) {
       forward += 2.0 * H * v.shape.experts;  // router
       forward += 2.0 * k * (W1 + 1.0) * H * v.shape.ffn;

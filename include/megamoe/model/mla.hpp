@@ -33,6 +33,7 @@
 #include <megamoe/model/flash_attention.hpp>
 #include <megamoe/model/linear.hpp>
 #include <megamoe/model/norm.hpp>
+#include <megamoe/model/tags.hpp>
 #include <megamoe/parallel/tags.hpp>
 
 #include <boost/mpi/communicator.hpp>
@@ -46,14 +47,8 @@
 
 namespace megamoe {
 
-/// MLA's sizes, under the reference's names.
-struct mla_dims {
-  int q_lora_rank = 0;  // 0: the queries through one projection, linear_q_proj
-  int kv_lora_rank = 0;
-  int qk_head_dim = 0;          // a head's query/key elements without position
-  int qk_pos_emb_head_dim = 0;  // a head's rotated query/key elements
-  int v_head_dim = 0;
-};
+/// MLA's sizes, under the reference's names (model/tags.hpp).
+using mla_dims = model::mla_settings;
 
 /// The operands of MLA's linears: `down` (linear_q_down_proj or linear_q_proj in slot fc1,
 /// linear_kv_down_proj in fc2), `up` (linear_q_up_proj in fc1, linear_kv_up_proj in fc2) and
@@ -135,12 +130,12 @@ class multi_latent_attention {
   /// This rank's attention output width, heads * v_head_dim (linear_proj's columns).
   [[nodiscard]] int context_width() const noexcept { return heads_ * dims_.v_head_dim; }
 
-  /// f(linears) for each of the three operands' products: down, up, proj.
+  /// f(part, linears) for each of the three operands' products: ".down", ".up", ".proj".
   template <class F>
   void for_each_linears(F&& f) {
-    f(down_);
-    f(up_);
-    f(proj_);
+    f(std::string_view(".down"), down_);
+    f(std::string_view(".up"), up_);
+    f(std::string_view(".proj"), proj_);
   }
 
   /// Context parallelism over `cp` (attention_core's layout; RoPE sees global positions).

@@ -10,7 +10,8 @@
 // start-up (startup_values), where the same rules run with the same ids. query_groups follows
 // heads unless given (as ETP follows TP). The names follow the reference's TransformerConfig
 // (`num_layers`, `num_attention_heads`, `num_query_groups`, `ffn_hidden_size`, `moe_layer_freq`,
-// `vocab_size`, `layernorm_epsilon`, `rotary_base`, `qk_layernorm`).
+// `vocab_size`, `layernorm_epsilon`, `rotary_base`, `qk_layernorm`, `multi_latent_attention`
+// with `q_lora_rank`, `kv_lora_rank`, `qk_head_dim`, `qk_pos_emb_head_dim`, `v_head_dim`).
 #pragma once
 
 #include <megamoe/config/policy.hpp>
@@ -44,6 +45,19 @@ struct layer_pattern {
   friend constexpr bool operator==(layer_pattern const&, layer_pattern const&) = default;
 };
 
+/// Multi-head latent attention's sizes (the reference's names); kv_lora_rank 0: none (the
+/// decoder's attention is causal_attention).
+struct mla_settings {
+  int q_lora_rank = 0;  // 0: the queries through one projection (linear_q_proj)
+  int kv_lora_rank = 0;
+  int qk_head_dim = 0;          // a head's query/key elements without position
+  int qk_pos_emb_head_dim = 0;  // a head's rotated query/key elements
+  int v_head_dim = 0;
+
+  [[nodiscard]] constexpr bool enabled() const noexcept { return kv_lora_rank > 0; }
+  friend constexpr bool operator==(mla_settings const&, mla_settings const&) = default;
+};
+
 /// The decoder's choices as plain values. `dynamic` marks a size decided at start-up.
 struct settings {
   int layers = dynamic;        // num_layers
@@ -56,6 +70,7 @@ struct settings {
   double rope_base = 10000.0;  // rotary_base
   bool qk_layernorm = false;   // qk_layernorm: RMSNorm of each query and key head before RoPE
   int vocab_multiple = 128;    // make_vocab_size_divisible_by (times TP: the padded vocabulary)
+  mla_settings mla{};          // multi_latent_attention and its sizes
 
   /// Whether layer i is an MoE layer.
   [[nodiscard]] constexpr bool is_moe(int layer) const noexcept { return moe_layers.is_moe(layer); }
@@ -82,9 +97,11 @@ struct norm_epsilon_kind {};
 struct rope_base_kind {};
 struct qk_layernorm_kind {};
 struct vocab_multiple_kind {};
-using all_kinds = boost::mp11::mp_list<layers_kind, heads_kind, query_groups_kind, vocabulary_kind,
-                                       dense_ffn_kind, moe_layers_kind, norm_epsilon_kind,
-                                       rope_base_kind, qk_layernorm_kind, vocab_multiple_kind>;
+struct attention_kind {};
+using all_kinds =
+    boost::mp11::mp_list<layers_kind, heads_kind, query_groups_kind, vocabulary_kind,
+                         dense_ffn_kind, moe_layers_kind, norm_epsilon_kind, rope_base_kind,
+                         qk_layernorm_kind, vocab_multiple_kind, attention_kind>;
 }  // namespace option
 
 /// Decoder layers (`num_layers`).
@@ -156,6 +173,18 @@ template <bool On = true>
 struct qk_layernorm {
   using option_kind = option::qk_layernorm_kind;
   static constexpr void apply(settings& s) { s.qk_layernorm = On; }
+};
+
+/// Multi-head latent attention (the reference's multi_latent_attention, model/mla.hpp) in every
+/// layer instead of grouped-query attention: `q_lora_rank` (0: no query compression),
+/// `kv_lora_rank`, `qk_head_dim`, `qk_pos_emb_head_dim` (even: RoPE rotates pairs) and
+/// `v_head_dim`; num_query_groups stays num_attention_heads and QK layernorm is off (R057).
+template <int QLoraRank, int KvLoraRank, int QkHeadDim, int QkPosEmbHeadDim, int VHeadDim>
+struct multi_latent_attention {
+  using option_kind = option::attention_kind;
+  static constexpr void apply(settings& s) {
+    s.mla = {QLoraRank, KvLoraRank, QkHeadDim, QkPosEmbHeadDim, VHeadDim};
+  }
 };
 
 /// The vocabulary is padded to a multiple of N x TP (`make_vocab_size_divisible_by`, 128 by

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // megamoe/model/transformer.hpp — a decoder-only MoE language model with explicit forward and
-// backward: token embedding, L pre-norm blocks (RMSNorm, causal attention with RoPE, RMSNorm, then
-// the MoE layer of `Config` or a dense SwiGLU FFN, each with a residual), a final RMSNorm and the
-// output layer with cross-entropy.
+// backward: token embedding, L pre-norm blocks (RMSNorm, causal attention with RoPE, or
+// multi-head latent attention under model::multi_latent_attention, RMSNorm, then the MoE layer of
+// `Config` or a dense SwiGLU FFN, each with a residual), a final RMSNorm and the output layer with
+// cross-entropy.
 //
 // Every size comes from the configuration type: `Config::model` (layers, heads, vocabulary, dense
 // FFN width, the MoE layer pattern, norm epsilon, RoPE base) and `Config::shape`; what the type
@@ -31,6 +32,7 @@
 #include <megamoe/model/dense_mlp.hpp>
 #include <megamoe/model/embedding.hpp>
 #include <megamoe/model/lm_head.hpp>
+#include <megamoe/model/mla.hpp>
 #include <megamoe/model/moe_layer.hpp>
 #include <megamoe/model/moe_types.hpp>
 #include <megamoe/model/norm.hpp>
@@ -360,7 +362,8 @@ class transformer {
     for_each_modules([&](auto& m) {
       for (auto& l : m.moes) l->finish_global_batch();
       if constexpr (rounds_of<decltype(m)>) {
-        for (auto& a : m.attentions) a.linears().end_of_step(replicas);
+        for (auto& a : m.attentions)
+          a.for_each_linears([&](std::string_view, auto& l) { l.end_of_step(replicas); });
         for (auto& d : m.denses) d.end_of_step(replicas);
       }
     });
@@ -451,11 +454,14 @@ class transformer {
     for_each_moe_layer([&](auto& m, int) { m.for_each_persistent_state(f); });
     for (auto& b : blocks_) {
       std::string const prefix = "decoder.layers." + std::to_string(b.layer);
-      auto visit = [&](auto& ops, char const* name) {
+      auto visit = [&](auto& ops, std::string const& name) {
         visit_operand_state(ops, prefix + name, 1, 0, state_owner::attention_grid_first, f);
       };
-      with_attention(
-          b, [&](auto& a) { visit(a.linears().operands(), ".self_attention.fp8_delayed_state"); });
+      with_attention(b, [&](auto& a) {
+        a.for_each_linears([&](std::string_view part, auto& l) {
+          visit(l.operands(), ".self_attention.fp8_delayed_state" + std::string(part));
+        });
+      });
       if (b.dense >= 0)
         with_dense(b, [&](auto& d) { visit(d.operands(), ".mlp.fp8_delayed_state"); });
     }
@@ -463,18 +469,18 @@ class transformer {
   /// Training steps the recipe's operands have ended (all modules alike).
   [[nodiscard]] std::uint64_t operand_steps() const noexcept {
     if constexpr (recipe_modules::rounds)
-      if (!recipe_.attentions.empty())
-        return recipe_.attentions.front().linears().operands().steps_taken();
+      if (!recipe_.attentions.empty()) return first_steps_taken(recipe_.attentions.front());
     if constexpr (keeps_bf16_layers)
-      if (!bf16_.attentions.empty())
-        return bf16_.attentions.front().linears().operands().steps_taken();
+      if (!bf16_.attentions.empty()) return first_steps_taken(bf16_.attentions.front());
     return recipe_.moes.empty() ? 0 : recipe_.moes.front()->operand_steps();
   }
   void set_operand_steps(std::uint64_t steps) noexcept {
     for_each_modules([&](auto& m) {
       for (auto& l : m.moes) l->set_operand_steps(steps);
       if constexpr (rounds_of<decltype(m)>) {
-        for (auto& a : m.attentions) a.linears().operands().set_steps_taken(steps);
+        for (auto& a : m.attentions)
+          a.for_each_linears(
+              [&](std::string_view, auto& l) { l.operands().set_steps_taken(steps); });
         for (auto& d : m.denses) d.operands().set_steps_taken(steps);
       }
     });
@@ -487,11 +493,13 @@ class transformer {
   /// its own from layer_seed + 500000, far from any n, so no two parameters share a seed.
   void initialize(std::uint64_t seed, double std = 0.02) {
     // n counts the tensors drawn before, in the whole model's order (embedding; per layer
-    // linear_qkv, linear_proj and a dense FFN's fc1, fc2; output layer), whichever stage holds
-    // them.
+    // attention's linears (linear_qkv, linear_proj, or MLA's five or four) and a dense FFN's fc1,
+    // fc2; output layer), whichever stage holds them.
+    auto const& mla = values_.model.mla;
+    std::uint64_t const attention_tensors = !mla.enabled() ? 2 : mla.q_lora_rank > 0 ? 5 : 4;
     auto drawn_before = [&](int layer) {
       std::uint64_t n = 1;
-      for (int j = 0; j < layer; ++j) n += is_moe(j) ? 2 : 4;
+      for (int j = 0; j < layer; ++j) n += attention_tensors + (is_moe(j) ? 0 : 2);
       return n;
     };
     std::uint64_t index = 0;
@@ -694,7 +702,7 @@ class transformer {
     times.time(stage::attention, [&] {
       auto f = ctx.scratch<scalar>().open();
       with_attention(b, [&](auto& a) {
-        a.linears().bind(ctx, f);
+        a.for_each_linears([&](std::string_view, auto& l) { l.bind(ctx, f); });
         a.forward(ctx.executor<scalar>(), all_rows(cmap(normed_), whole_), seq, batch,
                   whole_output(map(branch_), N));
       });
@@ -784,7 +792,7 @@ class transformer {
     times.time(stage::attention, [&] {
       auto f = ctx.scratch<scalar>().open();
       with_attention(b, [&](auto& a) {
-        a.linears().bind(ctx, f);
+        a.for_each_linears([&](std::string_view, auto& l) { l.bind(ctx, f); });
         a.backward(ctx.executor<scalar>(), all_rows(cmap(grad_), grad_whole_),
                    whole_output(map(grad_normed_), N));
       });
@@ -825,8 +833,10 @@ class transformer {
     using ops = linear_operands_t<typename LayerConfig::precision,
                                   moe_layer<LayerConfig>::quantized_weights>;
     static constexpr bool rounds = rounds_operands_v<ops>;
-    using attention_type =
-        causal_attention<scalar, Config::model::value.qk_layernorm, cp_comm, ops, linear_backend>;
+    using attention_type = std::conditional_t<
+        Config::model::value.mla.enabled(),
+        multi_latent_attention<scalar, cp_comm, ops, linear_backend>,
+        causal_attention<scalar, Config::model::value.qk_layernorm, cp_comm, ops, linear_backend>>;
     using dense_type = dense_mlp<scalar, expert::activation_function::swiglu, linear_backend, ops>;
     std::vector<attention_type> attentions;
     std::vector<std::unique_ptr<moe_layer<LayerConfig>>> moes;
@@ -895,6 +905,25 @@ class transformer {
                                      groups_ == nullptr ? nullptr : &groups_->tp_cp());
   }
 
+  /// MLA's up and proj operands (`which` 0, 1; its down operands are the attention's), seeded
+  /// past every module_operands seed.
+  template <class Ops>
+  Ops mla_operands_of(int layer, int which) const {
+    return make_linear_operands<Ops>((std::uint64_t{3} << 32) + 2 * layer + which,
+                                     groups_ == nullptr ? nullptr : &groups_->tp_cp());
+  }
+  /// Training steps an attention's recipe operands have ended.
+  template <class Attention>
+  static std::uint64_t first_steps_taken(Attention& a) {
+    std::uint64_t steps = 0;
+    bool first = true;
+    a.for_each_linears([&](std::string_view, auto& l) {
+      if (first) steps = l.operands().steps_taken();
+      first = false;
+    });
+    return steps;
+  }
+
   static row_matrix_map<scalar> map(row_matrix<scalar>& m) {
     return {m.data(), m.rows(), m.cols()};
   }
@@ -911,13 +940,17 @@ class transformer {
   }
 
   /// Which of the names for_each_parameter gives are TP shards (with TP above 1).
+  /// The norms and MLA's down projections are whole on every TP rank.
   [[nodiscard]] parameter_kind kind_of(std::string_view name) const noexcept {
-    return tensor_parallel() > 1 && !name.ends_with("layernorm.weight")
-               ? parameter_kind::tensor_parallel
-               : parameter_kind::dense;
+    bool const replicated = name.ends_with("layernorm.weight") ||
+                            name.ends_with(".linear_q_down_proj.weight") ||
+                            name.ends_with(".linear_kv_down_proj.weight");
+    return tensor_parallel() > 1 && !replicated ? parameter_kind::tensor_parallel
+                                                : parameter_kind::dense;
   }
   /// Where a parameter of the transformer's own modules (not the MoE layers') lies in the whole
-  /// one: linear_qkv and the dense FFN's fc1 by rows (fc1's gate and linear halves each),
+  /// one: linear_qkv (MLA's up projections and linear_q_proj) and the dense FFN's fc1 by rows
+  /// (fc1's gate and linear halves each),
   /// linear_proj and fc2 by columns, the embedding and output layer by vocabulary rows; the rest
   /// whole.
   [[nodiscard]] element_numbering numbering_of(std::string_view name, std::int64_t rows,
@@ -925,7 +958,8 @@ class transformer {
     int const tp = tensor_parallel(), part = tp > 1 ? groups_->tp().rank() : 0;
     element_numbering n{cols};
     if (kind_of(name) != parameter_kind::tensor_parallel) return n;
-    if (name.ends_with("linear_qkv.weight")) {
+    if (name.ends_with("linear_qkv.weight") || name.ends_with(".linear_q_up_proj.weight") ||
+        name.ends_with(".linear_kv_up_proj.weight") || name.ends_with(".linear_q_proj.weight")) {
       n.first_row = part * rows;
       n.global_rows = rows * tp;
     } else if (name.ends_with("linear_proj.weight") || name.ends_with("mlp.linear_fc2.weight")) {
@@ -1058,8 +1092,15 @@ class transformer {
         using layer_type = typename decltype(modules.moes)::value_type::element_type;
         auto& b = blocks_.back();
         b.attention = static_cast<int>(modules.attentions.size());
-        modules.attentions.emplace_back(H, m.heads, m.query_groups, m.rope_base, m.norm_epsilon, tp,
-                                        module_operands<typename modules_type::ops>(i, 0));
+        using ops = typename modules_type::ops;
+        if constexpr (Config::model::value.mla.enabled())
+          modules.attentions.emplace_back(
+              H, m.heads, m.mla, m.rope_base, m.norm_epsilon, tp,
+              mla_operands<ops>{module_operands<ops>(i, 0), mla_operands_of<ops>(i, 0),
+                                mla_operands_of<ops>(i, 1)});
+        else
+          modules.attentions.emplace_back(H, m.heads, m.query_groups, m.rope_base, m.norm_epsilon,
+                                          tp, module_operands<ops>(i, 0));
         if (values_.parallel.cp > 1) modules.attentions.back().set_context_parallel(groups->cp());
         if (is_moe(i)) {
           b.moe = static_cast<int>(modules.moes.size());
