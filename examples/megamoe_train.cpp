@@ -4,6 +4,7 @@
 //   ./build/examples/megamoe-train                         # fortunes, preset "small", one process
 //   mpiexec -n 2 ./build/examples/megamoe-train --ep 2     # experts over 2 ranks
 //   mpiexec -n 4 ./build/examples/megamoe-train --cp 2 --etp 1 --ep 4   # folded: attention CP 2
+//   ./build/examples/megamoe-train --preset qwen3          # a model family's proportions
 //
 // Degrees (the reference's long names too): --tp (tensor parallelism of attention, the dense FFN,
 // embedding and output layer, with sequence parallelism), --cp (context parallelism: 2 CP
@@ -247,8 +248,10 @@ int main(int argc, char** argv) {
                  "the merged forward-backward schedule (the reference's combined 1F1B): "
                  "steady-state forward and backward passes of two micro-batches run as one, "
                  "layer by layer in turn; with --pp above 1 it needs --vpp above 1");
-    app.add_option("--preset", o.preset, "model: tiny | small | fine | medium | dense")
-        ->check(CLI::IsMember({"tiny", "small", "fine", "medium", "dense"}))
+    app.add_option("--preset", o.preset,
+                   "model: tiny | small | fine | medium | dense | qwen3 | mixtral (qwen3: 120 "
+                   "steps, mixtral: 160 unless given)")
+        ->check(CLI::IsMember({"tiny", "small", "fine", "medium", "dense", "qwen3", "mixtral"}))
         ->capture_default_str();
     app.add_option(
            "--precision", o.precision,
@@ -419,12 +422,17 @@ int main(int argc, char** argv) {
       if (!o.seq_len_given) o.seq_len = 256;
       if (!o.micro_batch_given) o.micro_batch = 8;
     }
+    // The families' presets cost about three times small's FLOPs per token: fewer steps by
+    // default, so a run ends in under 10 minutes on two cores.
+    if (o.preset == "qwen3" && !o.steps_given) o.steps = 120;
+    if (o.preset == "mixtral" && !o.steps_given) o.steps = 160;
     o.backend = resolved_backend(env.world(), o);
     namespace job = megamoe::train_job;
     auto* const from = resume ? &*resume : nullptr;
     if (o.preset == "tiny" || o.preset == "fine" || o.preset == "dense")
       return job::run_fp32_presets(env, o, from);
     if (o.preset == "medium") return job::run_medium(env, o, from);
+    if (o.preset == "qwen3" || o.preset == "mixtral") return job::run_family_presets(env, o, from);
     if (o.quantized_weights) return job::run_small_codes(env, o, from);
     if (o.precision == "fp32" || o.precision == "bf16") return job::run_small(env, o, from);
     return job::run_small_recipes(env, o, from);

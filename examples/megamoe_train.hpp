@@ -885,7 +885,7 @@ int run_config(mm::parallel::environment& env, options const& o,
 /// small under fp32 and bf16 (megamoe_train_small.cpp) and under the FP8 and FP4 recipes
 /// (megamoe_train_small_recipes.cpp), small with its weights held as codes
 /// (megamoe_train_codes.cpp), medium and the presets built for fp32 only
-/// (megamoe_train_other.cpp).
+/// (megamoe_train_other.cpp), the model families' presets (megamoe_train_families.cpp).
 int run_small(mm::parallel::environment& env, options const& o, mm::io::checkpoint_reader* resume);
 int run_small_recipes(mm::parallel::environment& env, options const& o,
                       mm::io::checkpoint_reader* resume);
@@ -894,5 +894,7 @@ int run_small_codes(mm::parallel::environment& env, options const& o,
 int run_medium(mm::parallel::environment& env, options const& o, mm::io::checkpoint_reader* resume);
 int run_fp32_presets(mm::parallel::environment& env, options const& o,
                      mm::io::checkpoint_reader* resume);
+int run_family_presets(mm::parallel::environment& env, options const& o,
+                       mm::io::checkpoint_reader* resume);
 
 }  // namespace megamoe::train_job

@@ -60,6 +60,23 @@ using medium_config = medium_config_in<mm::precision::fp32>;
 using dense_config = preset_config<128, 256, 1, rt::top_k<1, rt::softmax_before_topk>,
                                    md::decoder<md::layers<4>, md::heads<4>, md::vocabulary<256>,
                                                md::dense_ffn<512>, md::moe_layer_freq<2>>>;
+/// The reference's model families scaled down with their proportions (megamoe-train's
+/// family presets, built for fp32):
+/// qwen3: Qwen3-MoE's: hidden 256, 6 layers all MoE, grouped-query attention (8 heads, 2 query
+/// groups) with QK layernorm, 32 experts of width 128 top-4 with softmax scores over the chosen
+/// experts and the global aux loss 1e-3, RoPE base 1e6.
+using qwen3_config =
+    preset_config<256, 128, 32, rt::top_k<4, rt::global_aux_loss<1e-3>>,
+                  md::decoder<md::layers<6>, md::heads<8>, md::query_groups<2>, md::vocabulary<256>,
+                              md::qk_layernorm<>, md::rope_base<1e6>>>;
+/// mixtral: Mixtral's: hidden 256, 4 layers all MoE, grouped-query attention (8 heads, 2 query
+/// groups), 8 experts of width 512 top-2 with softmax after top-k and the aux loss 1e-2, RoPE
+/// base 1e6.
+using mixtral_config = preset_config<256, 512, 8, rt::top_k<2, rt::aux_loss<1e-2>>,
+                                     md::decoder<md::layers<4>, md::heads<8>, md::query_groups<2>,
+                                                 md::vocabulary<256>, md::rope_base<1e6>>>;
+static_assert(mm::rules::check<qwen3_config>() && mm::rules::check<mixtral_config>());
+
 static_assert(mm::rules::check<tiny_config>() && mm::rules::check<small_config>() &&
               mm::rules::check<fine_config>() && mm::rules::check<medium_config>() &&
               mm::rules::check<dense_config>());

@@ -107,6 +107,10 @@ class causal_attention {
   void for_each_linears(F&& f) {
     f(std::string_view(), linears_);
   }
+  template <class F>
+  void for_each_linears(F&& f) const {
+    f(std::string_view(), linears_);
+  }
 
   /// Context parallelism over `cp` (kept by reference; size 1: none): each sequence is cut into
   /// 2 CP chunks and this rank's rows are chunks r and 2 CP - 1 - r (r its rank in `cp`), in that

@@ -137,6 +137,12 @@ class multi_latent_attention {
     f(std::string_view(".up"), up_);
     f(std::string_view(".proj"), proj_);
   }
+  template <class F>
+  void for_each_linears(F&& f) const {
+    f(std::string_view(".down"), down_);
+    f(std::string_view(".up"), up_);
+    f(std::string_view(".proj"), proj_);
+  }
 
   /// Context parallelism over `cp` (attention_core's layout; RoPE sees global positions).
   void set_context_parallel(boost::mpi::communicator const& cp) { core_.set_context_parallel(cp); }

@@ -914,7 +914,7 @@ class transformer {
   }
   /// Training steps an attention's recipe operands have ended.
   template <class Attention>
-  static std::uint64_t first_steps_taken(Attention& a) {
+  static std::uint64_t first_steps_taken(Attention const& a) {
     std::uint64_t steps = 0;
     bool first = true;
     a.for_each_linears([&](std::string_view, auto& l) {
