@@ -398,16 +398,17 @@ class multi_latent_attention {
     int const rkv = dims_.kv_lora_rank, d = qk_size();
     rope_.ensure(seq_ * core_.cp_size());
     keys_.resize(N, Q);
+    rope_scratch_.resize(N, 2 * dr);  // per token: a rotation's scratch, the rotated k_pe
     parallel_rows(pool, N, [&](int begin, int end) {
-      std::vector<T> scratch(2 * static_cast<std::size_t>(dr));
-      T* const pe = scratch.data() + dr;
       for (int t = begin; t < end; ++t) {
+        T* const scratch = rope_scratch_.data() + std::int64_t(t) * 2 * dr;
+        T* const pe = scratch + dr;
         int const s = position_of(t);
         T* const q = q_.data() + std::int64_t(t) * Q;
-        for (int h = 0; h < heads_; ++h) rotate(q + h * d + dn, scratch.data(), s);
+        for (int h = 0; h < heads_; ++h) rotate(q + h * d + dn, scratch, s);
         T const* const k_pe = compressed_.data() + std::int64_t(t) * (rkv + dr) + rkv;
         std::copy(k_pe, k_pe + dr, pe);
-        rotate(pe, scratch.data(), s);
+        rotate(pe, scratch, s);
         T const* const kv = kv_.data() + std::int64_t(t) * KVU;
         T* const k = keys_.data() + std::int64_t(t) * Q;
         for (int h = 0; h < heads_; ++h) {
@@ -423,12 +424,13 @@ class multi_latent_attention {
     int const N = static_cast<int>(q_.rows()), Q = query_width(), KVU = latent_width();
     int const dn = dims_.qk_head_dim, dr = dims_.qk_pos_emb_head_dim, dv = dims_.v_head_dim;
     int const rkv = dims_.kv_lora_rank, d = qk_size();
+    rope_scratch_.resize(N, 2 * dr);
     parallel_rows(pool, N, [&](int begin, int end) {
-      std::vector<T> scratch(static_cast<std::size_t>(dr));
       for (int t = begin; t < end; ++t) {
+        T* const scratch = rope_scratch_.data() + std::int64_t(t) * 2 * dr;
         int const s = position_of(t);
         T* const dq = grad_q_.data() + std::int64_t(t) * Q;
-        for (int h = 0; h < heads_; ++h) unrotate(dq + h * d + dn, scratch.data(), s);
+        for (int h = 0; h < heads_; ++h) unrotate(dq + h * d + dn, scratch, s);
         T const* const dk = grad_keys_.data() + std::int64_t(t) * Q;
         T* const dkv = grad_kv_.data() + std::int64_t(t) * KVU;
         T* const dpe = grad_compressed_.data() + std::int64_t(t) * (rkv + dr) + rkv;
@@ -437,7 +439,7 @@ class multi_latent_attention {
           std::copy(dk + h * d, dk + h * d + dn, dkv + h * (dn + dv));
           for (int i = 0; i < dr; ++i) dpe[i] += dk[h * d + dn + i];
         }
-        unrotate(dpe, scratch.data(), s);
+        unrotate(dpe, scratch, s);
       }
     });
   }
@@ -454,6 +456,7 @@ class multi_latent_attention {
       context_;
   row_matrix<T> grad_context_, grad_q_, grad_keys_, grad_kv_, grad_compressed_, grad_latent_,
       grad_latent_q_, grad_x_q_;
+  row_matrix<T> rope_scratch_;  // per token, reused every step: nothing allocated once sized
   activation_stash<int, int, row_matrix<T>, row_matrix<T>, row_matrix<T>, row_matrix<T>,
                    row_matrix<T>, row_matrix<T>, row_matrix<T>>
       stash_;
