@@ -249,9 +249,10 @@ int main(int argc, char** argv) {
                  "steady-state forward and backward passes of two micro-batches run as one, "
                  "layer by layer in turn; with --pp above 1 it needs --vpp above 1");
     app.add_option("--preset", o.preset,
-                   "model: tiny | small | fine | medium | dense | qwen3 | mixtral (qwen3: 120 "
-                   "steps, mixtral: 160 unless given)")
-        ->check(CLI::IsMember({"tiny", "small", "fine", "medium", "dense", "qwen3", "mixtral"}))
+                   "model: tiny | small | fine | medium | dense | qwen3 | mixtral | deepseek "
+                   "(qwen3: 120 steps, mixtral: 160, deepseek: 100 unless given)")
+        ->check(CLI::IsMember(
+            {"tiny", "small", "fine", "medium", "dense", "qwen3", "mixtral", "deepseek"}))
         ->capture_default_str();
     app.add_option(
            "--precision", o.precision,
@@ -426,13 +427,15 @@ int main(int argc, char** argv) {
     // default, so a run ends in under 10 minutes on two cores.
     if (o.preset == "qwen3" && !o.steps_given) o.steps = 120;
     if (o.preset == "mixtral" && !o.steps_given) o.steps = 160;
+    if (o.preset == "deepseek" && !o.steps_given) o.steps = 100;
     o.backend = resolved_backend(env.world(), o);
     namespace job = megamoe::train_job;
     auto* const from = resume ? &*resume : nullptr;
     if (o.preset == "tiny" || o.preset == "fine" || o.preset == "dense")
       return job::run_fp32_presets(env, o, from);
     if (o.preset == "medium") return job::run_medium(env, o, from);
-    if (o.preset == "qwen3" || o.preset == "mixtral") return job::run_family_presets(env, o, from);
+    if (o.preset == "qwen3" || o.preset == "mixtral" || o.preset == "deepseek")
+      return job::run_family_presets(env, o, from);
     if (o.quantized_weights) return job::run_small_codes(env, o, from);
     if (o.precision == "fp32" || o.precision == "bf16") return job::run_small(env, o, from);
     return job::run_small_recipes(env, o, from);

@@ -605,6 +605,8 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
   int const eval_every = o.eval_interval > 0 ? o.eval_interval : std::max(1, o.steps / 4);
   bool const terminal = isatty(fileno(stderr)) != 0;
   double const flops_per_token = model.flops_per_token(o.seq_len);
+  // With multi-token prediction its loss is reported beside the main head's.
+  constexpr bool has_mtp = std::remove_reference_t<decltype(model)>::mtp_depths > 0;
   double heldout = 0.0;
   if (first_step == 1) {
     heldout = trainer.heldout_bits_per_byte(ctx, eval_windows);
@@ -649,6 +651,7 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
     line["train_bpb"] = bpb;
     line["aux_loss"] = m.aux_loss;
     line["z_loss"] = m.z_loss;
+    if constexpr (has_mtp) line["mtp_loss"] = m.mtp_loss;
     line["lr"] = m.lr;
     line["grad_norm"] = m.grad_norm;
     line["tokens_per_s"] = m.tokens_per_s;
@@ -674,6 +677,7 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
       heldout = trainer.heldout_bits_per_byte(ctx, eval_windows);
       history.heldout_bpb.emplace_back(step, heldout);
       line["heldout_bpb"] = heldout;
+      if constexpr (has_mtp) line["heldout_mtp_bpb"] = trainer.heldout_mtp_bits_per_byte();
     }
     if (root) metrics << line.dump() << '\n' << std::flush;
     if (o.save_interval > 0 && step % o.save_interval == 0) save();
@@ -698,7 +702,10 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
                  std::string(static_cast<std::size_t>(done), '#').c_str(),
                  std::string(static_cast<std::size_t>(bar - done), '-').c_str(), bpb, tokens_per_s,
                  duration(elapsed / step * (o.steps - step)).c_str(), terminal ? "" : "\n");
-    if (evaluated)
+    if (evaluated && has_mtp)
+      std::fprintf(stderr, "%s  held-out %.3f bits/byte (unigram %.3f; MTP %.3f)\n",
+                   terminal ? "\n" : "", heldout, unigram, trainer.heldout_mtp_bits_per_byte());
+    else if (evaluated)
       std::fprintf(stderr, "%s  held-out %.3f bits/byte (unigram %.3f)\n", terminal ? "\n" : "",
                    heldout, unigram);
   }
@@ -862,6 +869,7 @@ int train(mm::parallel::environment& env, options o, mm::io::checkpoint_reader* 
                       {"weight_master_bytes", moment_bytes[2]}};
     int const steps_run = o.steps - first_step + 1;
     if (model.pipelined() && steps_run > 0) final["final"]["pipeline_bubble"] = bubble / steps_run;
+    if constexpr (has_mtp) final["final"]["heldout_mtp_bpb"] = trainer.heldout_mtp_bits_per_byte();
     if (!profile.empty()) final["final"]["profile"] = profile;
     if (!traffic_report.empty()) final["final"]["traffic"] = traffic_report;
     std::cout << final.dump() << std::endl;

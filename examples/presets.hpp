@@ -75,7 +75,26 @@ using qwen3_config =
 using mixtral_config = preset_config<256, 512, 8, rt::top_k<2, rt::aux_loss<1e-2>>,
                                      md::decoder<md::layers<4>, md::heads<8>, md::query_groups<2>,
                                                  md::vocabulary<256>, md::rope_base<1e6>>>;
-static_assert(mm::rules::check<qwen3_config>() && mm::rules::check<mixtral_config>());
+/// deepseek: DeepSeek-V3's: hidden 256, 6 layers (the first dense, SwiGLU of width 1024, the
+/// rest MoE), multi-head latent attention (4 heads, q_lora_rank 96, kv_lora_rank 64, qk_head_dim
+/// 32, qk_pos_emb_head_dim 16, v_head_dim 32) with its latents normed (qk_layernorm), 32 routed
+/// experts of width 128 top-4 with sigmoid scores and the expert bias, 4 groups of which the top
+/// 2, scaling 2.5, one shared expert of width 128, the sequence aux loss 1e-4, and one
+/// multi-token prediction depth with loss scale 0.1.
+using deepseek_config =
+    mm::make_config<mm::shape<mm::hidden<256>, mm::ffn<128>, mm::experts<32>, mm::shared_ffn<128>>,
+                    rt::aux_loss_free<4, rt::group_limit<4, 2>, rt::topk_scaling_factor<2.5>,
+                                      rt::seq_aux_loss<1e-4>>,
+                    mm::dispatch::all_to_all,
+                    mm::expert::mlp<mm::expert::swiglu, mm::expert::grouped>, mm::precision::fp32,
+                    job_mapping,
+                    md::decoder<md::layers<6>, md::heads<4>, md::vocabulary<256>,
+                                md::dense_ffn<1024>, md::moe_layer_pattern<0, 1, 1, 1, 1, 1>,
+                                md::multi_latent_attention<96, 64, 32, 16, 32>, md::qk_layernorm<>,
+                                md::multi_token_prediction<1, 0.1>>,
+                    mm::memory::keep_all>;
+static_assert(mm::rules::check<qwen3_config>() && mm::rules::check<mixtral_config>() &&
+              mm::rules::check<deepseek_config>());
 
 static_assert(mm::rules::check<tiny_config>() && mm::rules::check<small_config>() &&
               mm::rules::check<fine_config>() && mm::rules::check<medium_config>() &&

@@ -229,6 +229,13 @@ TEST(Describe, TheModelSlotUsesReferenceNames) {
   EXPECT_EQ(a["qk_head_dim"], 12);
   EXPECT_EQ(a["qk_pos_emb_head_dim"], 8);
   EXPECT_EQ(a["v_head_dim"], 10);
+  EXPECT_FALSE(a.contains("mtp_num_layers"));  // MTP's keys only when it is chosen
+  using predicting =
+      mm::make_config<small_shape, md::decoder<md::layers<2>, md::heads<4>, md::vocabulary<64>,
+                                               md::multi_token_prediction<3, 0.25>>>;
+  auto const p = mm::describe<predicting>().json["model"];
+  EXPECT_EQ(p["mtp_num_layers"], 3);
+  EXPECT_EQ(p["mtp_loss_scaling_factor"], 0.25);
 }
 
 // The flat form holds every field of every slot once, at the top level, as the reference's flat

@@ -248,15 +248,21 @@ std::vector<breaking_case> const& breaking_cases() {
        [](auto& v) {
          v.model.mla = {8, 0, 8, 4, 8};
        }},
+      {58, "MTP with negative depths", [](auto& v) { v.model.mtp_num_layers = -1; }},
+      {58, "MTP with a negative loss scale",
+       [](auto& v) {
+         v.model.mtp_num_layers = 1;
+         v.model.mtp_loss_scaling_factor = -0.1;
+       }},
+      {58, "MTP under PP 2",
+       [](auto& v) {
+         v.model.mtp_num_layers = 1;
+         v.parallel.pp = 2;
+       }},
       {57, "MLA with 2 query groups of 4 heads",
        [](auto& v) {
          v.model.heads = 4;
          v.model.query_groups = 2;
-         v.model.mla = {8, 4, 8, 4, 8};
-       }},
-      {57, "MLA with QK layernorm",
-       [](auto& v) {
-         v.model.qk_layernorm = true;
          v.model.mla = {8, 4, 8, 4, 8};
        }},
       {27, "runtime router not given", [](auto& v) { v.router.reset(); }},
@@ -412,7 +418,7 @@ TEST(RuleCatalog, NamedIdsAreTheCatalogueEntries) {
   EXPECT_EQ(mm::rule(mm::rules::id::shape_sizes_valid).name, "shape_sizes_valid");
   EXPECT_EQ(mm::rule(mm::rules::id::etp_divides_ffn).id, 38);
   EXPECT_EQ(mm::rule(mm::rules::id::moe_layer_pattern_valid).name, "moe_layer_pattern_valid");
-  EXPECT_EQ(static_cast<std::size_t>(mm::rules::id::mla_sizes_valid), mm::rule_catalog.size());
+  EXPECT_EQ(static_cast<std::size_t>(mm::rules::id::mtp_valid), mm::rule_catalog.size());
   mm::config_error const e(mm::rules::id::pipeline_stages_divide_layers, "PP 3");
   EXPECT_EQ(e.rule_id(), 36);
   EXPECT_EQ(e.which(), mm::rules::id::pipeline_stages_divide_layers);

@@ -16,10 +16,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace mm = megamoe;
@@ -201,6 +203,17 @@ TEST(TokenEmbedding, RowsOfTheTableAndGradientsAddPerId) {
   };
   expect_matches_finite_differences("embedding table", params.at("p.weight"),
                                     gradients(embedding).at("p.weight"), loss);
+  // lookup() and add_gradient() are forward and backward for ids the caller keeps.
+  std::vector<std::int32_t> const other{5, 5, 2, 0, 6, 4};
+  matrix z(N, H), kept_grad = gradients(embedding).at("p.weight");
+  embedding.lookup(pool, other, out(z));
+  for (int t = 0; t < N; ++t)
+    EXPECT_EQ(z.row(t), matrix(params.at("p.weight")).row(other[static_cast<std::size_t>(t)]));
+  embedding.add_gradient(pool, other, in(R));
+  matrix expected_grad = kept_grad;
+  for (int t = 0; t < N; ++t) expected_grad.row(other[static_cast<std::size_t>(t)]) += R.row(t);
+  EXPECT_LT((matrix(gradients(embedding).at("p.weight")) - expected_grad).cwiseAbs().maxCoeff(),
+            1e-15);
   std::vector<std::int32_t> const bad{2, 7};
   matrix two(2, H);
   EXPECT_THROW(embedding.forward(pool, bad, out(two)), mm::input_error);
@@ -370,6 +383,55 @@ TEST(LmHead, CrossEntropyIsTheFormulaAndGradientsMatchFiniteDifferences) {
   EXPECT_THROW(mm::lm_head<double>(H, V, 0), mm::input_error);
 }
 
+// Two passes over one output layer (as multi-token prediction's depths share it): each pass's
+// loss is its valid targets' summed cross-entropy over the given divisor, an ignored target adds
+// nothing and gets no gradient, and the backward of each pass (in any order) adds its own
+// gradient: against the formula and central differences of the two passes' weighted sum.
+TEST(LmHead, PassesWithIgnoredTargetsShareTheWeights) {
+  mm::thread_pool pool(2);
+  mm::expert::executor<double> exec(pool);
+  int const N = 6, H = 5, V = 9;
+  mm::lm_head<double> head(H, V, 2 * V);  // blocks of two rows
+  auto params = parameters(head);
+  params.at("p.weight") = random_matrix(V, H, 41, 0.7);
+  matrix h1 = random_matrix(N, H, 42), h2 = random_matrix(N, H, 43), dh1(N, H), dh2(N, H);
+  std::vector<std::int32_t> const t1{0, 8, 3, 3, 5, 1};
+  std::vector<std::int32_t> const t2{2, mm::ignored_target, 7, 4, mm::ignored_target, 6};
+  double const divisor2 = 11.0;  // the valid targets of a whole micro-batch, say
+  mm::cross_entropy_pass<double> p1, p2;
+  auto formula = [&](matrix const& h, std::vector<std::int32_t> const& t) {
+    matrix const logits = h * matrix(params.at("p.weight")).transpose();
+    double sum = 0.0;
+    for (int r = 0; r < N; ++r)
+      if (t[static_cast<std::size_t>(r)] >= 0)
+        sum +=
+            std::log(logits.row(r).array().exp().sum()) - logits(r, t[static_cast<std::size_t>(r)]);
+    return sum;
+  };
+  EXPECT_NEAR(head.forward(exec, p1, in(h1), t1, 6.0), formula(h1, t1) / 6.0, 1e-13);
+  EXPECT_NEAR(head.forward(exec, p2, in(h2), t2, divisor2), formula(h2, t2) / divisor2, 1e-13);
+  EXPECT_EQ(p2.token_loss[1], 0.0);
+  // The plain forward's mean is over the valid targets.
+  EXPECT_NEAR(head.forward(exec, in(h2), t2), formula(h2, t2) / 4.0, 1e-13);
+  head.zero_grad();
+  head.backward(exec, p2, 0.3, out(dh2));
+  head.backward(exec, p1, 0.5, out(dh1));
+  EXPECT_EQ(dh2.row(1), Eigen::RowVectorXd::Zero(H));
+  EXPECT_EQ(dh2.row(4), Eigen::RowVectorXd::Zero(H));
+  auto both = [&] {
+    mm::cross_entropy_pass<double> q1, q2;
+    return 0.5 * head.forward(exec, q1, in(h1), t1, 6.0) +
+           0.3 * head.forward(exec, q2, in(h2), t2, divisor2);
+  };
+  expect_matches_finite_differences("pass 1 input", out(h1), dh1, both);
+  expect_matches_finite_differences("pass 2 input", out(h2), dh2, both);
+  expect_matches_finite_differences("shared weight", params.at("p.weight"),
+                                    gradients(head).at("p.weight"), both);
+  std::vector<std::int32_t> const bad{0, -2, 1, 1, 1, 1};
+  EXPECT_THROW(head.forward(exec, p1, in(h1), bad, 6.0), mm::input_error);
+  EXPECT_THROW(head.forward(exec, p1, in(h1), t1, 0.0), mm::input_error);
+}
+
 // Logits formed two rows at a time (four blocks, the last one short) give the loss and gradients
 // of the whole [N, V] at once.
 TEST(LmHead, BlocksOfRowsGiveTheSameLossAndGradients) {
@@ -409,6 +471,26 @@ using tiny_moe =
                     md::decoder<md::layers<2>, md::heads<2>, md::vocabulary<11>, md::dense_ffn<5>,
                                 md::moe_layer_freq<2>>>;
 
+/// Three entries of a model parameter's gradient against central differences of `objective`
+/// (the whole-model checks: a few entries of each parameter, not all of them).
+void expect_entries_match_finite_differences(std::string_view name,
+                                             mm::row_matrix_map<double> value, matrix const& grad,
+                                             std::function<double()> const& objective) {
+  double const step = 1e-6;
+  for (int i = 0; i < 3; ++i) {
+    Eigen::Index const at = (29 * i + 5) % value.size();
+    double const kept = value.data()[at];
+    value.data()[at] = kept + step;
+    double const up = objective();
+    value.data()[at] = kept - step;
+    double const down = objective();
+    value.data()[at] = kept;
+    double const numeric = (up - down) / (2 * step);
+    EXPECT_NEAR(grad.data()[at], numeric, 1e-6 * std::max(1.0, std::abs(numeric)))
+        << name << "[" << at << "]";
+  }
+}
+
 // A two-layer model (MoE, then dense) in double: every parameter's gradient (a few entries of
 // each) against central differences of J = scale * CE + loss_backward_scale * router losses.
 TEST(Transformer, WholeModelGradientsMatchFiniteDifferences) {
@@ -434,20 +516,7 @@ TEST(Transformer, WholeModelGradientsMatchFiniteDifferences) {
   std::vector<std::string> names;
   model.for_each_parameter([&](std::string_view name, auto value, auto grad, mm::parameter_kind) {
     names.emplace_back(name);
-    matrix const g = grad;
-    double const step = 1e-6;
-    for (int i = 0; i < 3; ++i) {
-      Eigen::Index const at = (29 * i + 5) % value.size();
-      double const kept = value.data()[at];
-      value.data()[at] = kept + step;
-      double const up = objective();
-      value.data()[at] = kept - step;
-      double const down = objective();
-      value.data()[at] = kept;
-      double const numeric = (up - down) / (2 * step);
-      EXPECT_NEAR(g.data()[at], numeric, 1e-6 * std::max(1.0, std::abs(numeric)))
-          << name << "[" << at << "]";
-    }
+    expect_entries_match_finite_differences(name, value, grad, objective);
   });
   std::vector<std::string> const expected{"embedding.word_embeddings.weight",
                                           "decoder.layers.0.input_layernorm.weight",
@@ -474,15 +543,17 @@ TEST(Transformer, WholeModelGradientsMatchFiniteDifferences) {
   EXPECT_EQ(names, expected);
 }
 
-/// tiny_moe with multi-head latent attention (q_lora_rank 5, or 0: linear_q_proj).
-template <int QLoraRank>
+/// tiny_moe with multi-head latent attention (q_lora_rank 5, or 0: linear_q_proj), its latents
+/// normed with qk_layernorm or not.
+template <int QLoraRank, bool QkLayernorm>
 using tiny_mla = mm::make_config<
     mm::shape<mm::hidden<8>, mm::ffn<6>, mm::experts<4>>, rt::top_k<2, rt::aux_loss<1e-2>>,
     mm::dispatch::local, mm::expert::mlp<mm::expert::swiglu>, mm::precision::fp64,
     md::decoder<md::layers<2>, md::heads<3>, md::vocabulary<11>, md::dense_ffn<5>,
-                md::moe_layer_freq<2>, md::multi_latent_attention<QLoraRank, 4, 3, 4, 5>>>;
+                md::moe_layer_freq<2>, md::multi_latent_attention<QLoraRank, 4, 3, 4, 5>,
+                md::qk_layernorm<QkLayernorm>>>;
 
-// The same check with MLA in every layer: its seven (or five) tensors per layer, every
+// The same check with MLA in every layer: its seven (or four to six) tensors per layer, every
 // gradient against central differences; the norms start at 1.
 TEST(Transformer, WholeModelWithLatentAttentionGradientsMatchFiniteDifferences) {
   auto check = [](auto model_tag, std::vector<std::string> const& attention_names) {
@@ -509,30 +580,128 @@ TEST(Transformer, WholeModelWithLatentAttentionGradientsMatchFiniteDifferences) 
           EXPECT_EQ(value, matrix::Ones(1, value.cols()));
         }
       }
-      matrix const g = grad;
-      double const step = 1e-6;
-      for (int i = 0; i < 3; ++i) {
-        Eigen::Index const at = (29 * i + 5) % value.size();
-        double const kept = value.data()[at];
-        value.data()[at] = kept + step;
-        double const up = objective();
-        value.data()[at] = kept - step;
-        double const down = objective();
-        value.data()[at] = kept;
-        double const numeric = (up - down) / (2 * step);
-        EXPECT_NEAR(g.data()[at], numeric, 1e-6 * std::max(1.0, std::abs(numeric)))
-            << name << "[" << at << "]";
-      }
+      expect_entries_match_finite_differences(name, value, grad, objective);
     });
     EXPECT_EQ(names, attention_names);
   };
-  check(std::type_identity<mm::transformer<tiny_mla<5>>>{},
+  check(std::type_identity<mm::transformer<tiny_mla<5, true>>>{},
         {"linear_q_down_proj.weight", "linear_q_up_proj.weight", "linear_kv_down_proj.weight",
          "linear_kv_up_proj.weight", "linear_proj.weight", "q_layernorm.weight",
          "kv_layernorm.weight"});
-  check(std::type_identity<mm::transformer<tiny_mla<0>>>{},
+  check(std::type_identity<mm::transformer<tiny_mla<0, true>>>{},
         {"linear_q_proj.weight", "linear_kv_down_proj.weight", "linear_kv_up_proj.weight",
          "linear_proj.weight", "kv_layernorm.weight"});
+  check(std::type_identity<mm::transformer<tiny_mla<5, false>>>{},
+        {"linear_q_down_proj.weight", "linear_q_up_proj.weight", "linear_kv_down_proj.weight",
+         "linear_kv_up_proj.weight", "linear_proj.weight"});
+}
+
+/// tiny_moe with two multi-token prediction depths (loss scale 0.3); the last decoder layer is an
+/// MoE layer, so each depth's layer is one.
+using tiny_mtp =
+    mm::make_config<mm::shape<mm::hidden<8>, mm::ffn<6>, mm::experts<4>>,
+                    rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>, mm::dispatch::local,
+                    mm::expert::mlp<mm::expert::swiglu>, mm::precision::fp64,
+                    md::decoder<md::layers<2>, md::heads<2>, md::vocabulary<11>, md::dense_ffn<5>,
+                                md::moe_layer_pattern<0, 1>, md::multi_token_prediction<2, 0.3>>>;
+/// MLA with one MTP depth after a dense last layer.
+using tiny_mla_mtp =
+    mm::make_config<mm::shape<mm::hidden<8>, mm::ffn<6>, mm::experts<4>>,
+                    rt::top_k<2, rt::aux_loss<1e-2>>, mm::dispatch::local,
+                    mm::expert::mlp<mm::expert::swiglu>, mm::precision::fp64,
+                    md::decoder<md::layers<2>, md::heads<3>, md::vocabulary<11>, md::dense_ffn<5>,
+                                md::moe_layer_freq<2>, md::multi_latent_attention<5, 4, 3, 4, 5>,
+                                md::multi_token_prediction<1, 0.5>>>;
+
+// With MTP the objective is scale * (CE + mtp_loss_scaling_factor * mean of the depths' losses)
+// + the router losses (the depths' MoE layers' included): every parameter's gradient, the MTP
+// depths' own and their layers' too, against central differences; their names are the
+// reference's; each depth's loss is its valid targets' over B (S - k); a depth sees the tokens k
+// places ahead (changing the last token changes depth k's losses from position S - 1 - k on, the
+// main head's only at S - 1), and its last k positions have no target.
+TEST(Transformer, MultiTokenPredictionGradientsMatchFiniteDifferences) {
+  auto check = [](auto model_tag, double lambda, std::vector<std::string> const& must_have) {
+    using model_type = typename decltype(model_tag)::type;
+    constexpr int D = model_type::mtp_depths;
+    model_type model;
+    model.initialize(7, 0.4);
+    mm::context ctx(2);
+    double const ce_scale = 0.7, router_scale = 0.9;
+    ctx.step.loss_backward_scale = router_scale;
+    int const S = 5, B = 2;
+    std::vector<std::int32_t> const tokens{1, 4, 7, 2, 9, 10, 0, 3, 5, 6};
+    std::vector<std::int32_t> const targets{7, 2, 9, 10, 0, 3, 5, 6, 8, 1};
+    auto objective = [&] {
+      auto const out = model.forward(ctx, tokens, targets, S, B);
+      return ce_scale * (out.cross_entropy + lambda * out.mtp_loss) +
+             router_scale * out.router_losses;
+    };
+    model.zero_grad();
+    auto const first = model.forward(ctx, tokens, targets, S, B);
+    EXPECT_GT(first.mtp_loss, 0.0);
+    double mean = 0.0;
+    for (int k = 1; k <= D; ++k) {
+      double sum = 0.0;
+      auto const losses = model.mtp_token_losses(k);
+      auto const shifted = model.mtp_targets(k);
+      for (int t = 0; t < S * B; ++t) {
+        auto const at = static_cast<std::size_t>(t);
+        bool const past = t / B >= S - k;
+        EXPECT_EQ(shifted[at], past ? mm::ignored_target : targets[at + std::size_t(k * B)]);
+        if (past) {
+          EXPECT_EQ(losses[at], 0.0);
+        }
+        sum += losses[at];
+      }
+      mean += sum / (B * (S - k)) / D;
+    }
+    EXPECT_NEAR(first.mtp_loss, mean, 1e-14);
+    model.backward(ctx, ce_scale);
+    std::vector<std::string> names;
+    model.for_each_parameter([&](std::string_view name, auto value, auto grad, mm::parameter_kind) {
+      names.emplace_back(name);
+      expect_entries_match_finite_differences(name, value, grad, objective);
+    });
+    for (auto const& name : must_have)
+      EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
+
+    // Which positions see the last token of sequence 0.
+    model.forward(ctx, tokens, targets, S, B);
+    std::vector<std::vector<double>> before{
+        std::vector<double>(model.token_losses().begin(), model.token_losses().end())};
+    for (int k = 1; k <= D; ++k)
+      before.emplace_back(model.mtp_token_losses(k).begin(), model.mtp_token_losses(k).end());
+    auto changed = tokens;
+    changed[static_cast<std::size_t>((S - 1) * B)] = 8;
+    model.forward(ctx, changed, targets, S, B);
+    for (int k = 0; k <= D; ++k) {
+      auto const now = k == 0 ? model.token_losses() : model.mtp_token_losses(k);
+      for (int s = 0; s < S; ++s) {
+        auto const at = static_cast<std::size_t>(s * B);
+        auto const was = before[static_cast<std::size_t>(k)][at];
+        if (s < S - 1 - k) {
+          EXPECT_EQ(now[at], was) << "depth " << k << " s " << s;
+        } else if (s + k < S) {
+          EXPECT_NE(now[at], was) << "depth " << k << " s " << s;
+        }
+        EXPECT_EQ(now[at + 1], before[static_cast<std::size_t>(k)][at + 1]);  // sequence 1
+      }
+    }
+    EXPECT_THROW(
+        model.forward(ctx, std::span(tokens).first(2 * D), std::span(targets).first(2 * D), D, 2),
+        mm::input_error);  // no position would have a target at depth D
+  };
+  check(std::type_identity<mm::transformer<tiny_mtp>>{}, 0.3,
+        {"decoder.layers.1.mlp.router.weight", "output_layer.weight",
+         "mtp.layers.0.transformer_layer.input_layernorm.weight",
+         "mtp.layers.0.transformer_layer.self_attention.linear_qkv.weight",
+         "mtp.layers.0.transformer_layer.mlp.router.weight",
+         "mtp.layers.1.transformer_layer.mlp.experts.linear_fc2.weight3",
+         "mtp.layers.0.enorm.weight", "mtp.layers.0.hnorm.weight", "mtp.layers.0.eh_proj.weight",
+         "mtp.layers.1.final_layernorm.weight"});
+  check(std::type_identity<mm::transformer<tiny_mla_mtp>>{}, 0.5,
+        {"mtp.layers.0.transformer_layer.self_attention.linear_kv_up_proj.weight",
+         "mtp.layers.0.transformer_layer.mlp.linear_fc1.weight", "mtp.layers.0.eh_proj.weight"});
 }
 
 }  // namespace
@@ -579,8 +748,12 @@ TEST(Transformer, ParameterCountIsWhatTheModelHolds) {
                       md::decoder<md::layers<2>, md::heads<4>, md::query_groups<2>,
                                   md::vocabulary<7>, md::dense_ffn<5>, md::qk_layernorm<>>>;
   expect_parameter_count_is_what_the_model_holds<qk_normed>();
-  expect_parameter_count_is_what_the_model_holds<tiny_mla<5>>();
-  expect_parameter_count_is_what_the_model_holds<tiny_mla<0>>();
+  expect_parameter_count_is_what_the_model_holds<tiny_mla<5, true>>();
+  expect_parameter_count_is_what_the_model_holds<tiny_mla<0, true>>();
+  expect_parameter_count_is_what_the_model_holds<tiny_mla<5, false>>();
+  expect_parameter_count_is_what_the_model_holds<tiny_mla<0, false>>();
+  expect_parameter_count_is_what_the_model_holds<tiny_mtp>();
+  expect_parameter_count_is_what_the_model_holds<tiny_mla_mtp>();
   mm::transformer<qk_normed> normed;
   normed.initialize(3);
   int norms = 0;
@@ -623,12 +796,15 @@ namespace {
 
 /// MLA by plain loops: the formula of mla.hpp, RoPE written as the reference writes it (the
 /// positional part's even and odd elements concatenated, then rotated as halves by
-/// [cos, cos] and [sin, sin]). Parameters by their names under prefix "p".
+/// [cos, cos] and [sin, sin]); the latents' RMSNorms only with `norms` (qk_layernorm).
+/// Parameters by their names under prefix "p".
 matrix mla_by_loops(matrix const& x, std::map<std::string, mm::row_matrix_map<double>> const& p,
-                    int S, int B, int heads, mm::mla_dims const& dims) {
+                    int S, int B, int heads, mm::mla_dims const& dims, bool norms) {
   int const dn = dims.qk_head_dim, dr = dims.qk_pos_emb_head_dim, dv = dims.v_head_dim;
   int const rkv = dims.kv_lora_rank, half = dr / 2;
-  auto norm = [](matrix const& m, mm::row_matrix_map<double> const& w) {
+  auto norm = [&](matrix const& m, std::string const& name) {
+    if (!norms) return m;
+    auto const& w = p.at(name);
     matrix out = m;
     for (Eigen::Index t = 0; t < m.rows(); ++t)
       out.row(t) = (m.row(t) / std::sqrt(m.row(t).squaredNorm() / double(m.cols()) + 1e-5))
@@ -637,11 +813,11 @@ matrix mla_by_loops(matrix const& x, std::map<std::string, mm::row_matrix_map<do
   };
   matrix const q = dims.q_lora_rank > 0
                        ? matrix(norm(x * p.at("p.linear_q_down_proj.weight").transpose(),
-                                     p.at("p.q_layernorm.weight")) *
+                                     "p.q_layernorm.weight") *
                                 p.at("p.linear_q_up_proj.weight").transpose())
                        : matrix(x * p.at("p.linear_q_proj.weight").transpose());
   matrix const compressed = x * p.at("p.linear_kv_down_proj.weight").transpose();
-  matrix const kv = norm(compressed.leftCols(rkv), p.at("p.kv_layernorm.weight")) *
+  matrix const kv = norm(compressed.leftCols(rkv), "p.kv_layernorm.weight") *
                     p.at("p.linear_kv_up_proj.weight").transpose();
   auto rope = [&](Eigen::RowVectorXd const& u, int s) {
     Eigen::RowVectorXd cat(dr), rotated_half(dr), cos(dr), sin(dr);
@@ -680,25 +856,32 @@ matrix mla_by_loops(matrix const& x, std::map<std::string, mm::row_matrix_map<do
   return context * p.at("p.linear_proj.weight").transpose();
 }
 
-/// q_lora_rank 6 (queries through the low-rank path and its norm) and 0 (linear_q_proj).
-class MultiLatentAttention : public ::testing::TestWithParam<int> {};
+/// q_lora_rank 6 (queries through the low-rank path) and 0 (linear_q_proj), each with the
+/// latents' norms (qk_layernorm) and without.
+class MultiLatentAttention : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
-TEST_P(MultiLatentAttention, ForwardIsTheFormulaAndGradientsMatchFiniteDifferences) {
+template <bool Norms>
+void check_latent_attention(int q_lora_rank) {
   mm::thread_pool pool(2);
   mm::expert::executor<double> exec(pool);
   int const S = 5, B = 2, H = 8, heads = 2, N = S * B;
   // dn odd and dv != dn, so a mixed-up layout cannot pass.
-  mm::mla_dims const dims{.q_lora_rank = GetParam(),
+  mm::mla_dims const dims{.q_lora_rank = q_lora_rank,
                           .kv_lora_rank = 4,
                           .qk_head_dim = 3,
                           .qk_pos_emb_head_dim = 4,
                           .v_head_dim = 5};
-  mm::multi_latent_attention<double> attention(H, heads, dims);
+  using module = mm::multi_latent_attention<double, Norms>;
+  module attention(H, heads, dims);
   EXPECT_EQ(attention.query_width(), heads * 7);
   EXPECT_EQ(attention.context_width(), heads * 5);
   auto params = parameters(attention);
-  ASSERT_EQ(params.size(), GetParam() > 0 ? 7U : 5U);
-  EXPECT_EQ(params.at("p.kv_layernorm.weight"), matrix::Ones(1, 4));  // norms start at 1
+  ASSERT_EQ(params.size(),
+            (q_lora_rank > 0 ? 5U : 4U) + (Norms ? (q_lora_rank > 0 ? 2U : 1U) : 0U));
+  EXPECT_EQ(params.contains("p.kv_layernorm.weight"), Norms);
+  if constexpr (Norms) {
+    EXPECT_EQ(params.at("p.kv_layernorm.weight"), matrix::Ones(1, 4));  // norms start at 1
+  }
   std::uint64_t seed = 70;
   for (auto& [name, value] : params) {
     value = random_matrix(value.rows(), value.cols(), ++seed, 0.5);
@@ -708,7 +891,7 @@ TEST_P(MultiLatentAttention, ForwardIsTheFormulaAndGradientsMatchFiniteDifferenc
   EXPECT_EQ(params.at("p.linear_kv_up_proj.weight").rows(), heads * (3 + 5));
   matrix x = random_matrix(N, H, 81), R = random_matrix(N, H, 82), y(N, H), dx(N, H);
   attention.forward(exec, in(x), S, B, out(y));
-  EXPECT_LT((y - mla_by_loops(x, params, S, B, heads, dims)).cwiseAbs().maxCoeff(), 1e-12);
+  EXPECT_LT((y - mla_by_loops(x, params, S, B, heads, dims, Norms)).cwiseAbs().maxCoeff(), 1e-12);
 
   // Causal: changing the last position changes no earlier output.
   matrix later = x;
@@ -731,13 +914,22 @@ TEST_P(MultiLatentAttention, ForwardIsTheFormulaAndGradientsMatchFiniteDifferenc
   for (auto& [name, value] : params)
     expect_matches_finite_differences("MLA " + name, value, grads.at(name), loss);
 
-  EXPECT_THROW(mm::multi_latent_attention<double>(H, 3, dims, 1e4, 1e-5, 2), mm::input_error);
+  EXPECT_THROW(module(H, 3, dims, 1e4, 1e-5, 2), mm::input_error);
   auto odd = dims;
   odd.qk_pos_emb_head_dim = 3;  // RoPE rotates pairs
-  EXPECT_THROW(mm::multi_latent_attention<double>(H, heads, odd), mm::input_error);
+  EXPECT_THROW(module(H, heads, odd), mm::input_error);
   EXPECT_THROW(attention.forward(exec, in(x), S + 1, B, out(y)), mm::input_error);
 }
 
-INSTANTIATE_TEST_SUITE_P(QueryRank, MultiLatentAttention, ::testing::Values(6, 0));
+TEST_P(MultiLatentAttention, ForwardIsTheFormulaAndGradientsMatchFiniteDifferences) {
+  auto const [q_lora_rank, norms] = GetParam();
+  if (norms)
+    check_latent_attention<true>(q_lora_rank);
+  else
+    check_latent_attention<false>(q_lora_rank);
+}
+
+INSTANTIATE_TEST_SUITE_P(QueryRankAndNorms, MultiLatentAttention,
+                         ::testing::Combine(::testing::Values(6, 0), ::testing::Bool()));
 
 }  // namespace

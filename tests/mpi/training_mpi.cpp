@@ -48,9 +48,16 @@ using decoder = md::decoder<md::layers<2>, md::heads<4>, md::query_groups<2>, md
                             md::dense_ffn<20>, md::moe_layer_freq<2>>;
 using softmax_aux = rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>;
 // Multi-head latent attention (4 heads, query rank 6, latent rank 4, head parts 3 + 4 and values
-// of 5), so TP 2 splits whole heads and a mixed-up layout cannot pass.
+// of 5), so TP 2 splits whole heads and a mixed-up layout cannot pass; its latents normed
+// (qk_layernorm), so the replicated norms' gradients are summed over TP too.
 using mla_decoder = md::decoder<md::layers<2>, md::heads<4>, md::vocabulary<256>, md::dense_ffn<20>,
-                                md::moe_layer_freq<2>, md::multi_latent_attention<6, 4, 3, 4, 5>>;
+                                md::moe_layer_freq<2>, md::multi_latent_attention<6, 4, 3, 4, 5>,
+                                md::qk_layernorm<>>;
+// Two multi-token prediction depths after an MoE last layer, so each depth's layer is an MoE
+// layer too (EP, ETP and the routers' losses inside MTP), with grouped-query attention.
+using mtp_decoder =
+    md::decoder<md::layers<2>, md::heads<4>, md::query_groups<2>, md::vocabulary<256>,
+                md::dense_ffn<20>, md::moe_layer_pattern<0, 1>, md::multi_token_prediction<2, 0.3>>;
 template <class Dispatch, class Precision, class Parallel, class Memory = mm::memory::keep_all,
           class Router = softmax_aux, class Decoder = decoder>
 using config =
@@ -160,6 +167,8 @@ void against_one_rank(mm::parallel::process_groups const& groups, mt::byte_corpu
       auto const a = job.step(ctx);
       auto const b = reference.step(ctx);
       result.close(what + "loss of step " + std::to_string(k), a.loss, b.loss, 1.0, 1e-9);
+      result.close(what + "MTP loss of step " + std::to_string(k), a.mtp_loss, b.mtp_loss, 1.0,
+                   1e-9);
       result.close(what + "clipped at step " + std::to_string(k), a.clip_factor < 1 ? 1 : 0, 1, 1,
                    0);
     }
@@ -196,7 +205,7 @@ void against_one_rank(mm::parallel::process_groups const& groups, mt::byte_corpu
     one.zero_grad();
     corpus.training_batch(5, 1, static_cast<std::uint64_t>(groups.dp().rank() * micro), seq, micro,
                           tokens, targets);
-    double const mine = model.forward(ctx, tokens, targets, seq, micro).cross_entropy;
+    auto const mine = model.forward(ctx, tokens, targets, seq, micro);
     // And computes only its part: each attention keeps its S/CP x B input rows, its 1/TP of the
     // q k v and context columns and of the heads' log-sum-exp (and with all_gather the gathered
     // keys and values of its groups).
@@ -221,22 +230,27 @@ void against_one_rank(mm::parallel::process_groups const& groups, mt::byte_corpu
       }
       result.close(what + "attention's saved bytes",
                    static_cast<double>(model.attention_saved_bytes()),
-                   per_layer * m.layers * sizeof(float), 1.0, 0.0);
+                   per_layer * (m.layers + m.mtp_num_layers) * sizeof(float), 1.0, 0.0);
     }
     model.backward(ctx, 1.0f);
     mm::parallel::reduce_gradients(groups, model);
-    std::vector<double> loss{mine / CP};  // a CP rank's mean is over its chunks
+    // A CP rank's mean is over its chunks (an MTP depth's: its share of the valid targets).
+    std::vector<double> loss{mine.cross_entropy / CP, mine.mtp_loss / CP};
     mm::parallel::all_reduce_sum(groups.dp_cp(), std::span<double>(loss));
     // One rank: the DP ranks' micro-batches in turn, each weighted 1/DP.
     ctx.step.loss_backward_scale = 1.0 / DP;
-    double total = 0.0;
+    double total = 0.0, total_mtp = 0.0;
     for (int r = 0; r < DP; ++r) {
       corpus.training_batch(5, 1, static_cast<std::uint64_t>(r * micro), seq, micro, tokens,
                             targets);
-      total += one.forward(ctx, tokens, targets, seq, micro).cross_entropy;
+      auto const out = one.forward(ctx, tokens, targets, seq, micro);
+      total += out.cross_entropy;
+      total_mtp += out.mtp_loss;
       one.backward(ctx, static_cast<float>(1.0 / DP));
     }
     result.close(what + "fp32 loss of the first global batch", loss[0] / DP, total / DP, 1.0, 1e-5);
+    result.close(what + "fp32 MTP loss of the first global batch", loss[1] / DP, total_mtp / DP,
+                 1.0, 1e-5);
     compare(result, what + "fp32 gradient", numbered(model, true), tensors(one, true), 1e-5, true);
   }
 }
@@ -289,6 +303,7 @@ int main(int argc, char** argv) {
                                                            "MLA, all_gather: ");
     if (CP > 1)
       against_one_rank<softmax_aux, gathered>(groups, corpus, ctx, result, steps, "all_gather: ");
+    against_one_rank<softmax_aux, mapped, mtp_decoder>(groups, corpus, ctx, result, steps, "MTP: ");
     // FP8 with the expert weights held as codes, against the same job keeping them in fp32.
     {
       using fp8 = mm::precision::fp8_tensorwise<mm::precision::current>;

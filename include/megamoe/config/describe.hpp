@@ -262,6 +262,10 @@ inline nlohmann::ordered_json model_json(std::string_view policy, model::setting
     j["qk_pos_emb_head_dim"] = m.mla.qk_pos_emb_head_dim;
     j["v_head_dim"] = m.mla.v_head_dim;
   }
+  if (m.mtp_num_layers != 0) {  // likewise only when set
+    j["mtp_num_layers"] = m.mtp_num_layers;
+    j["mtp_loss_scaling_factor"] = m.mtp_loss_scaling_factor;
+  }
   return j;
 }
 

@@ -167,7 +167,11 @@
 #define MEGAMOE_RULE_R057                                                                        \
   "megamoe[R057]: model::multi_latent_attention needs kv_lora_rank, qk_head_dim and v_head_dim " \
   "positive, q_lora_rank at least 0, qk_pos_emb_head_dim even and positive (RoPE rotates "       \
-  "pairs), num_query_groups equal to num_attention_heads and no qk_layernorm"
+  "pairs) and num_query_groups equal to num_attention_heads"
+#define MEGAMOE_RULE_R058                                                                     \
+  "megamoe[R058]: model::multi_token_prediction needs mtp_num_layers at least 0, "            \
+  "mtp_loss_scaling_factor finite and at least 0, and parallel::pp 1 (its depths run beside " \
+  "the embedding and the output layer on one pipeline stage)"
 
 namespace megamoe {
 
@@ -231,6 +235,7 @@ enum class id : int {
   fp8_wire_needs_codes_made_at_source = 55,
   wgrad_from_rowwise_needs_row_blocks = 56,
   mla_sizes_valid = 57,
+  mtp_valid = 58,
 };
 }  // namespace rules
 
@@ -243,7 +248,7 @@ struct rule_info {
 };
 
 /// Every rule megamoe checks, in id order. `rule_catalog[i].id == i + 1`.
-inline constexpr std::array<rule_info, 57> rule_catalog{{
+inline constexpr std::array<rule_info, 58> rule_catalog{{
     {1, "shape_sizes_valid", MEGAMOE_RULE_R001},
     {2, "top_k_within_experts", MEGAMOE_RULE_R002},
     {3, "ep_divides_experts", MEGAMOE_RULE_R003},
@@ -301,6 +306,7 @@ inline constexpr std::array<rule_info, 57> rule_catalog{{
     {55, "fp8_wire_needs_codes_made_at_source", MEGAMOE_RULE_R055},
     {56, "wgrad_from_rowwise_needs_row_blocks", MEGAMOE_RULE_R056},
     {57, "mla_sizes_valid", MEGAMOE_RULE_R057},
+    {58, "mtp_valid", MEGAMOE_RULE_R058},
 }};
 
 /// The catalogue entry of rule `id` (1-based).

@@ -267,7 +267,7 @@ constexpr bool model_sizes_valid(config_values const& v) {
          detail::finite_above(m.norm_epsilon, 0.0) && detail::finite_above(m.rope_base, 0.0);
 }
 
-/// R057 (MLA's sizes; its heads are its own, no groups, no per-head norm)
+/// R057 (MLA's sizes; its heads are its own, no groups; qk_layernorm norms its latents)
 constexpr bool mla_sizes_valid(config_values const& v) {
   auto const& m = v.model;
   auto const& a = m.mla;
@@ -275,7 +275,16 @@ constexpr bool mla_sizes_valid(config_values const& v) {
   bool const groups =
       !detail::usable(m.query_groups) || !detail::usable(m.heads) || m.query_groups == m.heads;
   return a.kv_lora_rank > 0 && a.q_lora_rank >= 0 && a.qk_head_dim > 0 && a.v_head_dim > 0 &&
-         a.qk_pos_emb_head_dim > 0 && a.qk_pos_emb_head_dim % 2 == 0 && groups && !m.qk_layernorm;
+         a.qk_pos_emb_head_dim > 0 && a.qk_pos_emb_head_dim % 2 == 0 && groups;
+}
+
+/// R058 (multi-token prediction: its depths and loss scale; its layers run beside the embedding
+/// and the output layer, on one pipeline stage)
+constexpr bool mtp_valid(config_values const& v) {
+  auto const& m = v.model;
+  if (m.mtp_num_layers == 0) return true;
+  return m.mtp_num_layers > 0 && detail::finite_at_least(m.mtp_loss_scaling_factor, 0.0) &&
+         (!detail::usable(v.parallel.pp) || v.parallel.pp == 1);
 }
 
 /// R040 (the head size of grouped-query attention; MLA sizes its heads itself)
@@ -357,7 +366,7 @@ struct value_rule {
 };
 
 /// Every value rule, in id order; the start-up check runs all of them.
-inline constexpr std::array<value_rule, 39> value_rules{{
+inline constexpr std::array<value_rule, 40> value_rules{{
     {id::shape_sizes_valid, shape_sizes_valid},
     {id::top_k_within_experts, top_k_within_experts},
     {id::ep_divides_experts, ep_divides_experts},
@@ -390,6 +399,7 @@ inline constexpr std::array<value_rule, 39> value_rules{{
     {id::etp_divides_ffn, etp_divides_ffn},
     {id::model_sizes_valid, model_sizes_valid},
     {id::mla_sizes_valid, mla_sizes_valid},
+    {id::mtp_valid, mtp_valid},
     {id::heads_divide_hidden, heads_divide_hidden},
     {id::head_size_even, head_size_even},
     {id::query_groups_divide_heads, query_groups_divide_heads},
@@ -477,6 +487,7 @@ consteval bool check() {
     static_assert(etp_divides_ffn(v), MEGAMOE_RULE_R038);
     static_assert(model_sizes_valid(v), MEGAMOE_RULE_R039);
     static_assert(mla_sizes_valid(v), MEGAMOE_RULE_R057);
+    static_assert(mtp_valid(v), MEGAMOE_RULE_R058);
     static_assert(heads_divide_hidden(v), MEGAMOE_RULE_R040);
     static_assert(head_size_even(v), MEGAMOE_RULE_R041);
     static_assert(query_groups_divide_heads(v), MEGAMOE_RULE_R042);

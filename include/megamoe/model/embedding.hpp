@@ -60,16 +60,29 @@ class token_embedding {
   /// out [N,H]: the rows of `ids` (each in [0, V); zero rows for ids another rank holds); keeps
   /// the ids for backward.
   void forward(thread_pool& pool, std::span<std::int32_t const> ids, row_matrix_map<T> out) {
+    lookup(pool, ids, out);
+    ids_.assign(ids.begin(), ids.end());
+  }
+
+  /// Adds dy [N,H] into the rows of the last forward's ids this rank holds.
+  void backward(thread_pool& pool, const_row_matrix_map<T> dy) {
+    if (dy.rows() != std::ssize(ids_) || dy.cols() != hidden())
+      throw input_error("token_embedding: gradient shape does not match the last forward");
+    add_gradient(pool, ids_, dy);
+  }
+
+  /// forward() that keeps nothing: for a caller that runs the table on other ids too (the
+  /// multi-token prediction's shifted ids) and keeps them itself.
+  void lookup(thread_pool& pool, std::span<std::int32_t const> ids, row_matrix_map<T> out) const {
     for (std::int32_t id : ids)
       if (id < 0 || id >= vocabulary())
         throw input_error("token_embedding: token id " + std::to_string(id) +
                           " outside the vocabulary of " + std::to_string(vocabulary()));
     if (out.rows() != std::ssize(ids) || out.cols() != hidden())
       throw input_error("token_embedding: output shape does not match the ids");
-    ids_.assign(ids.begin(), ids.end());
     parallel_rows(pool, static_cast<int>(ids.size()), [&](int begin, int end) {
       for (int t = begin; t < end; ++t) {
-        std::int32_t const id = ids_[static_cast<std::size_t>(t)];
+        std::int32_t const id = ids[static_cast<std::size_t>(t)];
         if (shard_.holds(id))
           out.row(t) = weight_.row(id - shard_.first);
         else
@@ -77,15 +90,16 @@ class token_embedding {
       }
     });
   }
-
-  /// Adds dy [N,H] into the rows of the last forward's ids this rank holds, each row's additions
-  /// in token order (the pool's threads take disjoint ranges of the rows, so none is shared).
-  void backward(thread_pool& pool, const_row_matrix_map<T> dy) {
-    if (dy.rows() != std::ssize(ids_) || dy.cols() != hidden())
-      throw input_error("token_embedding: gradient shape does not match the last forward");
+  /// backward() of a lookup of `ids`: dy [N,H] added into the rows of the ids this rank holds,
+  /// each row's additions in token order (the pool's threads take disjoint ranges of the rows,
+  /// so none is shared).
+  void add_gradient(thread_pool& pool, std::span<std::int32_t const> ids,
+                    const_row_matrix_map<T> dy) {
+    if (dy.rows() != std::ssize(ids) || dy.cols() != hidden())
+      throw input_error("token_embedding: gradient shape does not match the ids");
     parallel_rows(pool, shard_.rows, [&](int first, int last) {
-      for (std::size_t t = 0; t < ids_.size(); ++t) {
-        int const row = ids_[t] - shard_.first;
+      for (std::size_t t = 0; t < ids.size(); ++t) {
+        int const row = ids[t] - shard_.first;
         if (row >= first && row < last) grad_.row(row) += dy.row(static_cast<Eigen::Index>(t));
       }
     });

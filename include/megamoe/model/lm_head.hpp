@@ -4,6 +4,13 @@
 //   logits = h W^T   (W: output_layer.weight [V, H])
 //   loss   = mean over tokens of  log sum_v exp(logits_v) - logits_target
 //   dlogits = (softmax(logits) - onehot(target)) / N, scaled by the caller's loss scale
+//             (N: the tokens whose target is not ignored)
+//
+// A pass (`cross_entropy_pass`) holds what one forward keeps for its backward, so one output
+// layer serves several passes over other hidden states and targets (multi-token prediction's
+// depths share it). A pass's targets may be `ignored_target`, which add no loss and no gradient,
+// and its loss is the sum over the others divided by a divisor the caller gives (the number of
+// valid targets of the whole micro-batch, when the rows are a part of it).
 //
 // The logits exist a block of rows at a time (forward keeps each row's log-sum-exp; backward
 // forms the block again), so training never holds [N, V] of them.
@@ -35,6 +42,33 @@
 #include <vector>
 
 namespace megamoe {
+
+/// A target that adds no loss and no gradient (multi-token prediction's last positions).
+inline constexpr std::int32_t ignored_target = -1;
+
+/// What one pass of the output layer keeps from forward to backward: the hidden states, the
+/// targets, each row's loss and log-sum-exp, and the divisor of the summed loss.
+template <class T>
+struct cross_entropy_pass {
+  row_matrix<T> h;
+  std::vector<std::int32_t> targets;
+  std::vector<double> token_loss, log_sum_exp;
+  double divisor = 1.0;
+
+  /// Sets micro-batch `key`'s kept values aside (core/stash.hpp), or brings them back.
+  void park(std::uint64_t key) { stash.park(key, h, targets, token_loss, log_sum_exp, divisor); }
+  void restore(std::uint64_t key) {
+    stash.restore(key, h, targets, token_loss, log_sum_exp, divisor);
+  }
+  [[nodiscard]] std::size_t saved_bytes() const noexcept {
+    return static_cast<std::size_t>(h.size()) * sizeof(T) + targets.size() * sizeof(std::int32_t) +
+           (token_loss.size() + log_sum_exp.size()) * sizeof(double);
+  }
+
+  activation_stash<row_matrix<T>, std::vector<std::int32_t>, std::vector<double>,
+                   std::vector<double>, double>
+      stash;
+};
 
 template <class T>
 class lm_head {
@@ -68,28 +102,41 @@ class lm_head {
     return logits_;
   }
 
-  /// The mean cross-entropy (nats per token) of `targets` under softmax(h W^T), accumulated in
-  /// double. Keeps h and each row's log-sum-exp for backward, never the [N, V] logits: they are
-  /// formed a block of rows at a time and formed again in backward.
+  /// The mean cross-entropy (nats per token) of `targets` under softmax(h W^T) over the targets
+  /// that are not ignored_target, accumulated in double. Keeps h and each row's log-sum-exp for
+  /// backward, never the [N, V] logits: they are formed a block of rows at a time and formed
+  /// again in backward.
   double forward(expert::executor<T>& exec, const_row_matrix_map<T> h,
                  std::span<std::int32_t const> targets) {
+    auto const valid = std::count_if(targets.begin(), targets.end(),
+                                     [](std::int32_t id) { return id != ignored_target; });
+    return forward(exec, main_, h, targets,
+                   static_cast<double>(std::max<std::ptrdiff_t>(1, valid)));
+  }
+  /// One pass: the cross-entropy of the targets that are not ignored_target, summed and divided
+  /// by `divisor`; `pass` keeps what backward needs.
+  double forward(expert::executor<T>& exec, cross_entropy_pass<T>& pass, const_row_matrix_map<T> h,
+                 std::span<std::int32_t const> targets, double divisor) {
     require(h);
     if (std::ssize(targets) != h.rows())
       throw input_error("lm_head: " + std::to_string(targets.size()) + " targets for " +
                         std::to_string(h.rows()) + " tokens");
     for (std::int32_t id : targets)
-      if (id < 0 || id >= vocabulary())
+      if ((id < 0 && id != ignored_target) || id >= vocabulary())
         throw input_error("lm_head: target " + std::to_string(id) + " outside the vocabulary of " +
                           std::to_string(vocabulary()));
-    h_ = h;
-    targets_.assign(targets.begin(), targets.end());
+    if (!(divisor > 0.0)) throw input_error("lm_head: the loss's divisor must be positive");
+    pass.h = h;
+    pass.targets.assign(targets.begin(), targets.end());
+    pass.divisor = divisor;
+    auto const& kept = pass.targets;
     int const N = static_cast<int>(h.rows());
-    token_loss_.resize(targets.size());
-    log_sum_exp_.resize(targets.size());
+    pass.token_loss.resize(targets.size());
+    pass.log_sum_exp.resize(targets.size());
     for_each_block(N, [&](int first, int rows) {
       // Per row: the log-sum-exp of this rank's logits and the target's logit where it holds it.
       stats_.resize(2 * static_cast<std::size_t>(rows));
-      if (shard_.rows > 0) form_logits(exec, first, rows);
+      if (shard_.rows > 0) form_logits(exec, pass.h, first, rows);
       parallel_rows(exec.pool(), rows, [&](int begin, int end) {
         for (int r = begin; r < end; ++r) {
           auto const t = static_cast<std::size_t>(first + r);
@@ -103,51 +150,64 @@ class lm_head {
           T const top = row.maxCoeff();
           double const sum = (row.array() - top).exp().template cast<double>().sum();
           stats_[at] = static_cast<double>(top) + std::log(sum);
-          stats_[at + 1] = shard_.holds(targets_[t])
-                               ? static_cast<double>(row(targets_[t] - shard_.first))
-                               : 0.0;
+          stats_[at + 1] =
+              shard_.holds(kept[t]) ? static_cast<double>(row(kept[t] - shard_.first)) : 0.0;
         }
       });
       if (tp_ != nullptr) combine_over_ranks(rows);
       for (int r = 0; r < rows; ++r) {
         auto const t = static_cast<std::size_t>(first + r);
-        log_sum_exp_[t] = stats_[2 * static_cast<std::size_t>(r)];
-        token_loss_[t] = log_sum_exp_[t] - stats_[2 * static_cast<std::size_t>(r) + 1];
+        pass.log_sum_exp[t] = stats_[2 * static_cast<std::size_t>(r)];
+        pass.token_loss[t] =
+            kept[t] == ignored_target
+                ? 0.0
+                : pass.log_sum_exp[t] - stats_[2 * static_cast<std::size_t>(r) + 1];
       }
     });
     double total = 0.0;
-    for (double l : token_loss_) total += l;
-    return targets.empty() ? 0.0 : total / static_cast<double>(targets.size());
+    for (double l : pass.token_loss) total += l;
+    return total / divisor;
   }
 
   /// Each token's loss from the last forward (nats).
-  [[nodiscard]] std::span<double const> token_losses() const noexcept { return token_loss_; }
+  [[nodiscard]] std::span<double const> token_losses() const noexcept { return main_.token_loss; }
 
   /// dh [N, H] = scale * d(mean loss)/dh; adds scale * d(mean loss)/dW to the weight gradient.
-  /// Block by block: the logits again, (softmax - onehot) * scale / N in their place, then both
-  /// products.
+  /// Block by block: the logits again, (softmax - onehot) * scale / N in their place (zero on
+  /// ignored rows), then both products.
   void backward(expert::executor<T>& exec, T scale, row_matrix_map<T> dh) {
-    if (dh.rows() != h_.rows() || dh.cols() != hidden())
+    backward(exec, main_, scale, dh);
+  }
+  /// The same for `pass`: (softmax - onehot) * scale / divisor on the rows whose target is not
+  /// ignored, zero on the others.
+  void backward(expert::executor<T>& exec, cross_entropy_pass<T> const& pass, T scale,
+                row_matrix_map<T> dh) {
+    if (dh.rows() != pass.h.rows() || dh.cols() != hidden())
       throw input_error("lm_head: gradient shape does not match the last forward");
-    int const N = static_cast<int>(h_.rows()), V = shard_.rows, H = hidden();
-    T const per_token = targets_.empty() ? T(0) : scale / static_cast<T>(targets_.size());
+    int const N = static_cast<int>(pass.h.rows()), V = shard_.rows, H = hidden();
+    T const per_token = static_cast<T>(static_cast<double>(scale) / pass.divisor);
     if (V == 0) {  // no ids here: no part of dh
       dh.setZero();
       return;
     }
+    auto const& kept = pass.targets;
     for_each_block(N, [&](int first, int rows) {
-      form_logits(exec, first, rows);
+      form_logits(exec, pass.h, first, rows);
       parallel_rows(exec.pool(), rows, [&](int begin, int end) {
         for (int r = begin; r < end; ++r) {
           auto const t = static_cast<std::size_t>(first + r);
           auto row = block_.row(r);
-          T const lse = static_cast<T>(log_sum_exp_[t]);
+          if (kept[t] == ignored_target) {
+            row.setZero();
+            continue;
+          }
+          T const lse = static_cast<T>(pass.log_sum_exp[t]);
           row = (row.array() - lse).exp() * per_token;
-          if (shard_.holds(targets_[t])) row(targets_[t] - shard_.first) -= per_token;
+          if (shard_.holds(kept[t])) row(kept[t] - shard_.first) -= per_token;
         }
       });
       threaded_product<expert::gemm_op::tn>(exec, V, H, rows, block_.data(), V,
-                                            h_.row(first).data(), H, grad_.data(), H, true);
+                                            pass.h.row(first).data(), H, grad_.data(), H, true);
       threaded_product<expert::gemm_op::nn>(exec, rows, H, V, block_.data(), V, weight_.data(), H,
                                             dh.row(first).data(),
                                             static_cast<int>(dh.outerStride()));
@@ -158,8 +218,8 @@ class lm_head {
 
   /// Sets micro-batch `key`'s kept hidden states, targets and log-sum-exps aside
   /// (core/stash.hpp), or brings them back.
-  void park(std::uint64_t key) { stash_.park(key, h_, targets_, token_loss_, log_sum_exp_); }
-  void restore(std::uint64_t key) { stash_.restore(key, h_, targets_, token_loss_, log_sum_exp_); }
+  void park(std::uint64_t key) { main_.park(key); }
+  void restore(std::uint64_t key) { main_.restore(key); }
 
   template <class F>
   void for_each_parameter(std::string const& prefix, F&& f) {
@@ -206,10 +266,10 @@ class lm_head {
     for (int first = 0; first < n; first += per_block) body(first, std::min(per_block, n - first));
   }
 
-  /// block_ rows [0, rows) = h_ rows [first, first + rows) W^T.
-  void form_logits(expert::executor<T>& exec, int first, int rows) {
+  /// block_ rows [0, rows) = h rows [first, first + rows) W^T.
+  void form_logits(expert::executor<T>& exec, row_matrix<T> const& h, int first, int rows) {
     int const V = shard_.rows, H = hidden();
-    threaded_product<expert::gemm_op::nt>(exec, rows, V, H, h_.row(first).data(), H, weight_.data(),
+    threaded_product<expert::gemm_op::nt>(exec, rows, V, H, h.row(first).data(), H, weight_.data(),
                                           H, block_.data(), V);
   }
 
@@ -217,14 +277,10 @@ class lm_head {
   boost::mpi::communicator const* tp_ = nullptr;  // null: the whole vocabulary here
   row_matrix<T> weight_, grad_;
   std::int64_t block_logits_;
-  row_matrix<T> h_, block_, logits_;
-  std::vector<std::int32_t> targets_;
-  std::vector<double> token_loss_, log_sum_exp_;
+  cross_entropy_pass<T> main_;  // the pass of forward() and backward() without one
+  row_matrix<T> block_, logits_;
   std::vector<double> stats_, gathered_;  // per row (log-sum-exp, target logit); every rank's
   std::vector<std::int64_t> rows_per_rank_;
-  activation_stash<row_matrix<T>, std::vector<std::int32_t>, std::vector<double>,
-                   std::vector<double>>
-      stash_;
 };
 
 }  // namespace megamoe

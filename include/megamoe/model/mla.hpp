@@ -4,11 +4,14 @@
 //
 // Tokens are [S*B, H] with t = s*B + b; n heads; per head dn = qk_head_dim query/key elements
 // without position, dr = qk_pos_emb_head_dim rotated ones, dv = v_head_dim value elements.
-//   queries   c_q = W_qd x [rq] (linear_q_down_proj), q = W_qu RMSNorm_q(c_q) (linear_q_up_proj,
-//             q_layernorm), or q = W_q x (linear_q_proj) without q_lora_rank; per head
+//   queries   c_q = W_qd x [rq] (linear_q_down_proj), q = W_qu N_q(c_q) (linear_q_up_proj),
+//             or q = W_q x (linear_q_proj) without q_lora_rank; per head
 //             [q_nope (dn) | q_pe (dr)]
-//   latent    W_kvd x = [c_kv (rkv) | k_pe (dr)] (linear_kv_down_proj); W_kvu RMSNorm_kv(c_kv)
-//             per head [k_nope (dn) | v (dv)] (linear_kv_up_proj, kv_layernorm)
+//   latent    W_kvd x = [c_kv (rkv) | k_pe (dr)] (linear_kv_down_proj); W_kvu N_kv(c_kv)
+//             per head [k_nope (dn) | v (dv)] (linear_kv_up_proj)
+//   norms     with `QkLayernorm` (the reference's qk_layernorm) N_q and N_kv are RMSNorms
+//             (q_layernorm [rq], kv_layernorm [rkv]); without it both are the identity, as in
+//             the reference
 //   RoPE      on q_pe and on k_pe, one k_pe per token shared by every head: the pairs
 //             (u_2i, u_2i+1) are written de-interleaved, p_i = u_2i and p_{dr/2+i} = u_2i+1, and
 //             rotated as halves, (p_i, p_{dr/2+i}) -> (p_i cos - p_{dr/2+i} sin,
@@ -16,7 +19,7 @@
 //   attention Q = [q_nope | rot q_pe], K = [k_nope | rot k_pe] per head, causal softmax of
 //             Q.K / sqrt(dn + dr) over V (attention_core, no RoPE in the kernel), then
 //             linear_proj [H, n dv].
-// Tensor parallelism over TP ranks: the down projections and both norms are replicated (each
+// Tensor parallelism over TP ranks: the down projections and the norms are replicated (each
 // rank's gradients of them are partial, summed over the group), the up projections (or
 // linear_q_proj) hold this rank's n / TP heads' rows, linear_proj their columns; the output is
 // this rank's part of y and dx its part of the input's gradient, as causal_attention's.
@@ -42,6 +45,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -58,7 +62,8 @@ struct mla_operands {
   Ops down{}, up{}, proj{};
 };
 
-template <class T, parallel::cp_comm_type CpComm = parallel::cp_comm_type::p2p,
+template <class T, bool QkLayernorm = false,
+          parallel::cp_comm_type CpComm = parallel::cp_comm_type::p2p,
           class Ops = expert::exact_operands, class Backend = expert::grouped_gemm>
 class multi_latent_attention {
   static constexpr auto fc1 = expert::linear::fc1;
@@ -78,8 +83,6 @@ class multi_latent_attention {
         hidden_(hidden),
         heads_(tensor_parallel > 0 ? heads / tensor_parallel : 0),
         dims_(dims),
-        q_norm_(std::max(1, dims.q_lora_rank), norm_epsilon),
-        kv_norm_(std::max(1, dims.kv_lora_rank), norm_epsilon),
         rope_(dims.qk_pos_emb_head_dim, rope_base),
         core_(0.0) {
     auto fail = [](std::string const& what) {
@@ -111,6 +114,10 @@ class multi_latent_attention {
     zero(kv_down_.value, kv_down_.grad, rkv + dr, hidden);
     zero(kv_up_.value, kv_up_.grad, latent_width(), rkv);
     zero(proj_w_.value, proj_w_.grad, hidden, context_width());
+    if constexpr (QkLayernorm)
+      norms_ = {rms_norm<T>(std::max(1, rq), norm_epsilon), rms_norm<T>(rkv, norm_epsilon)};
+    else
+      (void)norm_epsilon;
   }
 
   [[nodiscard]] int hidden() const noexcept { return hidden_; }
@@ -169,19 +176,27 @@ class multi_latent_attention {
     x_ = x;
     q_.resize(N, Q);
     if (rq > 0) {
-      latent_q_.resize(N, rq);
-      down_.forward(exec, fc1, N, rq, H, x_.data(), q_down_.value.data(), latent_q_.data(), rq);
       normed_q_.resize(N, rq);
-      q_norm_.forward(pool, view(latent_q_), map(normed_q_));
+      if constexpr (QkLayernorm) {
+        latent_q_.resize(N, rq);
+        down_.forward(exec, fc1, N, rq, H, x_.data(), q_down_.value.data(), latent_q_.data(), rq);
+        norms_.q.forward(pool, view(latent_q_), map(normed_q_));
+      } else {
+        down_.forward(exec, fc1, N, rq, H, x_.data(), q_down_.value.data(), normed_q_.data(), rq);
+      }
       up_.forward(exec, fc1, N, Q, rq, normed_q_.data(), q_up_.value.data(), q_.data(), Q);
     } else {
       down_.forward(exec, fc1, N, Q, H, x_.data(), q_down_.value.data(), q_.data(), Q);
     }
     compressed_.resize(N, KVD);
     down_.forward(exec, fc2, N, KVD, H, x_.data(), kv_down_.value.data(), compressed_.data(), KVD);
-    latent_kv_ = compressed_.leftCols(rkv);
-    normed_kv_.resize(N, rkv);
-    kv_norm_.forward(pool, view(latent_kv_), map(normed_kv_));
+    if constexpr (QkLayernorm) {
+      latent_kv_ = compressed_.leftCols(rkv);
+      normed_kv_.resize(N, rkv);
+      norms_.kv.forward(pool, view(latent_kv_), map(normed_kv_));
+    } else {
+      normed_kv_ = compressed_.leftCols(rkv);
+    }
     kv_.resize(N, KVU);
     up_.forward(exec, fc2, N, KVU, rkv, normed_kv_.data(), kv_up_.value.data(), kv_.data(), KVU);
     assemble_keys(pool);
@@ -215,11 +230,12 @@ class multi_latent_attention {
                    values<T>(grad_kv_.data()));
     grad_compressed_.resize(N, KVD);
     split_key_gradients(pool);
-    // The latent's path: linear_kv_up_proj, its norm, then linear_kv_down_proj (with k_pe's).
+    // The latent's path: linear_kv_up_proj, its norm (if any), then linear_kv_down_proj (with
+    // k_pe's).
     grad_latent_.resize(N, rkv);
     up_.backward(exec, fc2, N, KVU, rkv, grad_kv_.data(), KVU, kv_up_.value.data(),
                  normed_kv_.data(), grad_latent_.data(), rkv, kv_up_.grad.data());
-    kv_norm_.backward(pool, view(grad_latent_), map(grad_latent_));
+    if constexpr (QkLayernorm) norms_.kv.backward(pool, view(grad_latent_), map(grad_latent_));
     grad_compressed_.leftCols(rkv) = grad_latent_;
     down_.backward(exec, fc2, N, KVD, H, grad_compressed_.data(), KVD, kv_down_.value.data(),
                    x_.data(), dx.data(), static_cast<int>(dx.outerStride()), kv_down_.grad.data());
@@ -229,7 +245,7 @@ class multi_latent_attention {
       grad_latent_q_.resize(N, rq);
       up_.backward(exec, fc1, N, Q, rq, grad_q_.data(), Q, q_up_.value.data(), normed_q_.data(),
                    grad_latent_q_.data(), rq, q_up_.grad.data());
-      q_norm_.backward(pool, view(grad_latent_q_), map(grad_latent_q_));
+      if constexpr (QkLayernorm) norms_.q.backward(pool, view(grad_latent_q_), map(grad_latent_q_));
       down_.backward(exec, fc1, N, rq, H, grad_latent_q_.data(), rq, q_down_.value.data(),
                      x_.data(), grad_x_q_.data(), H, q_down_.grad.data());
     } else {
@@ -242,20 +258,25 @@ class multi_latent_attention {
   void zero_grad() {
     for_each_weight(
         [](std::string_view, linears_type&, expert::linear, weight& w) { w.grad.setZero(); });
-    if (dims_.q_lora_rank > 0) q_norm_.zero_grad();
-    kv_norm_.zero_grad();
+    if constexpr (QkLayernorm) {
+      if (dims_.q_lora_rank > 0) norms_.q.zero_grad();
+      norms_.kv.zero_grad();
+    }
   }
 
   /// f(name, value, grad) for `prefix.` linear_q_down_proj.weight, linear_q_up_proj.weight (or
   /// linear_q_proj.weight), linear_kv_down_proj.weight, linear_kv_up_proj.weight,
-  /// linear_proj.weight, q_layernorm.weight (with q_lora_rank) and kv_layernorm.weight.
+  /// linear_proj.weight, then with QkLayernorm q_layernorm.weight (with q_lora_rank) and
+  /// kv_layernorm.weight.
   template <class F>
   void for_each_parameter(std::string const& prefix, F&& f) {
     for_each_weight([&](std::string_view name, linears_type&, expert::linear, weight& w) {
       f(prefix + std::string(name), map(w.value), map(w.grad));
     });
-    if (dims_.q_lora_rank > 0) q_norm_.for_each_parameter(prefix + ".q_layernorm", f);
-    kv_norm_.for_each_parameter(prefix + ".kv_layernorm", f);
+    if constexpr (QkLayernorm) {
+      if (dims_.q_lora_rank > 0) norms_.q.for_each_parameter(prefix + ".q_layernorm", f);
+      norms_.kv.for_each_parameter(prefix + ".kv_layernorm", f);
+    }
   }
 
   // memory::quantized_weights, as causal_attention's: the codes are the primary weights.
@@ -296,22 +317,27 @@ class multi_latent_attention {
   /// Sets micro-batch `key`'s kept values aside (core/stash.hpp), or brings them back.
   void park(std::uint64_t key) {
     stash_.park(key, seq_, batch_, x_, normed_q_, q_, normed_kv_, kv_, keys_, context_);
-    if (dims_.q_lora_rank > 0) q_norm_.park(key);
-    kv_norm_.park(key);
+    if constexpr (QkLayernorm) {
+      if (dims_.q_lora_rank > 0) norms_.q.park(key);
+      norms_.kv.park(key);
+    }
     core_.park(key);
   }
   void restore(std::uint64_t key) {
     stash_.restore(key, seq_, batch_, x_, normed_q_, q_, normed_kv_, kv_, keys_, context_);
-    if (dims_.q_lora_rank > 0) q_norm_.restore(key);
-    kv_norm_.restore(key);
+    if constexpr (QkLayernorm) {
+      if (dims_.q_lora_rank > 0) norms_.q.restore(key);
+      norms_.kv.restore(key);
+    }
     core_.restore(key);
   }
 
   /// Bytes kept from forward to backward (input, normed latents, queries, keys, up-projected
   /// keys and values, context, the norms' inputs, the core's log-sum-exp and gathered rows).
   [[nodiscard]] std::size_t saved_bytes() const noexcept {
-    std::size_t const norms =
-        (dims_.q_lora_rank > 0 ? q_norm_.saved_bytes() : 0) + kv_norm_.saved_bytes();
+    std::size_t norms = 0;
+    if constexpr (QkLayernorm)
+      norms = (dims_.q_lora_rank > 0 ? norms_.q.saved_bytes() : 0) + norms_.kv.saved_bytes();
     return static_cast<std::size_t>(x_.size() + normed_q_.size() + q_.size() + normed_kv_.size() +
                                     kv_.size() + keys_.size() + context_.size()) *
                sizeof(T) +
@@ -322,6 +348,10 @@ class multi_latent_attention {
   struct weight {
     row_matrix<T> value, grad;
   };
+  struct latent_norms {
+    rms_norm<T> q{1}, kv{1};
+  };
+  struct no_latent_norms {};
   static row_matrix_map<T> map(row_matrix<T>& m) { return {m.data(), m.rows(), m.cols()}; }
   static const_row_matrix_map<T> view(row_matrix<T> const& m) {
     return {m.data(), m.rows(), m.cols()};
@@ -447,7 +477,7 @@ class multi_latent_attention {
   linears_type down_, up_, proj_;
   int hidden_, heads_;
   mla_dims dims_;
-  rms_norm<T> q_norm_, kv_norm_;
+  [[no_unique_address]] std::conditional_t<QkLayernorm, latent_norms, no_latent_norms> norms_;
   attention::rope_table<T> rope_;
   attention_core<T, CpComm> core_;
   int seq_ = 0, batch_ = 0;

@@ -36,6 +36,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace megamoe {
@@ -81,7 +82,8 @@ class expert_stage {
   using frame = typename scratch_stack<scalar>::frame;
   using setup = moe_setup<typename Types::config>;
 
-  expert_stage(config_values const& v, int layer_number, parallel::process_groups const* groups)
+  expert_stage(config_values const& v, int layer_number, std::string prefix,
+               parallel::process_groups const* groups)
       : values_(v),
         experts_(setup::routed_sizes(v)),
         routed_mlp_(setup::routed_sizes(v)),
@@ -92,7 +94,7 @@ class expert_stage {
                                            groups == nullptr ? nullptr : &groups->expert_tp())),
         shared_ops_(make_operands<shared_operands>(1, 2 * layer_number + 2,
                                                    groups == nullptr ? nullptr : &groups->tp_cp())),
-        prefix_(moe_parameter_prefix(layer_number)) {
+        prefix_(std::move(prefix)) {
     if (groups != nullptr) {
       routed_replicas_ = parallel::communicator_max(groups->expert_dp());
       shared_replicas_ = parallel::communicator_max(groups->dp());

@@ -90,7 +90,8 @@ class moe_layer {
   static constexpr bool fp8_wire = types::fp8_wire;
   static_assert(expert_stage_of<expert_stage<types>, scalar>);
 
-  /// One rank (dispatch::local): `layer_number` names the parameters (decoder.layers.{i}); `given`
+  /// One rank (dispatch::local): `layer_number` names the parameters (decoder.layers.{i}, or
+  /// past the decoder's num_layers a multi-token prediction depth's, moe_parameter_prefix); `given`
   /// supplies what the type left to start-up. Every configuration rule is checked here.
   explicit moe_layer(int layer_number = 0, startup_values const& given = {}) requires(!distributed)
       : moe_layer(nullptr, layer_number, given) {}
@@ -397,9 +398,11 @@ class moe_layer {
       : groups_(groups),
         values_(setup::values(groups, given)),
         routing_(setup::router_settings(values_), values_.shape.experts, values_.shape.hidden,
-                 types::recipe.padding_multiple, layer_number, groups),
+                 types::recipe.padding_multiple,
+                 moe_parameter_prefix(layer_number, values_.model.layers), groups),
         dispatcher_(setup::dispatcher(groups, values_)),
-        experts_(values_, layer_number, groups) {
+        experts_(values_, layer_number, moe_parameter_prefix(layer_number, values_.model.layers),
+                 groups) {
     if constexpr (fp8_wire)
       dispatcher_.set_code_row_bytes(operands_type::wire_row_bytes(hidden_size()));
   }

@@ -14,8 +14,13 @@
 
 namespace megamoe {
 
-/// The prefix of layer `layer_number`'s MoE parameters.
-inline std::string moe_parameter_prefix(int layer_number) {
+/// The prefix of layer `layer_number`'s MoE parameters. With the decoder's `decoder_layers`
+/// given, the layers past them are the multi-token prediction depths' (layer decoder_layers + k
+/// is depth k's, `mtp.layers.{k}.transformer_layer.mlp.`, as the reference names it).
+inline std::string moe_parameter_prefix(int layer_number, int decoder_layers = -1) {
+  if (decoder_layers > 0 && layer_number >= decoder_layers)
+    return "mtp.layers." + std::to_string(layer_number - decoder_layers) +
+           ".transformer_layer.mlp.";
   return "decoder.layers." + std::to_string(layer_number) + ".mlp.";
 }
 

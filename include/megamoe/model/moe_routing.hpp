@@ -40,11 +40,11 @@ class routing_stage {
       router::reduction_groups<parallel::communicator_sum, parallel::communicator_sum>;
 
   routing_stage(router::settings const& settings, int experts, int hidden, int padding_multiple,
-                int layer_number, parallel::process_groups const* groups)
+                std::string const& prefix, parallel::process_groups const* groups)
       : router_(settings, experts, padding_multiple),
         weight_(row_matrix<scalar>::Zero(experts, hidden)),
         weight_grad_(row_matrix<scalar>::Zero(experts, hidden)),
-        name_(moe_parameter_prefix(layer_number) + "router.weight"),
+        name_(prefix + "router.weight"),
         problem_(1) {
     if (groups != nullptr)
       groups_ = {parallel::communicator_sum(groups->tp_cp()),

@@ -11,7 +11,8 @@
 // heads unless given (as ETP follows TP). The names follow the reference's TransformerConfig
 // (`num_layers`, `num_attention_heads`, `num_query_groups`, `ffn_hidden_size`, `moe_layer_freq`,
 // `vocab_size`, `layernorm_epsilon`, `rotary_base`, `qk_layernorm`, `multi_latent_attention`
-// with `q_lora_rank`, `kv_lora_rank`, `qk_head_dim`, `qk_pos_emb_head_dim`, `v_head_dim`).
+// with `q_lora_rank`, `kv_lora_rank`, `qk_head_dim`, `qk_pos_emb_head_dim`, `v_head_dim`,
+// `mtp_num_layers`, `mtp_loss_scaling_factor`).
 #pragma once
 
 #include <megamoe/config/policy.hpp>
@@ -68,9 +69,11 @@ struct settings {
   layer_pattern moe_layers{};
   double norm_epsilon = 1e-5;  // layernorm_epsilon (RMSNorm)
   double rope_base = 10000.0;  // rotary_base
-  bool qk_layernorm = false;   // qk_layernorm: RMSNorm of each query and key head before RoPE
+  bool qk_layernorm = false;   // qk_layernorm: RMSNorm per query and key head (MLA: of latents)
   int vocab_multiple = 128;    // make_vocab_size_divisible_by (times TP: the padded vocabulary)
   mla_settings mla{};          // multi_latent_attention and its sizes
+  int mtp_num_layers = 0;      // mtp_num_layers: multi-token prediction depths (0: none)
+  double mtp_loss_scaling_factor = 0.1;  // mtp_loss_scaling_factor
 
   /// Whether layer i is an MoE layer.
   [[nodiscard]] constexpr bool is_moe(int layer) const noexcept { return moe_layers.is_moe(layer); }
@@ -98,10 +101,11 @@ struct rope_base_kind {};
 struct qk_layernorm_kind {};
 struct vocab_multiple_kind {};
 struct attention_kind {};
+struct mtp_kind {};
 using all_kinds =
     boost::mp11::mp_list<layers_kind, heads_kind, query_groups_kind, vocabulary_kind,
                          dense_ffn_kind, moe_layers_kind, norm_epsilon_kind, rope_base_kind,
-                         qk_layernorm_kind, vocab_multiple_kind, attention_kind>;
+                         qk_layernorm_kind, vocab_multiple_kind, attention_kind, mtp_kind>;
 }  // namespace option
 
 /// Decoder layers (`num_layers`).
@@ -167,7 +171,8 @@ struct rope_base {
   static constexpr void apply(settings& s) { s.rope_base = Base; }
 };
 /// An RMSNorm over each query head and each key head (weights [head size], one for queries and
-/// one for keys, shared by the heads), applied before RoPE (`qk_layernorm`). A choice of the type
+/// one for keys, shared by the heads), applied before RoPE (`qk_layernorm`); under
+/// multi_latent_attention, an RMSNorm of each compressed latent instead. A choice of the type
 /// only: the attention's code is chosen at compile time.
 template <bool On = true>
 struct qk_layernorm {
@@ -178,12 +183,28 @@ struct qk_layernorm {
 /// Multi-head latent attention (the reference's multi_latent_attention, model/mla.hpp) in every
 /// layer instead of grouped-query attention: `q_lora_rank` (0: no query compression),
 /// `kv_lora_rank`, `qk_head_dim`, `qk_pos_emb_head_dim` (even: RoPE rotates pairs) and
-/// `v_head_dim`; num_query_groups stays num_attention_heads and QK layernorm is off (R057).
+/// `v_head_dim`; num_query_groups stays num_attention_heads (R057). With qk_layernorm the
+/// compressed query and key-value latents are RMS-normed (`q_layernorm`, `kv_layernorm`), as in
+/// the reference; without it they are not.
 template <int QLoraRank, int KvLoraRank, int QkHeadDim, int QkPosEmbHeadDim, int VHeadDim>
 struct multi_latent_attention {
   using option_kind = option::attention_kind;
   static constexpr void apply(settings& s) {
     s.mla = {QLoraRank, KvLoraRank, QkHeadDim, QkPosEmbHeadDim, VHeadDim};
+  }
+};
+
+/// Multi-token prediction (the reference's MTP, DeepSeek-V3's): `Depths` extra depths
+/// (`mtp_num_layers`) after the decoder, depth k predicting the token k + 1 places ahead from
+/// depth k - 1's hidden state and the embedding of the token k places ahead, through one
+/// transformer layer of the last decoder layer's kind and the shared output layer; their mean
+/// loss times `Scaling` (`mtp_loss_scaling_factor`) joins the objective (R058).
+template <int Depths, double Scaling = 0.1>
+struct multi_token_prediction {
+  using option_kind = option::mtp_kind;
+  static constexpr void apply(settings& s) {
+    s.mtp_num_layers = Depths;
+    s.mtp_loss_scaling_factor = Scaling;
   }
 };
 

@@ -3,7 +3,13 @@
 // backward: token embedding, L pre-norm blocks (RMSNorm, causal attention with RoPE, or
 // multi-head latent attention under model::multi_latent_attention, RMSNorm, then the MoE layer of
 // `Config` or a dense SwiGLU FFN, each with a residual), a final RMSNorm and the output layer with
-// cross-entropy.
+// cross-entropy. With model::multi_token_prediction (MTP) D depths follow on the output layer's
+// stage: depth k (1-based) joins RMSNorm(embedding of the ids k places ahead) and RMSNorm(depth
+// k - 1's hidden state; depth 0's is the decoder's output after its final norm) through eh_proj
+// [H, 2H], runs one layer of the last decoder layer's kind (`mtp.layers.{k-1}.transformer_layer`)
+// and its own final RMSNorm, and predicts the targets k places ahead through the shared output
+// layer (the last k positions of each sequence have none). The objective adds
+// mtp_loss_scaling_factor / D times the sum of the depths' mean losses.
 //
 // Every size comes from the configuration type: `Config::model` (layers, heads, vocabulary, dense
 // FFN width, the MoE layer pattern, norm epsilon, RoPE base) and `Config::shape`; what the type
@@ -24,6 +30,7 @@
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/parameter.hpp>
 #include <megamoe/core/random.hpp>
+#include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/expert/backends.hpp>
 #include <megamoe/model/attention.hpp>
@@ -42,6 +49,7 @@
 #include <boost/mpi/collectives/broadcast.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -61,6 +69,7 @@ struct transformer_output {
   double router_losses = 0.0;  // all of them
   double aux_loss = 0.0;       // of which load-balancing (aux, sequence aux, global aux)
   double z_loss = 0.0;         // of which z-loss
+  double mtp_loss = 0.0;  // the mean over the MTP depths of their mean cross-entropies (0 without)
 };
 
 template <class Config>
@@ -85,6 +94,8 @@ class transformer {
   /// projections, the dense FFNs, the routed experts) are held as the recipe's codes, their fp32
   /// masters in the optimizer; a layer kept in BF16 keeps its fp32 weights.
   static constexpr bool quantized_weights = moe_type::quantized_weights;
+  /// Multi-token prediction depths (model::multi_token_prediction; 0 without).
+  static constexpr int mtp_depths = Config::model::value.mtp_num_layers;
 
   /// One rank (the MoE layers' dispatcher must be local): `given` supplies what the type leaves
   /// to start-up; degrees it leaves dynamic are 1.
@@ -105,7 +116,11 @@ class transformer {
   [[nodiscard]] model::settings const& model_settings() const noexcept { return values_.model; }
   [[nodiscard]] int layers() const noexcept { return values_.model.layers; }
   [[nodiscard]] int hidden_size() const noexcept { return values_.shape.hidden; }
-  [[nodiscard]] bool is_moe(int layer) const { return values_.model.is_moe(layer); }
+  /// Whether layer i is an MoE layer; the layers past num_layers are the MTP depths' (layer
+  /// num_layers + k is depth k + 1's), of the last decoder layer's kind.
+  [[nodiscard]] bool is_moe(int layer) const {
+    return values_.model.is_moe(std::min(layer, values_.model.layers - 1));
+  }
   /// f(layer, ordinal) for this rank's MoE layers (all of them without PP) in order, with each
   /// one's place among all the model's MoE layers; `layer` is a moe_type, or under
   /// keeps_bf16_layers a BF16 layer's moe_layer<bf16_layer_config_t<Config>>.
@@ -132,7 +147,8 @@ class transformer {
     for (auto const& m : recipe_.moes) out.push_back(m.get());
     return out;
   }
-  [[nodiscard]] int moe_layer_count() const { return moe_ordinal(layers()); }
+  /// MoE layers of the whole model, the MTP depths' included.
+  [[nodiscard]] int moe_layer_count() const { return moe_ordinal(layers() + mtp_depths); }
   /// Whether layer i (of the whole model) runs in BF16 rather than under the recipe.
   [[nodiscard]] bool is_bf16_layer(int layer) const noexcept {
     return keeps_bf16_layers &&
@@ -169,7 +185,7 @@ class transformer {
     begin_micro_batch(tokens, targets, seq, batch);
     transformer_output out;
     embed(ctx);
-    run_blocks(ctx, 0, static_cast<int>(blocks_.size()), out);
+    run_blocks(ctx, 0, decoder_blocks(), out);
     finish_with_head(ctx, out);
     return out;
   }
@@ -229,8 +245,7 @@ class transformer {
     if (chunk_embeds(v)) embedding_.park(forward_key);
     as(backward_key);
     if (chunk_has_head(backward_v)) {
-      final_norm_.restore(backward_key);
-      head_.restore(backward_key);
+      for_each_head_module([&](auto& m) { m.restore(backward_key); });
       head_backward(ctx, scale);
     }
     auto const [first, last] = chunk_blocks_[static_cast<std::size_t>(v)];
@@ -249,10 +264,7 @@ class transformer {
     }
     as(forward_key);
     finish_chunk(ctx, v, out);
-    if (chunk_has_head(v)) {
-      final_norm_.park(forward_key);
-      head_.park(forward_key);
-    }
+    if (chunk_has_head(v)) for_each_head_module([&](auto& m) { m.park(forward_key); });
     if (chunk_embeds(backward_v)) {
       embedding_.restore(backward_key);
       embed_backward(ctx);
@@ -299,6 +311,15 @@ class transformer {
     return head_.token_losses();
   }
 
+  /// MTP depth k's (1-based) tokens' cross-entropy (nats; 0 where the target is ignored) and
+  /// targets in the last forward with targets, as token_losses() orders them.
+  [[nodiscard]] std::span<double const> mtp_token_losses(int k) const {
+    return mtp_.at(static_cast<std::size_t>(k - 1)).pass.token_loss;
+  }
+  [[nodiscard]] std::span<std::int32_t const> mtp_targets(int k) const {
+    return mtp_.at(static_cast<std::size_t>(k - 1)).pass.targets;
+  }
+
   /// Logits [rows, V / TP] of the last forward's final hidden states: every row of this rank's
   /// CP chunks, this rank's part of the vocabulary (all of it without TP).
   row_matrix<scalar> const& logits() {
@@ -341,7 +362,7 @@ class transformer {
   /// their router losses' gradients times ctx.step.loss_backward_scale. Adds to every gradient.
   void backward(context& ctx, scalar scale) {
     head_backward(ctx, scale);
-    backward_blocks(ctx, 0, static_cast<int>(blocks_.size()));
+    backward_blocks(ctx, 0, decoder_blocks());
     embed_backward(ctx);
   }
 
@@ -382,6 +403,7 @@ class transformer {
     });
     final_norm_.zero_grad();
     head_.zero_grad();
+    for (auto& d : mtp_) d.zero_grad();
   }
 
   /// f(name, value, grad, kind) for every parameter this rank holds, named as the reference
@@ -411,7 +433,7 @@ class transformer {
     };
     if (holds_embedding_) embedding_.for_each_parameter("embedding.word_embeddings", split);
     for (auto& b : blocks_) {
-      std::string const prefix = "decoder.layers." + std::to_string(b.layer);
+      std::string const prefix = layer_prefix(b.layer);
       b.input_norm.for_each_parameter(prefix + ".input_layernorm", dense);
       with_attention(
           b, [&](auto& a) { a.for_each_parameter(prefix + ".self_attention", split_of(a)); });
@@ -424,6 +446,8 @@ class transformer {
     if (!holds_head_) return;
     final_norm_.for_each_parameter("decoder.final_layernorm", dense);
     head_.for_each_parameter("output_layer", split);
+    for (std::size_t k = 0; k < mtp_.size(); ++k)
+      mtp_[k].for_each_parameter("mtp.layers." + std::to_string(k), dense);
   }
 
   /// f(name, value, grad, kind, numbering) for every parameter this rank holds, with where its
@@ -453,7 +477,7 @@ class transformer {
   void for_each_persistent_state(F&& f) {
     for_each_moe_layer([&](auto& m, int) { m.for_each_persistent_state(f); });
     for (auto& b : blocks_) {
-      std::string const prefix = "decoder.layers." + std::to_string(b.layer);
+      std::string const prefix = layer_prefix(b.layer);
       auto visit = [&](auto& ops, std::string const& name) {
         visit_operand_state(ops, prefix + name, 1, 0, state_owner::attention_grid_first, f);
       };
@@ -543,6 +567,19 @@ class transformer {
       head_.for_each_parameter("output_layer", [&](std::string const& name, auto value, auto) {
         fill_whole(name, value, seed);
       });
+    // An MTP depth's eh_proj draws past its layer's tensors, from its layer's seed.
+    for (std::size_t k = 0; k < mtp_.size(); ++k) {
+      int const layer = layers() + static_cast<int>(k);
+      index = drawn_before(layer + 1);
+      std::uint64_t const layer_seed = seed + 1000003ULL * static_cast<std::uint64_t>(layer + 1);
+      mtp_[k].for_each_parameter("mtp.layers." + std::to_string(k),
+                                 [&](std::string const& name, auto value, auto) {
+                                   if (name.ends_with("norm.weight"))
+                                     value.setOnes();
+                                   else
+                                     fill_whole(name, value, layer_seed);
+                                 });
+    }
   }
 
   /// With memory::quantized_weights, for an optimizer holding the fp32 masters of the weights
@@ -575,7 +612,7 @@ class transformer {
   template <class F>
   void for_each_code_module(F&& f) {
     for (auto const& b : blocks_) {
-      std::string const prefix = "decoder.layers." + std::to_string(b.layer);
+      std::string const prefix = layer_prefix(b.layer);
       auto visit = [&](auto& m, char const* name) {
         if constexpr (std::remove_reference_t<decltype(m)>::quantized_weights) f(m, prefix + name);
       };
@@ -594,9 +631,18 @@ class transformer {
     if (chunk_embeds(v)) f(embedding_);
     auto const [first, last] = chunk_blocks_[static_cast<std::size_t>(v)];
     for (int i = first; i < last; ++i) for_each_block_module(i, f);
-    if (chunk_has_head(v)) {
-      f(final_norm_);
-      f(head_);
+    if (chunk_has_head(v)) for_each_head_module(f);
+  }
+  /// f(module) for the output layer's stage's modules that keep values: the final norm, the
+  /// output layer and each MTP depth's own (its norms, eh_proj's inputs, its pass of the output
+  /// layer) and its layer's.
+  template <class F>
+  void for_each_head_module(F&& f) {
+    f(final_norm_);
+    f(head_);
+    for (auto& d : mtp_) {
+      f(d);
+      for_each_block_module(d.block, f);
     }
   }
   template <class F>
@@ -643,6 +689,8 @@ class transformer {
                         ", B = " + std::to_string(batch));
     check_sequence(seq);
     int const cp = context_parallel();
+    if constexpr (mtp_depths > 0)
+      if (holds_head_ && !targets.empty()) shift_for_mtp(tokens, targets, seq, batch);
     if (cp > 1) {
       keep_my_chunks(tokens, seq, batch, local_tokens_);
       tokens = local_tokens_;
@@ -742,7 +790,117 @@ class transformer {
       final_hidden_ = hidden.data();  // for logits()
       if (!targets_.empty())
         out.cross_entropy = head_.forward(ctx.executor<scalar>(), hidden, targets_);
+      if constexpr (mtp_depths > 0) {  // the depths write over whole_ and normed_
+        final_rows_ = hidden;
+        final_hidden_ = final_rows_.data();
+      }
     });
+    if constexpr (mtp_depths > 0)
+      if (!targets_.empty()) mtp_forward(ctx, out);
+  }
+
+  /// Each MTP depth's ids and targets: the micro-batch's shifted k places left within each
+  /// sequence (the ids' last k positions 0, the targets' ignored_target), before CP keeps its
+  /// chunks, so a CP rank's depths see the tokens past its chunk.
+  void shift_for_mtp(std::span<std::int32_t const> tokens, std::span<std::int32_t const> targets,
+                     int seq, int batch) {
+    if (seq <= mtp_depths)
+      throw input_error("transformer: " + std::to_string(mtp_depths) +
+                        " multi-token prediction depths need sequences longer than " +
+                        std::to_string(seq));
+    int const cp = context_parallel();
+    auto const n = static_cast<std::size_t>(seq) * static_cast<std::size_t>(batch);
+    for (int k = 1; k <= mtp_depths; ++k) {
+      auto& ids = mtp_ids_[static_cast<std::size_t>(k - 1)];
+      auto& shifted = mtp_targets_[static_cast<std::size_t>(k - 1)];
+      mtp_shift_ids_.assign(n, 0);
+      mtp_shift_targets_.assign(n, ignored_target);
+      auto const ahead = static_cast<std::size_t>(k) * static_cast<std::size_t>(batch);
+      std::copy(tokens.begin() + static_cast<std::ptrdiff_t>(ahead), tokens.end(),
+                mtp_shift_ids_.begin());
+      std::copy(targets.begin() + static_cast<std::ptrdiff_t>(ahead), targets.end(),
+                mtp_shift_targets_.begin());
+      if (cp > 1) {
+        keep_my_chunks(mtp_shift_ids_, seq, batch, ids);
+        keep_my_chunks(mtp_shift_targets_, seq, batch, shifted);
+      } else {
+        ids = mtp_shift_ids_;
+        shifted = mtp_shift_targets_;
+      }
+    }
+  }
+
+  /// The MTP depths' forward from the decoder's normed output (normed_, this rank's rows): each
+  /// depth's loss is its valid targets' summed cross-entropy over the valid targets of the whole
+  /// micro-batch's share per CP rank (B (S - k) / CP), so the mean over CP ranks is one rank's.
+  void mtp_forward(context& ctx, transformer_output& out) {
+    auto& pool = ctx.pool();
+    int const N = seq_ * batch_, H = hidden_size(), rows = N / tensor_parallel();
+    int const cp = context_parallel();
+    for (int k = 1; k <= mtp_depths; ++k) {
+      auto& d = mtp_[static_cast<std::size_t>(k - 1)];
+      d.ids = mtp_ids_[static_cast<std::size_t>(k - 1)];
+      ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
+        mtp_embedding_.resize(rows, H);
+        embedding_.lookup(pool, d.ids, whole_output(map(mtp_embedding_), N));
+        sum_to_my_rows(map(mtp_embedding_));
+      });
+      ctx.step_stages.time(step_stage::norms_residuals, [&] {
+        d.normed_embedding.resize(rows, H);
+        d.normed_hidden.resize(rows, H);
+        d.enorm.forward(pool, cmap(mtp_embedding_), map(d.normed_embedding));
+        d.hnorm.forward(pool, cmap(normed_), map(d.normed_hidden));
+        residual_.noalias() = d.normed_embedding * d.eh_weight.leftCols(H).transpose();
+        residual_.noalias() += d.normed_hidden * d.eh_weight.rightCols(H).transpose();
+      });
+      pending_ = nullptr;
+      forward_block(ctx, d.block, out);
+      norm_of_residual(ctx, d.final_norm);
+      ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
+        double const divisor =
+            static_cast<double>(batch_) * static_cast<double>(seq_ * cp - k) / cp;
+        out.mtp_loss +=
+            head_.forward(ctx.executor<scalar>(), d.pass, all_rows(cmap(normed_), whole_),
+                          mtp_targets_[static_cast<std::size_t>(k - 1)], divisor) /
+            mtp_depths;
+      });
+    }
+  }
+
+  /// The MTP depths' backward, the last depth first, each from its loss times `scale` x
+  /// mtp_loss_scaling_factor / D: leaves the gradient of the decoder's normed output in
+  /// mtp_carry_ and adds into the embedding's and every MTP weight's gradient.
+  void mtp_backward(context& ctx, scalar scale) {
+    auto& pool = ctx.pool();
+    int const N = seq_ * batch_, H = hidden_size(), rows = N / tensor_parallel();
+    auto const weight = static_cast<scalar>(static_cast<double>(scale) *
+                                            values_.model.mtp_loss_scaling_factor / mtp_depths);
+    mtp_carry_.resize(rows, H);
+    mtp_grad_embedding_.resize(rows, H);
+    mtp_grad_hidden_.resize(rows, H);
+    for (int k = mtp_depths; k >= 1; --k) {
+      auto& d = mtp_[static_cast<std::size_t>(k - 1)];
+      ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
+        head_.backward(ctx.executor<scalar>(), d.pass, weight, whole_output(map(grad_normed_), N));
+        sum_to_my_rows(map(grad_normed_));
+      });
+      ctx.step_stages.time(step_stage::norms_residuals, [&] {
+        if (k < mtp_depths) grad_normed_ += mtp_carry_;  // from depth k + 1's hnorm
+        d.final_norm.backward(pool, cmap(grad_normed_), map(grad_));
+      });
+      backward_block(ctx, d.block);  // grad_: the gradient of eh_proj's output
+      ctx.step_stages.time(step_stage::norms_residuals, [&] {
+        mtp_grad_embedding_.noalias() = grad_ * d.eh_weight.leftCols(H);
+        mtp_grad_hidden_.noalias() = grad_ * d.eh_weight.rightCols(H);
+        d.eh_grad.leftCols(H).noalias() += grad_.transpose() * d.normed_embedding;
+        d.eh_grad.rightCols(H).noalias() += grad_.transpose() * d.normed_hidden;
+        d.enorm.backward(pool, cmap(mtp_grad_embedding_), map(mtp_grad_embedding_));
+        d.hnorm.backward(pool, cmap(mtp_grad_hidden_), map(mtp_carry_));
+      });
+      ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
+        embedding_.add_gradient(pool, d.ids, all_rows(cmap(mtp_grad_embedding_), grad_whole_));
+      });
+    }
   }
 
   /// The output layer's and final norm's backward into grad_ (the residual stream's gradient).
@@ -750,9 +908,11 @@ class transformer {
     int const N = seq_ * batch_, rows = N / tensor_parallel(), H = hidden_size();
     grad_.resize(rows, H);
     grad_normed_.resize(rows, H);
+    if constexpr (mtp_depths > 0) mtp_backward(ctx, scale);
     ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
       head_.backward(ctx.executor<scalar>(), scale, whole_output(map(grad_normed_), N));
       sum_to_my_rows(map(grad_normed_));
+      if constexpr (mtp_depths > 0) grad_normed_ += mtp_carry_;
     });
     ctx.step_stages.time(step_stage::norms_residuals,
                          [&] { final_norm_.backward(ctx.pool(), cmap(grad_normed_), map(grad_)); });
@@ -835,7 +995,8 @@ class transformer {
     static constexpr bool rounds = rounds_operands_v<ops>;
     using attention_type = std::conditional_t<
         Config::model::value.mla.enabled(),
-        multi_latent_attention<scalar, cp_comm, ops, linear_backend>,
+        multi_latent_attention<scalar, Config::model::value.qk_layernorm, cp_comm, ops,
+                               linear_backend>,
         causal_attention<scalar, Config::model::value.qk_layernorm, cp_comm, ops, linear_backend>>;
     using dense_type = dense_mlp<scalar, expert::activation_function::swiglu, linear_backend, ops>;
     std::vector<attention_type> attentions;
@@ -857,6 +1018,62 @@ class transformer {
     int attention = 0;         // index into attentions
     int moe = -1, dense = -1;  // index into moes or denses
   };
+  /// An MTP depth's own modules (its layer is a block): enorm and hnorm, eh_proj [H, 2H] (the
+  /// normed embedding's columns, then the normed hidden state's; whole on every TP rank, each
+  /// rank's rows adding their part of its gradient), its final norm, its pass of the output
+  /// layer and the shifted ids it looked up.
+  struct mtp_depth {
+    rms_norm<scalar> enorm, hnorm, final_norm;
+    row_matrix<scalar> eh_weight, eh_grad;
+    int block = 0;  // its layer, in blocks_
+    cross_entropy_pass<scalar> pass;
+    std::vector<std::int32_t> ids;
+    row_matrix<scalar> normed_embedding, normed_hidden;  // eh_proj's inputs, this rank's rows
+    activation_stash<std::vector<std::int32_t>, row_matrix<scalar>, row_matrix<scalar>> stash;
+
+    mtp_depth(int hidden, double epsilon, int block_index)
+        : enorm(hidden, epsilon),
+          hnorm(hidden, epsilon),
+          final_norm(hidden, epsilon),
+          eh_weight(row_matrix<scalar>::Zero(hidden, 2 * hidden)),
+          eh_grad(row_matrix<scalar>::Zero(hidden, 2 * hidden)),
+          block(block_index) {}
+    template <class F>
+    void for_each_parameter(std::string const& prefix, F&& f) {
+      enorm.for_each_parameter(prefix + ".enorm", f);
+      hnorm.for_each_parameter(prefix + ".hnorm", f);
+      f(prefix + ".eh_proj.weight", map(eh_weight), map(eh_grad));
+      final_norm.for_each_parameter(prefix + ".final_layernorm", f);
+    }
+    void zero_grad() {
+      enorm.zero_grad();
+      hnorm.zero_grad();
+      eh_grad.setZero();
+      final_norm.zero_grad();
+    }
+    void park(std::uint64_t key) {
+      stash.park(key, ids, normed_embedding, normed_hidden);
+      for (auto* n : {&enorm, &hnorm, &final_norm}) n->park(key);
+      pass.park(key);
+    }
+    void restore(std::uint64_t key) {
+      stash.restore(key, ids, normed_embedding, normed_hidden);
+      for (auto* n : {&enorm, &hnorm, &final_norm}) n->restore(key);
+      pass.restore(key);
+    }
+  };
+  /// This rank's decoder layers (blocks_ holds the MTP depths' after them).
+  [[nodiscard]] int decoder_blocks() const noexcept {
+    return static_cast<int>(blocks_.size() - mtp_.size());
+  }
+  /// The reference's name of layer i: `decoder.layers.{i}`, or an MTP depth's
+  /// `mtp.layers.{k}.transformer_layer` past num_layers.
+  [[nodiscard]] std::string layer_prefix(int layer) const {
+    int const L = layers();
+    return layer < L ? "decoder.layers." + std::to_string(layer)
+                     : "mtp.layers." + std::to_string(layer - L) + ".transformer_layer";
+  }
+
   /// f(modules) for the modules of block b's layer: the recipe's, or those kept in BF16.
   template <class F>
   void with_modules(block const& b, F&& f) {
@@ -940,11 +1157,11 @@ class transformer {
   }
 
   /// Which of the names for_each_parameter gives are TP shards (with TP above 1).
-  /// The norms and MLA's down projections are whole on every TP rank.
+  /// The norms, MLA's down projections and MTP's eh_proj are whole on every TP rank.
   [[nodiscard]] parameter_kind kind_of(std::string_view name) const noexcept {
-    bool const replicated = name.ends_with("layernorm.weight") ||
-                            name.ends_with(".linear_q_down_proj.weight") ||
-                            name.ends_with(".linear_kv_down_proj.weight");
+    bool const replicated =
+        name.ends_with("layernorm.weight") || name.ends_with(".linear_q_down_proj.weight") ||
+        name.ends_with(".linear_kv_down_proj.weight") || name.ends_with(".eh_proj.weight");
     return tensor_parallel() > 1 && !replicated ? parameter_kind::tensor_parallel
                                                 : parameter_kind::dense;
   }
@@ -1083,8 +1300,12 @@ class transformer {
       final_norm_ = rms_norm<scalar>(H, m.norm_epsilon);
       head_ = lm_head<scalar>(H, vocabulary_part(part), tp > 1 ? &groups->tp() : nullptr);
     }
+    // The MTP depths' layers follow the decoder's on the output layer's stage.
+    int const mtp_layers = holds_head_ ? mtp_depths : 0;
+    for (int k = 0; k < mtp_layers; ++k) mine.push_back(m.layers + k);
     blocks_.reserve(mine.size());
     for (int i : mine) {
+      if (i >= m.layers) mtp_.emplace_back(H, m.norm_epsilon, static_cast<int>(blocks_.size()));
       blocks_.push_back(block{rms_norm<scalar>(H, m.norm_epsilon),
                               rms_norm<scalar>(H, m.norm_epsilon), i, is_bf16_layer(i)});
       with_modules(blocks_.back(), [&](auto& modules) {
@@ -1135,6 +1356,13 @@ class transformer {
   row_matrix<scalar> whole_, grad_whole_, parts_;
   std::vector<std::int64_t> rows_per_tp_;
   scalar const* final_hidden_ = nullptr;  // the last forward's final hidden states, all N rows
+  row_matrix<scalar> final_rows_;         // a copy of them with MTP (its depths reuse the buffers)
+  // Multi-token prediction: the depths, each depth's shifted ids and targets of this micro-batch
+  // (this rank's CP chunks), and working rows.
+  std::vector<mtp_depth> mtp_;
+  std::array<std::vector<std::int32_t>, std::max(mtp_depths, 1)> mtp_ids_, mtp_targets_;
+  std::vector<std::int32_t> mtp_shift_ids_, mtp_shift_targets_;
+  row_matrix<scalar> mtp_embedding_, mtp_grad_embedding_, mtp_grad_hidden_, mtp_carry_;
   // The pipeline: the layout, this rank's place, its chunks' blocks [first, last), and which ends
   // of the model it holds.
   parallel::pipeline_layout pipeline_;

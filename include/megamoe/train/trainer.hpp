@@ -52,6 +52,7 @@ struct step_metrics {
   double loss = 0.0;                    // mean cross-entropy over the global batch (nats per token)
   double router_loss = 0.0;             // mean of the MoE layers' attached losses per micro-batch
   double aux_loss = 0.0, z_loss = 0.0;  // its load-balancing and z-loss parts
+  double mtp_loss = 0.0;  // the multi-token prediction depths' mean cross-entropy (0 without)
   double lr = 0.0, grad_norm = 0.0, clip_factor = 1.0;
   double seconds = 0.0, tokens_per_s = 0.0;
   bool skipped = false;      // non-finite loss or gradient: no update
@@ -157,7 +158,7 @@ class trainer {
     for (auto& layer : out.expert_load)
       layer.assign(static_cast<std::size_t>(model_.values().shape.experts), 0.0);
     model_.for_each_moe_layer([](auto& layer, int) { layer.clear_expert_load(); });
-    double loss = 0.0, router_loss = 0.0, aux_loss = 0.0, z_loss = 0.0;
+    double loss = 0.0, router_loss = 0.0, aux_loss = 0.0, z_loss = 0.0, mtp_loss = 0.0;
     auto const schedule_start = std::chrono::steady_clock::now();
     runner_.run(
         ctx, M, S, B, static_cast<scalar>(1.0 / M),
@@ -172,6 +173,7 @@ class trainer {
           router_loss += r.output.router_losses;
           aux_loss += r.output.aux_loss;
           z_loss += r.output.z_loss;
+          mtp_loss += r.output.mtp_loss;
         });
     model_.for_each_moe_layer([&](auto& layer, int ordinal) {
       auto const counts = layer.expert_load();
@@ -188,7 +190,8 @@ class trainer {
     // router losses and loads (the others' entries zero): summed over the stages too. The
     // pipeline's wait share is averaged over every rank.
     sums.assign({loss, router_loss, aux_loss, z_loss,
-                 schedule_seconds > 0.0 ? runner_.wait_seconds() / schedule_seconds : 0.0});
+                 schedule_seconds > 0.0 ? runner_.wait_seconds() / schedule_seconds : 0.0,
+                 mtp_loss});
     for (auto const& layer : out.expert_load) sums.insert(sums.end(), layer.begin(), layer.end());
     if (groups_) {
       parallel::all_reduce_sum(groups_->tp_dp_cp(), std::span<double>(sums));
@@ -200,7 +203,8 @@ class trainer {
     out.aux_loss = sums[2] / (M * DP);
     out.z_loss = sums[3] / (M * DP);
     out.pipeline_bubble = sums[4] / ranks;
-    std::size_t at = 5;
+    out.mtp_loss = sums[5] / (M * DP * CP * TP);
+    std::size_t at = 6;
     for (auto& layer : out.expert_load)
       for (double& v : layer) v = sums[at++];
     if (groups_) times.time(step_stage::gradient_reduction, [&] { gradients_(*groups_); });
@@ -231,7 +235,8 @@ class trainer {
 
   /// Bits per byte of the held-out bytes: the first `max_windows` windows of S + 1 bytes, dealt
   /// to the DP ranks in micro-batches, in eval mode. The last round's places beyond the windows
-  /// repeat window 0 and are not counted, so every mapping measures the same windows.
+  /// repeat window 0 and are not counted, so every mapping measures the same windows. The main
+  /// next-token head's; the MTP depths' are heldout_mtp_bits_per_byte() after it.
   double heldout_bits_per_byte(context& ctx, int max_windows) {
     int const S = settings_.seq_length, B = settings_.micro_batch, DP = dp_size();
     int const windows = std::max(1, std::min(max_windows, corpus_.heldout_windows(S)));
@@ -240,7 +245,8 @@ class trainer {
     tokens_.resize(static_cast<std::size_t>(S) * B);
     targets_.resize(tokens_.size());
     bool const has_losses = model_.chunk_has_head(model_.pipeline().vpp() - 1);
-    std::vector<double> sums{0.0, 0.0};  // nats, tokens
+    constexpr int depths = model_type::mtp_depths;
+    std::vector<double> sums(2 + 2 * depths, 0.0);  // nats, tokens; per MTP depth the same
     for (int r = 0; r < rounds; ++r) {
       int const first = (r * DP + dp_rank()) * B;
       for (int b = 0; b < B; ++b)
@@ -253,14 +259,32 @@ class trainer {
         for (int s = 0; s < positions; ++s) sums[0] += losses[static_cast<std::size_t>(s) * B + b];
         sums[1] += positions;
       }
+      for (int k = 1; k <= depths; ++k) {  // a depth's targets past its window are ignored
+        auto const mtp_losses = model_.mtp_token_losses(k);
+        auto const mtp_targets = model_.mtp_targets(k);
+        for (int b = 0; b < B && first + b < windows; ++b)
+          for (int s = 0; s < positions; ++s) {
+            auto const t = static_cast<std::size_t>(s) * B + b;
+            if (mtp_targets[t] == ignored_target) continue;
+            sums[2 * static_cast<std::size_t>(k)] += mtp_losses[t];
+            sums[2 * static_cast<std::size_t>(k) + 1] += 1.0;
+          }
+      }
     }
     ctx.step.mode = router::pass::training;
     if (groups_) {
       parallel::all_reduce_sum(groups_->dp_cp(), std::span<double>(sums));
       parallel::all_reduce_sum(groups_->pp(), std::span<double>(sums));
     }
+    heldout_mtp_bpb_ = 0.0;
+    for (int k = 1; k <= depths; ++k)
+      heldout_mtp_bpb_ += sums[2 * static_cast<std::size_t>(k)] /
+                          sums[2 * static_cast<std::size_t>(k) + 1] / std::numbers::ln2 / depths;
     return sums[0] / sums[1] / std::numbers::ln2;
   }
+  /// The last heldout_bits_per_byte's MTP depths' mean bits per byte of the bytes 2 .. D + 1
+  /// places ahead (0 without MTP).
+  [[nodiscard]] double heldout_mtp_bits_per_byte() const noexcept { return heldout_mtp_bpb_; }
 
   /// The schedule of every step from now on (the pipeline's, parallel/pipeline.hpp): by default
   /// interleaved 1F1B with V chunks per rank, 1F1B otherwise (one stage: forward then backward of
@@ -330,6 +354,7 @@ class trainer {
   pipeline_runner<model_type> runner_{groups_, model_};
   std::vector<std::int32_t> tokens_, targets_;
   step_metrics metrics_;
+  double heldout_mtp_bpb_ = 0.0;
   std::vector<double> sums_;       // the logged values summed over DP
   bool gradients_zeroed_ = false;  // by the last step's update
   int step_ = 0;
