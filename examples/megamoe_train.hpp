@@ -287,7 +287,7 @@ std::string generate(mm::context& ctx, Trainer& trainer, std::string const& prom
 /// from each rank); CP's key/value exchange, 2 (CP - 1) X per layer with all_gather and
 /// (3 CP - 2) X with p2p (X: a rank's keys and values); per step the gradients' all-reduce and
 /// the distributed optimizer's all-gather of the parameters, 3 (P - 1) / P of their bytes, over
-/// TP x DP x CP for the replicated ones (with the step's logged sums: 5 + experts x MoE layers
+/// TP x DP x CP for the replicated ones (with the step's logged sums: 6 + experts x MoE layers
 /// doubles), DP x CP for the TP shards and EDP for the experts'; PP's activations and gradients
 /// between the stages and the logged sums over them. All of it for this rank's layers (its
 /// pipeline chunks'). The expert-parallel exchange follows the routing and has no implied volume.
@@ -341,7 +341,7 @@ nlohmann::ordered_json group_traffic(mm::parallel::process_groups const& groups,
   bool const embeds = model.chunk_embeds(0), has_head = model.chunk_has_head(V - 1);
   auto replicated = [&](double n, int ranks) { return 3.0 * n * bytes * (ranks - 1) / ranks; };
   int const P = groups.tp_dp_cp().size();
-  double const logged = 5.0 + static_cast<double>(model.values().shape.experts) *
+  double const logged = 6.0 + static_cast<double>(model.values().shape.experts) *
                                   static_cast<double>(model.moe_layer_count());
   auto const all_reduced = [&](double n, int ranks) {
     return 2.0 * n * sizeof(double) * (ranks - 1) / ranks;

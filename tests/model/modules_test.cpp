@@ -616,9 +616,10 @@ using tiny_mla_mtp =
 // With MTP the objective is scale * (CE + mtp_loss_scaling_factor * mean of the depths' losses)
 // + the router losses (the depths' MoE layers' included): every parameter's gradient, the MTP
 // depths' own and their layers' too, against central differences; their names are the
-// reference's; each depth's loss is its valid targets' over B (S - k); a depth sees the tokens k
-// places ahead (changing the last token changes depth k's losses from position S - 1 - k on, the
-// main head's only at S - 1), and its last k positions have no target.
+// reference's; each depth's loss is its valid targets' mean (B (S - k), less those ignored in the
+// batch); a depth sees the tokens k places ahead (changing the last token changes depth k's losses
+// from position S - 1 - k on, the main head's only at S - 1), and its last k positions have no
+// target.
 TEST(Transformer, MultiTokenPredictionGradientsMatchFiniteDifferences) {
   auto check = [](auto model_tag, double lambda, std::vector<std::string> const& must_have) {
     using model_type = typename decltype(model_tag)::type;
@@ -630,7 +631,8 @@ TEST(Transformer, MultiTokenPredictionGradientsMatchFiniteDifferences) {
     ctx.step.loss_backward_scale = router_scale;
     int const S = 5, B = 2;
     std::vector<std::int32_t> const tokens{1, 4, 7, 2, 9, 10, 0, 3, 5, 6};
-    std::vector<std::int32_t> const targets{7, 2, 9, 10, 0, 3, 5, 6, 8, 1};
+    // One target is ignored (position 1 of sequence 1): no depth counts it.
+    std::vector<std::int32_t> const targets{7, 2, 9, mm::ignored_target, 0, 3, 5, 6, 8, 1};
     auto objective = [&] {
       auto const out = model.forward(ctx, tokens, targets, S, B);
       return ce_scale * (out.cross_entropy + lambda * out.mtp_loss) +
@@ -641,19 +643,22 @@ TEST(Transformer, MultiTokenPredictionGradientsMatchFiniteDifferences) {
     EXPECT_GT(first.mtp_loss, 0.0);
     double mean = 0.0;
     for (int k = 1; k <= D; ++k) {
-      double sum = 0.0;
+      double sum = 0.0, valid = 0.0;
       auto const losses = model.mtp_token_losses(k);
       auto const shifted = model.mtp_targets(k);
       for (int t = 0; t < S * B; ++t) {
         auto const at = static_cast<std::size_t>(t);
         bool const past = t / B >= S - k;
         EXPECT_EQ(shifted[at], past ? mm::ignored_target : targets[at + std::size_t(k * B)]);
-        if (past) {
+        if (shifted[at] == mm::ignored_target) {
           EXPECT_EQ(losses[at], 0.0);
+        } else {
+          valid += 1.0;
         }
         sum += losses[at];
       }
-      mean += sum / (B * (S - k)) / D;
+      EXPECT_EQ(valid, B * (S - k) - (k == 1 ? 1 : 0));  // the ignored target is 1 ahead of s = 0
+      mean += sum / valid / D;
     }
     EXPECT_NEAR(first.mtp_loss, mean, 1e-14);
     model.backward(ctx, ce_scale);

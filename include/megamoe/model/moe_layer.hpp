@@ -399,14 +399,18 @@ class moe_layer {
         values_(setup::values(groups, given)),
         routing_(setup::router_settings(values_), values_.shape.experts, values_.shape.hidden,
                  types::recipe.padding_multiple,
-                 moe_parameter_prefix(layer_number, values_.model.layers), groups),
+                 moe_parameter_prefix(layer_number, mtp_layers_from(values_)), groups),
         dispatcher_(setup::dispatcher(groups, values_)),
-        experts_(values_, layer_number, moe_parameter_prefix(layer_number, values_.model.layers),
-                 groups) {
+        experts_(values_, layer_number,
+                 moe_parameter_prefix(layer_number, mtp_layers_from(values_)), groups) {
     if constexpr (fp8_wire)
       dispatcher_.set_code_row_bytes(operands_type::wire_row_bytes(hidden_size()));
   }
 
+  /// Where the multi-token prediction depths' layers begin (their names differ), or -1 without.
+  static int mtp_layers_from(config_values const& v) {
+    return v.model.mtp_num_layers > 0 ? v.model.layers : -1;
+  }
   const_row_matrix_map<scalar> input() const { return {input_at_, tokens_, hidden_size()}; }
   /// Windows the dispatcher allocated so far (0 without one).
   int window_allocations() const {

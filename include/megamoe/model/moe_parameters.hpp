@@ -15,8 +15,9 @@
 namespace megamoe {
 
 /// The prefix of layer `layer_number`'s MoE parameters. With the decoder's `decoder_layers`
-/// given, the layers past them are the multi-token prediction depths' (layer decoder_layers + k
-/// is depth k's, `mtp.layers.{k}.transformer_layer.mlp.`, as the reference names it).
+/// given (a model with multi-token prediction), the layers past them are the depths' (layer
+/// decoder_layers + k is depth k's, `mtp.layers.{k}.transformer_layer.mlp.`, as the reference
+/// names it).
 inline std::string moe_parameter_prefix(int layer_number, int decoder_layers = -1) {
   if (decoder_layers > 0 && layer_number >= decoder_layers)
     return "mtp.layers." + std::to_string(layer_number - decoder_layers) +

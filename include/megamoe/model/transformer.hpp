@@ -820,6 +820,9 @@ class transformer {
                 mtp_shift_ids_.begin());
       std::copy(targets.begin() + static_cast<std::ptrdiff_t>(ahead), targets.end(),
                 mtp_shift_targets_.begin());
+      mtp_valid_[static_cast<std::size_t>(k - 1)] =
+          static_cast<double>(std::count_if(mtp_shift_targets_.begin(), mtp_shift_targets_.end(),
+                                            [](std::int32_t t) { return t != ignored_target; }));
       if (cp > 1) {
         keep_my_chunks(mtp_shift_ids_, seq, batch, ids);
         keep_my_chunks(mtp_shift_targets_, seq, batch, shifted);
@@ -831,8 +834,9 @@ class transformer {
   }
 
   /// The MTP depths' forward from the decoder's normed output (normed_, this rank's rows): each
-  /// depth's loss is its valid targets' summed cross-entropy over the valid targets of the whole
-  /// micro-batch's share per CP rank (B (S - k) / CP), so the mean over CP ranks is one rank's.
+  /// depth's loss is its valid targets' summed cross-entropy over the whole micro-batch's valid
+  /// shifted targets per CP rank (B (S - k) / CP without ignored targets), so the mean over CP
+  /// ranks is one rank's.
   void mtp_forward(context& ctx, transformer_output& out) {
     auto& pool = ctx.pool();
     int const N = seq_ * batch_, H = hidden_size(), rows = N / tensor_parallel();
@@ -857,8 +861,7 @@ class transformer {
       forward_block(ctx, d.block, out);
       norm_of_residual(ctx, d.final_norm);
       ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
-        double const divisor =
-            static_cast<double>(batch_) * static_cast<double>(seq_ * cp - k) / cp;
+        double const divisor = std::max(1.0, mtp_valid_[static_cast<std::size_t>(k - 1)]) / cp;
         out.mtp_loss +=
             head_.forward(ctx.executor<scalar>(), d.pass, all_rows(cmap(normed_), whole_),
                           mtp_targets_[static_cast<std::size_t>(k - 1)], divisor) /
@@ -1361,6 +1364,7 @@ class transformer {
   // (this rank's CP chunks), and working rows.
   std::vector<mtp_depth> mtp_;
   std::array<std::vector<std::int32_t>, std::max(mtp_depths, 1)> mtp_ids_, mtp_targets_;
+  std::array<double, std::max(mtp_depths, 1)> mtp_valid_{};  // the micro-batch's valid targets
   std::vector<std::int32_t> mtp_shift_ids_, mtp_shift_targets_;
   row_matrix<scalar> mtp_embedding_, mtp_grad_embedding_, mtp_grad_hidden_, mtp_carry_;
   // The pipeline: the layout, this rank's place, its chunks' blocks [first, last), and which ends

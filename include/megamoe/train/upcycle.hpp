@@ -42,8 +42,9 @@ namespace megamoe::train {
 /// has not; the name itself otherwise.
 inline std::optional<std::string> dense_parameter_name(std::string const& name) {
   static std::regex const expert(
-      R"(^(decoder\.layers\.\d+\.mlp\.)experts\.(linear_fc[12]\.(weight|bias))0$)");
-  static std::regex const router(R"(^decoder\.layers\.\d+\.mlp\.router\.(weight|expert_bias)$)");
+      R"(^((?:decoder\.layers\.\d+|mtp\.layers\.\d+\.transformer_layer)\.mlp\.)experts\.(linear_fc[12]\.(weight|bias))0$)");
+  static std::regex const router(
+      R"(^(?:decoder\.layers\.\d+|mtp\.layers\.\d+\.transformer_layer)\.mlp\.router\.(weight|expert_bias)$)");
   std::smatch m;
   if (std::regex_match(name, m, expert)) return m[1].str() + m[2].str();
   if (std::regex_match(name, router)) return std::nullopt;
@@ -100,8 +101,9 @@ int upcycle(transformer<Config>& model, boost::mpi::communicator const& world,
     std::int64_t const g = granularity, dense_ffn = g * F;
     double const w = upcycling_weight_scale(v, granularity);
     static std::regex const expert(
-        R"(^(decoder\.layers\.\d+\.mlp\.)experts\.linear_fc([12])\.weight(\d+)$)");
-    static std::regex const router(R"(^decoder\.layers\.\d+\.mlp\.router\.weight$)");
+        R"(^((?:decoder\.layers\.\d+|mtp\.layers\.\d+\.transformer_layer)\.mlp\.)experts\.linear_fc([12])\.weight(\d+)$)");
+    static std::regex const router(
+        R"(^(?:decoder\.layers\.\d+|mtp\.layers\.\d+\.transformer_layer)\.mlp\.router\.weight$)");
     model.for_each_numbered_parameter([&](std::string_view view, row_matrix_map<scalar> value,
                                           row_matrix_map<scalar>, parameter_kind,
                                           element_numbering const& n) {
