@@ -43,6 +43,7 @@
 #include <megamoe/model/moe_layer.hpp>
 #include <megamoe/model/moe_types.hpp>
 #include <megamoe/model/norm.hpp>
+#include <megamoe/model/products.hpp>
 #include <megamoe/parallel/pipeline.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 
@@ -854,8 +855,14 @@ class transformer {
         d.normed_hidden.resize(rows, H);
         d.enorm.forward(pool, cmap(mtp_embedding_), map(d.normed_embedding));
         d.hnorm.forward(pool, cmap(normed_), map(d.normed_hidden));
-        residual_.noalias() = d.normed_embedding * d.eh_weight.leftCols(H).transpose();
-        residual_.noalias() += d.normed_hidden * d.eh_weight.rightCols(H).transpose();
+        // eh_proj: the embedding's half of its columns, then the hidden state's, added.
+        auto& exec = ctx.executor<scalar>();
+        residual_.resize(rows, H);
+        threaded_product<expert::gemm_op::nt>(exec, rows, H, H, d.normed_embedding.data(), H,
+                                              d.eh_weight.data(), 2 * H, residual_.data(), H);
+        threaded_product<expert::gemm_op::nt>(exec, rows, H, H, d.normed_hidden.data(), H,
+                                              d.eh_weight.data() + H, 2 * H, residual_.data(), H,
+                                              true);
       });
       pending_ = nullptr;
       forward_block(ctx, d.block, out);
@@ -893,10 +900,18 @@ class transformer {
       });
       backward_block(ctx, d.block);  // grad_: the gradient of eh_proj's output
       ctx.step_stages.time(step_stage::norms_residuals, [&] {
-        mtp_grad_embedding_.noalias() = grad_ * d.eh_weight.leftCols(H);
-        mtp_grad_hidden_.noalias() = grad_ * d.eh_weight.rightCols(H);
-        d.eh_grad.leftCols(H).noalias() += grad_.transpose() * d.normed_embedding;
-        d.eh_grad.rightCols(H).noalias() += grad_.transpose() * d.normed_hidden;
+        auto& exec = ctx.executor<scalar>();
+        using expert::gemm_op;
+        scalar* const w = d.eh_weight.data();
+        scalar* const g = d.eh_grad.data();
+        threaded_product<gemm_op::nn>(exec, rows, H, H, grad_.data(), H, w, 2 * H,
+                                      mtp_grad_embedding_.data(), H);
+        threaded_product<gemm_op::nn>(exec, rows, H, H, grad_.data(), H, w + H, 2 * H,
+                                      mtp_grad_hidden_.data(), H);
+        threaded_product<gemm_op::tn>(exec, H, H, rows, grad_.data(), H, d.normed_embedding.data(),
+                                      H, g, 2 * H, true);
+        threaded_product<gemm_op::tn>(exec, H, H, rows, grad_.data(), H, d.normed_hidden.data(), H,
+                                      g + H, 2 * H, true);
         d.enorm.backward(pool, cmap(mtp_grad_embedding_), map(mtp_grad_embedding_));
         d.hnorm.backward(pool, cmap(mtp_grad_hidden_), map(mtp_carry_));
       });
