@@ -289,8 +289,11 @@ std::string generate(mm::context& ctx, Trainer& trainer, std::string const& prom
 /// the distributed optimizer's all-gather of the parameters, 3 (P - 1) / P of their bytes, over
 /// TP x DP x CP for the replicated ones (with the step's logged sums: 6 + experts x MoE layers
 /// doubles), DP x CP for the TP shards and EDP for the experts'; PP's activations and gradients
-/// between the stages and the logged sums over them. All of it for this rank's layers (its
-/// pipeline chunks'). The expert-parallel exchange follows the routing and has no implied volume.
+/// between the stages and the logged sums over them, and with multi-token prediction the
+/// embedding table stage 0 sends to the last stage's copy per step (the copy's gradient comes
+/// back). All of it for this rank's layers (its pipeline chunks'; the output layer's chunk runs
+/// each MTP depth's layer, its embedding lookup and its pass of the output layer too). The
+/// expert-parallel exchange follows the routing and has no implied volume.
 template <class Model, std::size_t D, std::size_t E>
 nlohmann::ordered_json group_traffic(mm::parallel::process_groups const& groups, Model& model,
                                      mt::train_settings const& s,
@@ -311,7 +314,12 @@ nlohmann::ordered_json group_traffic(mm::parallel::process_groups const& groups,
   auto const& m = model.model_settings();
   int const cp = groups.cp().size(), tp = groups.tp().size(), H = model.hidden_size();
   double const rows = static_cast<double>(s.seq_length) / cp * s.micro_batch;  // N
-  double const kv = 2.0 * m.query_groups / tp * (H / m.heads);
+  // A row's keys and values on this rank: per query group of grouped-query attention, per head
+  // of MLA (keys of its two parts, values of their own width).
+  double const kv = m.mla.enabled()
+                        ? static_cast<double>(m.heads) / tp *
+                              (m.mla.qk_head_dim + m.mla.qk_pos_emb_head_dim + m.mla.v_head_dim)
+                        : 2.0 * m.query_groups / tp * (H / m.heads);
   double const x = rows * kv * bytes;
   bool const p2p = Model::cp_comm == mm::parallel::cp_comm_type::p2p;
   double const per_layer = p2p ? (3.0 * cp - 2.0) * x : 2.0 * (cp - 1.0) * x;
@@ -321,18 +329,21 @@ nlohmann::ordered_json group_traffic(mm::parallel::process_groups const& groups,
   // row statistics in forward, and CP's exchange per layer, (CP - 1) X of it in forward.
   auto const& pipeline = model.pipeline();
   int const pp_rank = model.pipeline_rank(), V = pipeline.vpp();
+  constexpr int depths = Model::mtp_depths;
   double sequence_ops = 0.0, head_forwards = 0.0, cp_bytes = 0.0;
   for (std::size_t i = 0; i < ops.size(); ++i) {
     int const v = ops[i].chunk, stage = pipeline.stage(pp_rank, v);
-    int const first = pipeline.first_layer(stage), L = pipeline.layers(stage);
-    int dense = 0;
+    int const first = pipeline.first_layer(stage);
+    bool const embeds = model.chunk_embeds(v), head = model.chunk_has_head(v);
+    int L = pipeline.layers(stage), dense = 0;
     for (int l = first; l < first + L; ++l) dense += model.is_moe(l) ? 0 : 1;
+    if (head)
+      for (int k = 0; k < depths; ++k, ++L) dense += model.is_moe(model.layers() + k) ? 0 : 1;
     bool const forward = ops[i].kind == mm::parallel::pipeline_op::forward;
     double const passes = forward ? 1.0 : 1.0 + repeats[i];  // backward (and its repeat)
     double const forwards = forward ? 1.0 : repeats[i];
-    bool const embeds = model.chunk_embeds(v), head = model.chunk_has_head(v);
-    sequence_ops += passes * (2.0 * (L + dense) + (embeds ? 1 : 0) + (head ? 1 : 0));
-    head_forwards += head ? forwards : 0.0;
+    sequence_ops += passes * (2.0 * (L + dense) + (embeds ? 1 : 0) + (head ? 1 + 2 * depths : 0));
+    head_forwards += head ? forwards * (1 + depths) : 0.0;
     double const cp_forward = (cp - 1.0) * x;
     cp_bytes += L * (forwards * cp_forward + (forward ? 0.0 : per_layer - cp_forward));
   }
@@ -350,8 +361,11 @@ nlohmann::ordered_json group_traffic(mm::parallel::process_groups const& groups,
   // PP: per micro-batch, an activation sent from every chunk but the last virtual stage and a
   // gradient from every chunk but the first, N / TP rows each; the logged sums over the stages.
   int const sends = V - (has_head ? 1 : 0) + V - (embeds ? 1 : 0);
-  double const pp_bytes =
-      sends * s.micro_batches * rows / tp * H * bytes + all_reduced(logged, groups.pp().size());
+  double const table = depths > 0 && groups.pp().size() > 1 && (embeds || has_head)
+                           ? static_cast<double>(model.embedding_table().size()) * bytes
+                           : 0.0;
+  double const pp_bytes = sends * s.micro_batches * rows / tp * H * bytes + table +
+                          all_reduced(logged, groups.pp().size());
   nlohmann::ordered_json out;
   auto report = [&](char const* name, int ranks, double total, std::optional<double> implied) {
     if (ranks < 2) return;

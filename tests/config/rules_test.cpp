@@ -254,11 +254,6 @@ std::vector<breaking_case> const& breaking_cases() {
          v.model.mtp_num_layers = 1;
          v.model.mtp_loss_scaling_factor = -0.1;
        }},
-      {58, "MTP under PP 2",
-       [](auto& v) {
-         v.model.mtp_num_layers = 1;
-         v.parallel.pp = 2;
-       }},
       {57, "MLA with 2 query groups of 4 heads",
        [](auto& v) {
          v.model.heads = 4;

@@ -4,12 +4,19 @@
 # (TP 2, ETP 1, EP 2, EDP 2) -> 4 (TP 2, CP 2, ETP 1, EP 4) -> 2 (CP 2, EP 2) -> 2 (PP 2) -> 4
 # (PP 4) -> 1 -> 4 (PP 2, TP 2, ETP 1, EP 2) -> 1; each
 # pair of checkpoints must hold the same bits, and the losses each layout continues with must agree
-# within RTOL. Arguments: MPIEXEC, PROGRAM, DIR, PRECISION, RTOL.
+# within RTOL. Arguments: MPIEXEC, PROGRAM, DIR, PRECISION, RTOL; optionally LAYOUTS (another
+# sequence: ranks and arguments joined by '|', layouts by '/') and EXTRA (arguments every save
+# and load job takes, joined by '|').
 file(REMOVE_RECURSE ${DIR})
 file(MAKE_DIRECTORY ${DIR})
-set(layouts "4|--ep|2" "2|--ep|2" "1" "4|--etp|2|--ep|2" "2|--ep|1" "4|--ep|4"
-    "4|--tp|2|--etp|1|--ep|2" "4|--tp|2|--cp|2|--etp|1|--ep|4" "2|--cp|2|--ep|2"
-    "2|--pp|2|--ep|1" "4|--pp|4|--ep|1" "1" "4|--pp|2|--tp|2|--etp|1|--ep|2" "1")
+if(DEFINED LAYOUTS)
+  string(REPLACE "/" ";" layouts "${LAYOUTS}")
+else()
+  set(layouts "4|--ep|2" "2|--ep|2" "1" "4|--etp|2|--ep|2" "2|--ep|1" "4|--ep|4"
+      "4|--tp|2|--etp|1|--ep|2" "4|--tp|2|--cp|2|--etp|1|--ep|4" "2|--cp|2|--ep|2"
+      "2|--pp|2|--ep|1" "4|--pp|4|--ep|1" "1" "4|--pp|2|--tp|2|--etp|1|--ep|2" "1")
+endif()
+string(REPLACE "|" ";" extra "${EXTRA}")
 set(previous "")
 set(index 0)
 foreach(layout IN LISTS layouts)
@@ -21,7 +28,8 @@ foreach(layout IN LISTS layouts)
     set(mode --mode resave --dir ${DIR}/c${previous} --to ${DIR}/c${index})
   endif()
   execute_process(
-    COMMAND ${MPIEXEC} --oversubscribe -n ${ranks} ${PROGRAM} ${mode} ${words} --steps 3 --more 2
+    COMMAND ${MPIEXEC} --oversubscribe -n ${ranks} ${PROGRAM} ${mode} ${words} ${extra}
+            --steps 3 --more 2
             --precision ${PRECISION} --losses ${DIR}/losses${index}
     RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 100)
   message(STATUS "${ranks} ranks ${words}: exit ${rc}\n${out}${err}")

@@ -35,7 +35,9 @@
 //                       is exact; another dtype is refused (Adam's moments under either
 //                       --exp-avg-dtype load into the other)
 //
-// Layout: --tp, --cp, --ep, --etp (the world's other ranks are DP); --precision fp64 | fp32.
+// Layout: --tp, --cp, --pp, --ep, --etp (the world's other ranks are DP); --precision fp64 | fp32.
+// With --mtp 1 (modes resume, save, resave) the model has a multi-token prediction depth (an MoE
+// layer), whose table under PP is the last stage's copy of stage 0's: saved once, as stage 0's.
 #include "support/tally.hpp"
 
 #include <megamoe/config/config.hpp>
@@ -73,16 +75,21 @@ using decoder = md::decoder<md::layers<4>, md::heads<2>, md::vocabulary<256>, md
 using mapped = mm::parallel::mapping<mm::parallel::tp<mm::dynamic>, mm::parallel::cp<mm::dynamic>,
                                      mm::parallel::pp<mm::dynamic>, mm::parallel::etp<mm::dynamic>,
                                      mm::parallel::ep<mm::dynamic>>;
+using mtp_decoder =
+    md::decoder<md::layers<4>, md::heads<2>, md::vocabulary<256>, md::dense_ffn<20>,
+                md::moe_layer_pattern<0, 1, 0, 1>, md::multi_token_prediction<1, 0.3>>;
 template <class Router, class Precision, class Memory = mm::memory::keep_all, int Hidden = 16,
-          int Ffn = 12, int Experts = 4>
+          int Ffn = 12, int Experts = 4, class Decoder = decoder>
 using config =
     mm::make_config<mm::shape<mm::hidden<Hidden>, mm::ffn<Ffn>, mm::experts<Experts>>, Router,
                     mm::dispatch::all_to_all, mm::expert::mlp<mm::expert::swiglu>, Precision,
-                    mapped, Memory, decoder>;
+                    mapped, Memory, Decoder>;
 using aux_router = rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>;
 using bias_router = rt::aux_loss_free<2, rt::seq_aux_loss<1e-4>>;
 using fp64_config = config<aux_router, mm::precision::fp64>;
 using fp32_config = config<bias_router, mm::precision::fp32>;
+template <class Precision>
+using mtp_config = config<aux_router, Precision, mm::memory::keep_all, 16, 12, 4, mtp_decoder>;
 template <class Precision, int Ffn>
 using dense_config =
     config<rt::top_k<1, rt::softmax_before_topk>, Precision, mm::memory::keep_all, 16, Ffn, 1>;
@@ -96,6 +103,7 @@ struct arguments {
   std::string mode = "resume", dir, to, losses, against, damage, fault, precision = "fp64";
   int steps = 2, more = 2;
   double rtol = 0.0;
+  bool mtp = false;
   mm::parallel::degrees degrees;
 };
 
@@ -493,6 +501,8 @@ int main(int argc, char** argv) {
           a.fault = value;
         else if (key == "--precision")
           a.precision = value;
+        else if (key == "--mtp")
+          a.mtp = std::stoi(value) != 0;
         else if (key == "--steps")
           a.steps = std::stoi(value);
         else if (key == "--more")
@@ -546,6 +556,13 @@ int main(int argc, char** argv) {
       mm::context ctx(1);
       mm::testing::tally result;
       result.against = "uninterrupted";
+      if (a.mtp) {
+        check_resume<mtp_config<mm::precision::fp64>>(result, groups, corpus, ctx,
+                                                      fs::path(a.dir) / "mtp", "MTP");
+        return result.finish(
+            world, "kill-free resume with MTP on " + std::to_string(world.size()) + " ranks",
+            "bit for bit");
+      }
       check_resume<fp32_config>(result, groups, corpus, ctx, fs::path(a.dir) / "fp32", "fp32");
       check_resume<fp64_config>(result, groups, corpus, ctx, fs::path(a.dir) / "fp64", "fp64");
       check_resume<delayed_codes_config>(result, groups, corpus, ctx,
@@ -554,6 +571,9 @@ int main(int argc, char** argv) {
       return result.finish(world, "kill-free resume on " + std::to_string(world.size()) + " ranks",
                            "bit for bit");
     }
+    if (a.mtp)
+      return a.precision == "fp32" ? run<mtp_config<mm::precision::fp32>>(a, groups, corpus)
+                                   : run<mtp_config<mm::precision::fp64>>(a, groups, corpus);
     return a.precision == "fp32" ? run<fp32_config>(a, groups, corpus)
                                  : run<fp64_config>(a, groups, corpus);
   });

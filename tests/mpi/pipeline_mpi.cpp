@@ -12,11 +12,14 @@
 //   - each rank's passes and messages in one step follow the schedule's definition, checked
 //     here by its properties (1F1B: micro-batches in order, PP - p in flight, strict alternation
 //     after the warm-up; interleaved: the reference's order of chunks and micro-batches), and a
-//     GPipe order and a non-interleaved order of virtual stages fail those checks.
+//     GPipe order and a non-interleaved order of virtual stages fail those checks;
+//   - with --mtp 1, two multi-token prediction depths (MoE layers, as the decoder's last) on the
+//     last stage instead: the MTP loss of every step too, and the last stage's copy of the
+//     embedding table, shared once more after the last step, equal to one rank's embedding.
 //
 //   mpiexec -n 4 megamoe_pipeline_mpi --pp 2 [--vpp 2] [--tp 2] [--cp 2] [--etp 1] [--ep 2]
 //                                     [--micro-batches 4] [--first 3 --last 3] [--steps 3]
-//                                     [--layout "Et|ttt|ttt|tL"]
+//                                     [--layout "Et|ttt|ttt|tL"] [--mtp 1]
 #include "support/tally.hpp"
 
 #include <megamoe/config/config.hpp>
@@ -46,10 +49,15 @@ using softmax_aux = rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>;
 using seq_aux = rt::top_k<2, rt::seq_aux_loss<1e-2>>;
 using sigmoid_bias = rt::top_k<2, rt::sigmoid, rt::expert_bias<1e-2>>;
 using global_aux = rt::top_k<2, rt::global_aux_loss<1e-2>>;
-template <class Dispatch, class Parallel, class Router>
+// MoE on odd layers, so the MTP depths' layers (the last decoder layer's kind) are MoE layers.
+using mtp_decoder =
+    md::decoder<md::layers<8>, md::heads<4>, md::query_groups<2>, md::vocabulary<256>,
+                md::dense_ffn<20>, md::moe_layer_pattern<0, 1, 0, 1, 0, 1, 0, 1>,
+                md::multi_token_prediction<2, 0.3>>;
+template <class Dispatch, class Parallel, class Router, class Decoder = decoder>
 using config = mm::make_config<mm::shape<mm::hidden<16>, mm::ffn<12>, mm::experts<8>>, Router,
                                Dispatch, mm::expert::mlp<mm::expert::swiglu>, mm::precision::fp64,
-                               Parallel, mm::memory::keep_all, decoder>;
+                               Parallel, mm::memory::keep_all, Decoder>;
 using mapped = mp::mapping<mp::tp<mm::dynamic>, mp::cp<mm::dynamic>, mp::pp<mm::dynamic>,
                            mp::etp<mm::dynamic>, mp::ep<mm::dynamic>>;
 
@@ -62,6 +70,7 @@ struct options {
   bool hang = false, bubble = false;
   bool merged = false;        // the merged forward-backward schedule
   bool hierarchical = false;  // the node-aware dispatcher (MEGAMOE_RANKS_PER_NODE sets the nodes)
+  bool mtp = false;           // the MTP model alone
 };
 
 /// --bubble: the measured pipeline bubble (the mean over ranks of the schedule's time spent
@@ -300,12 +309,12 @@ void checks_can_fail(mm::testing::tally& result, place const& at, int M) {
   }
 }
 
-template <class Router, class Dispatch = mm::dispatch::all_to_all>
+template <class Router, class Dispatch = mm::dispatch::all_to_all, class Decoder = decoder>
 void against_one_rank(mp::process_groups const& groups, options const& o,
                       mt::byte_corpus const& corpus, mm::context& ctx, mm::testing::tally& result,
                       std::string const& what) {
-  using job_config = config<Dispatch, mapped, Router>;
-  using one_config = config<mm::dispatch::local, mp::mapping<>, Router>;
+  using job_config = config<Dispatch, mapped, Router, Decoder>;
+  using one_config = config<mm::dispatch::local, mp::mapping<>, Router, Decoder>;
   int const DP = groups.dp().size();
   mt::train_settings s;
   s.seq_length = seq;
@@ -333,6 +342,7 @@ void against_one_rank(mp::process_groups const& groups, options const& o,
     std::string const step = " of step " + std::to_string(k);
     result.close(what + "loss" + step, a.loss, b.loss, 1.0, 1e-9);
     result.close(what + "router loss" + step, a.router_loss, b.router_loss, 1.0, 1e-9);
+    result.close(what + "MTP loss" + step, a.mtp_loss, b.mtp_loss, 1.0, 1e-9);
     result.close(what + "clipped" + step, a.clip_factor < 1 ? 1 : 0, 1, 1, 0);
     result.close(what + "MoE layers with loads", static_cast<double>(a.expert_load.size()),
                  static_cast<double>(b.expert_load.size()), 1, 0);
@@ -372,6 +382,22 @@ void against_one_rank(mp::process_groups const& groups, options const& o,
       }
   });
   result.close(what + "holds parameters", held > 0 ? 1 : 0, 1, 1, 0);
+  if constexpr (mm::transformer<job_config>::mtp_depths > 0) {
+    bool const last = model.pipeline_rank() == layout.pp() - 1;
+    result.close(what + "the last stage alone holds a copy of the embedding table",
+                 model.holds_embedding_copy() ? 1 : 0, last && layout.pp() > 1 ? 1 : 0, 1, 0);
+    job.pipeline().share_embedding();
+    if (model.holds_embedding_copy()) {
+      auto const copy = model.embedding_table();
+      auto const& ref = whole.at("embedding.word_embeddings.weight");
+      // This TP rank's part of the vocabulary: its rows of the whole table.
+      auto const first = static_cast<Eigen::Index>(groups.tp().rank()) * copy.rows();
+      for (Eigen::Index r = 0; r < copy.rows() && first + r < ref.rows(); ++r)
+        for (Eigen::Index c = 0; c < copy.cols(); ++c)
+          result.close(what + "the last stage's embedding copy", copy(r, c), ref(first + r, c),
+                       std::max(1.0, std::abs(ref(first + r, c))), 1e-9);
+    }
+  }
 }
 
 }  // namespace
@@ -415,6 +441,8 @@ int main(int argc, char** argv) {
           o.merged = value != 0;
         else if (key == "--hierarchical")
           o.hierarchical = value != 0;
+        else if (key == "--mtp")
+          o.mtp = value != 0;
         else
           throw mm::input_error("unknown argument " + key);
       }
@@ -451,18 +479,23 @@ int main(int argc, char** argv) {
               .vpp();
       checks_can_fail(result, {groups.pp().size(), groups.pp().rank(), V}, o.micro_batches);
     }
-    // Stages holding different numbers of MoE layers each agree on their own nodes.
-    if (o.hierarchical)
-      against_one_rank<softmax_aux, mm::dispatch::hierarchical<>>(groups, o, corpus, ctx, result,
-                                                                  "hierarchical: ");
-    against_one_rank<softmax_aux>(groups, o, corpus, ctx, result, "");
-    against_one_rank<seq_aux>(groups, o, corpus, ctx, result, "seq aux: ");
-    against_one_rank<sigmoid_bias>(groups, o, corpus, ctx, result, "sigmoid, expert bias: ");
-    // The global aux loss's running mean is over the micro-batches a rank has seen, so DP ranks
-    // differ from one rank by design (as without PP): compared where DP is 1. A stage's repeated
-    // forward reads the mean its first forward read.
-    if (groups.dp().size() == 1)
-      against_one_rank<global_aux>(groups, o, corpus, ctx, result, "global aux: ");
+    if (o.mtp) {
+      against_one_rank<softmax_aux, mm::dispatch::all_to_all, mtp_decoder>(groups, o, corpus, ctx,
+                                                                           result, "MTP: ");
+    } else {
+      // Stages holding different numbers of MoE layers each agree on their own nodes.
+      if (o.hierarchical)
+        against_one_rank<softmax_aux, mm::dispatch::hierarchical<>>(groups, o, corpus, ctx, result,
+                                                                    "hierarchical: ");
+      against_one_rank<softmax_aux>(groups, o, corpus, ctx, result, "");
+      against_one_rank<seq_aux>(groups, o, corpus, ctx, result, "seq aux: ");
+      against_one_rank<sigmoid_bias>(groups, o, corpus, ctx, result, "sigmoid, expert bias: ");
+      // The global aux loss's running mean is over the micro-batches a rank has seen, so DP ranks
+      // differ from one rank by design (as without PP): compared where DP is 1. A stage's repeated
+      // forward reads the mean its first forward read.
+      if (groups.dp().size() == 1)
+        against_one_rank<global_aux>(groups, o, corpus, ctx, result, "global aux: ");
+    }
     return result.finish(
         world,
         "pipeline on " + std::to_string(world.size()) + " ranks (PP " +
@@ -472,7 +505,7 @@ int main(int argc, char** argv) {
             ", TP " + std::to_string(groups.tp().size()) + ", CP " +
             std::to_string(groups.cp().size()) + ", DP " + std::to_string(groups.dp().size()) +
             ", EP " + std::to_string(groups.ep().size()) + ", " + std::to_string(o.micro_batches) +
-            " micro-batches" + (o.merged ? ", merged schedule" : "") + ")",
+            " micro-batches" + (o.merged ? ", merged schedule" : "") + (o.mtp ? ", MTP" : "") + ")",
         "all equal one rank's");
   });
 }

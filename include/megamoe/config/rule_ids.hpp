@@ -168,10 +168,9 @@
   "megamoe[R057]: model::multi_latent_attention needs kv_lora_rank, qk_head_dim and v_head_dim " \
   "positive, q_lora_rank at least 0, qk_pos_emb_head_dim even and positive (RoPE rotates "       \
   "pairs) and num_query_groups equal to num_attention_heads"
-#define MEGAMOE_RULE_R058                                                                     \
-  "megamoe[R058]: model::multi_token_prediction needs mtp_num_layers at least 0, "            \
-  "mtp_loss_scaling_factor finite and at least 0, and parallel::pp 1 (its depths run beside " \
-  "the embedding and the output layer on one pipeline stage)"
+#define MEGAMOE_RULE_R058                                                             \
+  "megamoe[R058]: model::multi_token_prediction needs mtp_num_layers at least 0 and " \
+  "mtp_loss_scaling_factor finite and at least 0"
 
 namespace megamoe {
 

@@ -278,13 +278,11 @@ constexpr bool mla_sizes_valid(config_values const& v) {
          a.qk_pos_emb_head_dim > 0 && a.qk_pos_emb_head_dim % 2 == 0 && groups;
 }
 
-/// R058 (multi-token prediction: its depths and loss scale; its layers run beside the embedding
-/// and the output layer, on one pipeline stage)
+/// R058 (multi-token prediction: its depths and loss scale)
 constexpr bool mtp_valid(config_values const& v) {
   auto const& m = v.model;
   if (m.mtp_num_layers == 0) return true;
-  return m.mtp_num_layers > 0 && detail::finite_at_least(m.mtp_loss_scaling_factor, 0.0) &&
-         (!detail::usable(v.parallel.pp) || v.parallel.pp == 1);
+  return m.mtp_num_layers > 0 && detail::finite_at_least(m.mtp_loss_scaling_factor, 0.0);
 }
 
 /// R040 (the head size of grouped-query attention; MLA sizes its heads itself)

@@ -106,6 +106,9 @@ class token_embedding {
   }
 
   void zero_grad() { grad_.setZero(); }
+  /// This rank's rows of the table and of its gradient.
+  [[nodiscard]] row_matrix<T>& weight() noexcept { return weight_; }
+  [[nodiscard]] row_matrix<T>& gradient() noexcept { return grad_; }
 
   /// Sets micro-batch `key`'s ids aside (core/stash.hpp), or brings them back.
   void park(std::uint64_t key) { stash_.park(key, ids_); }

@@ -18,6 +18,10 @@
 // EP, ETP and EDP (the process-groups constructor). Under PP (parallel/pipeline.hpp) a rank holds
 // the layers of its chunks only (the embedding on virtual stage 0, the final norm and output
 // layer on the last), and a schedule runs them chunk by chunk (forward_chunk, backward_chunk).
+// With MTP the last stage embeds ids too: it holds a copy of the embedding's table (the same
+// vocabulary part as stage 0's at its TP rank), which is not a parameter. The pipeline's runner
+// (train/pipeline.hpp) refreshes it from stage 0's before each run and adds its gradient into
+// stage 0's after it, so the optimizer, the gradient norm and checkpoints see the table once.
 // Tokens of a micro-batch are S positions x B sequences, flattened t = s*B + b. Under context
 // parallelism every rank of a CP group is given the whole micro-batch and keeps its two of the 2 CP
 // chunks of each sequence (chunks r and 2 CP - 1 - r, the reference's load balancing): the rank's
@@ -202,6 +206,18 @@ class transformer {
   }
   [[nodiscard]] bool chunk_has_head(int v) const noexcept {
     return pipeline_.stage(pp_rank_, v) == pipeline_.stages() - 1;
+  }
+  /// Whether this rank holds the last stage's copy of the embedding's table (MTP under PP).
+  [[nodiscard]] bool holds_embedding_copy() const noexcept { return embedding_copy_; }
+  /// This rank's part of the embedding's table and its gradient: stage 0's parameter, or the
+  /// last stage's copy (holds_embedding_copy()); empty maps on a rank with neither.
+  [[nodiscard]] row_matrix_map<scalar> embedding_table() {
+    if (!holds_embedding_ && !embedding_copy_) return {nullptr, 0, hidden_size()};
+    return map(embedding_.weight());
+  }
+  [[nodiscard]] row_matrix_map<scalar> embedding_table_gradient() {
+    if (!holds_embedding_ && !embedding_copy_) return {nullptr, 0, hidden_size()};
+    return map(embedding_.gradient());
   }
   /// The rows a chunk sends or receives: this rank's residual-stream rows [N / TP, H].
   [[nodiscard]] std::int64_t boundary_rows(int seq, int batch) const noexcept {
@@ -532,7 +548,8 @@ class transformer {
                           std::uint64_t from) {
       fill(value, numbering_of(name, value.rows(), value.cols()), from, ++index, std);
     };
-    if (holds_embedding_)
+    // The last stage's copy (MTP under PP) is drawn as stage 0's table is.
+    if (holds_embedding_ || embedding_copy_)
       embedding_.for_each_parameter(
           "embedding.word_embeddings",
           [&](std::string const& name, auto value, auto) { fill_whole(name, value, seed); });
@@ -1313,7 +1330,9 @@ class transformer {
     int const tp = values_.parallel.tp, part = tp > 1 ? groups->tp().rank() : 0;
     holds_embedding_ = chunk_embeds(0);
     holds_head_ = chunk_has_head(pipeline_.vpp() - 1);
-    if (holds_embedding_) embedding_ = token_embedding<scalar>(vocabulary_part(part), H);
+    embedding_copy_ = mtp_depths > 0 && holds_head_ && !holds_embedding_;
+    if (holds_embedding_ || embedding_copy_)
+      embedding_ = token_embedding<scalar>(vocabulary_part(part), H);
     if (holds_head_) {
       final_norm_ = rms_norm<scalar>(H, m.norm_epsilon);
       head_ = lm_head<scalar>(H, vocabulary_part(part), tp > 1 ? &groups->tp() : nullptr);
@@ -1388,6 +1407,7 @@ class transformer {
   int pp_rank_ = 0;
   std::vector<std::pair<int, int>> chunk_blocks_;
   bool holds_embedding_ = true, holds_head_ = true;
+  bool embedding_copy_ = false;  // the last stage's copy of the table (MTP under PP)
   // The micro-batch being run (this rank's CP chunks) and the last FFN output not yet added.
   std::span<std::int32_t const> tokens_, targets_;
   scalar const* pending_ = nullptr;

@@ -18,6 +18,11 @@
 // the rank's compute (parallel::exchange_progress). The time a rank spends waiting for its
 // receives, for its sends to complete and, after its last pass, for the other stages to end
 // theirs is its pipeline wait.
+//
+// With multi-token prediction the last stage embeds ids too, through its copy of stage 0's
+// embedding table (model/transformer.hpp): a training run starts by sending stage 0's table to
+// the last stage (share_embedding) and ends by adding the copy's gradient into stage 0's, before
+// the data-parallel reduction; no pipeline message is in flight at either point.
 #pragma once
 
 #include <megamoe/core/error.hpp>
@@ -85,6 +90,7 @@ class pipeline_runner {
   void run(context& ctx, int micro_batches, int seq, int batch_size, scalar scale, Batch&& batch,
            Key&& key, OnForward&& on_forward) {
     start_run(ctx.pool(), micro_batches, seq, batch_size);
+    share_embedding();
     auto const& ops = ops_;
     // The watchdog names the pass a hang happens in.
     auto& watch = parallel::watchdog::instance();
@@ -129,6 +135,25 @@ class pipeline_runner {
     watch.set_pass(-1, -1);
     finish_sends();
     wait_for_stages();
+    return_embedding_gradient();
+  }
+
+  /// The last stage's copy of the embedding's table made equal to stage 0's (MTP under PP;
+  /// otherwise nothing): run() does it first, a forward-only run after the weights changed
+  /// needs it first. Collective over the first and last stages of each pipeline.
+  void share_embedding() {
+    if constexpr (Model::mtp_depths > 0) {
+      if (!copies_embedding()) return;
+      auto table = model_.embedding_table();
+      parallel::watched_collective const watch(MPI_Comm(*pp_), "pp_share_embedding", table.size());
+      if (pp_->rank() == 0) {
+        pp_->send(pp_->size() - 1, embedding_tag, table.data(), static_cast<int>(table.size()));
+        parallel::traffic::instance().add(MPI_Comm(*pp_),
+                                          static_cast<std::int64_t>(table.size() * sizeof(scalar)));
+      } else {
+        pp_->recv(0, embedding_tag, table.data(), static_cast<int>(table.size()));
+      }
+    }
   }
 
   /// Forward of one micro-batch through every chunk of this rank, in eval mode (held-out loss):
@@ -143,6 +168,33 @@ class pipeline_runner {
   }
 
  private:
+  /// Whether this rank is an end of a pipeline whose last stage copies the embedding's table.
+  [[nodiscard]] bool copies_embedding() const {
+    if (pp_ == nullptr || pp_->size() == 1) return false;
+    return pp_->rank() == 0 || pp_->rank() == pp_->size() - 1;
+  }
+  /// After a training run: the last stage's copy's gradient added into stage 0's table's, and
+  /// the copy's zeroed for the next run.
+  void return_embedding_gradient() {
+    if constexpr (Model::mtp_depths > 0) {
+      if (!copies_embedding()) return;
+      auto grad = model_.embedding_table_gradient();
+      parallel::watched_collective const watch(MPI_Comm(*pp_), "pp_embedding_gradient",
+                                               grad.size());
+      if (pp_->rank() == 0) {
+        received_gradient_.resize(grad.rows(), grad.cols());
+        pp_->recv(pp_->size() - 1, embedding_tag + 1, received_gradient_.data(),
+                  static_cast<int>(received_gradient_.size()));
+        grad += received_gradient_;
+      } else {
+        pp_->send(0, embedding_tag + 1, grad.data(), static_cast<int>(grad.size()));
+        parallel::traffic::instance().add(MPI_Comm(*pp_),
+                                          static_cast<std::int64_t>(grad.size() * sizeof(scalar)));
+        grad.setZero();
+      }
+    }
+  }
+
   void start_run(thread_pool& pool, int micro_batches, int seq, int batch_size) {
     pool_ = &pool;
     int const V = model_.pipeline().vpp();
@@ -360,8 +412,11 @@ class pipeline_runner {
     row_matrix<scalar> buffer;  // a gradient's (an activation's is its input buffer)
   };
 
+  // The embedding table's messages (no pipeline message is in flight when they are sent).
+  static constexpr int embedding_tag = 0;
   boost::mpi::communicator const* pp_;
   Model& model_;
+  row_matrix<scalar> received_gradient_;  // stage 0: the last stage's copy's gradient
   std::int64_t rows_ = 0;
   std::vector<row_matrix<scalar>> inputs_;  // [micro-batch * V + chunk]: the received activation
   std::vector<row_matrix<scalar>> spare_;   // buffers free for the next receive or send

@@ -247,6 +247,7 @@ class trainer {
     bool const has_losses = model_.chunk_has_head(model_.pipeline().vpp() - 1);
     constexpr int depths = model_type::mtp_depths;
     std::vector<double> sums(2 + 2 * depths, 0.0);  // nats, tokens; per MTP depth the same
+    runner_.share_embedding();  // the MTP depths' table, as the last update left stage 0's
     for (int r = 0; r < rounds; ++r) {
       int const first = (r * DP + dp_rank()) * B;
       for (int b = 0; b < B; ++b)
