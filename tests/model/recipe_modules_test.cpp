@@ -681,6 +681,51 @@ TEST(RecipeModules, OnlyLayersUnderTheRecipeKeepDelayedScalingState) {
   EXPECT_EQ(moe_layers, 2);
 }
 
+// The MTP depths' layers as the reference runs them: under FP8 in FP8 whatever the BF16 layer
+// counts (their delayed-scaling state is kept and named), under NVFP4 in BF16.
+TEST(RecipeModules, MultiTokenPredictionLayersRunInFp8AndNotInFp4) {
+  using decoder = md::decoder<md::layers<2>, md::heads<4>, md::vocabulary<256>, md::dense_ffn<128>,
+                              md::moe_layer_freq<2>, md::multi_token_prediction<1>>;
+  using fp8_config = mm::make_config<mm::shape<mm::hidden<64>, mm::ffn<64>, mm::experts<4>>,
+                                     rt::top_k<2>, mm::dispatch::local,
+                                     mm::expert::mlp<mm::expert::swiglu>, fp8_delayed, decoder>;
+  using fp4_config =
+      mm::make_config<mm::shape<mm::hidden<64>, mm::ffn<64>, mm::experts<4>>, rt::top_k<2>,
+                      mm::dispatch::local, mm::expert::mlp<mm::expert::swiglu>, pr::nvfp4, decoder>;
+  mm::startup_values given;
+  given.bf16_layers_at_start = 1;
+  given.bf16_layers_at_end = 1;
+  mm::transformer<fp8_config> fp8(given);
+  EXPECT_EQ((std::vector<bool>{fp8.is_bf16_layer(0), fp8.is_bf16_layer(1), fp8.is_bf16_layer(2)}),
+            (std::vector<bool>{true, true, false}));
+  std::vector<std::string> names;
+  fp8.for_each_persistent_state([&](mm::persistent_state const& s) { names.emplace_back(s.name); });
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "mtp.layers.0.transformer_layer.mlp.fp8_delayed_state",
+                       "mtp.layers.0.transformer_layer.self_attention.fp8_delayed_state"}));
+  mm::transformer<fp4_config> fp4;
+  EXPECT_EQ((std::vector<bool>{fp4.is_bf16_layer(0), fp4.is_bf16_layer(1), fp4.is_bf16_layer(2)}),
+            (std::vector<bool>{false, false, true}));
+  // Both train a step: finite losses, the MTP depth's included.
+  mm::context ctx(2);
+  std::vector<std::int32_t> tokens(16), targets(16);
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<std::int32_t>((7 * i + 3) % 256);
+    targets[i] = static_cast<std::int32_t>((7 * i + 5) % 256);
+  }
+  auto step = [&](auto& model) {
+    model.initialize(3);
+    auto const out = model.forward(ctx, tokens, targets, 8, 2);
+    model.backward(ctx, 1.0F);
+    EXPECT_TRUE(std::isfinite(out.cross_entropy));
+    EXPECT_GT(out.mtp_loss, 0.0);
+    EXPECT_TRUE(std::isfinite(out.mtp_loss));
+  };
+  step(fp8);
+  step(fp4);
+}
+
 // R053: a count outside [0, num_layers], or BF16 layers under a recipe that is not FP8 or FP4.
 TEST(RecipeModules, LayersKeptInBf16AreCheckedByR053) {
   auto fails = [](auto make) {

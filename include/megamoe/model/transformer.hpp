@@ -154,10 +154,15 @@ class transformer {
   }
   /// MoE layers of the whole model, the MTP depths' included.
   [[nodiscard]] int moe_layer_count() const { return moe_ordinal(layers() + mtp_depths); }
-  /// Whether layer i (of the whole model) runs in BF16 rather than under the recipe.
+  /// Whether layer i (of the whole model) runs in BF16 rather than under the recipe. The MTP
+  /// depths' layers do as the reference's: under an FP8 recipe always in FP8 (the first and last
+  /// BF16 layer counts are the decoder's), under NVFP4 in BF16 (the reference keeps FP4 out of
+  /// MTP).
   [[nodiscard]] bool is_bf16_layer(int layer) const noexcept {
-    return keeps_bf16_layers &&
-           (layer < bf16_at_start_ || layer >= values_.model.layers - bf16_at_end_);
+    if (!keeps_bf16_layers) return false;
+    if (layer >= values_.model.layers)
+      return Config::precision::value.recipe == precision::recipe_id::nvfp4;
+    return layer < bf16_at_start_ || layer >= values_.model.layers - bf16_at_end_;
   }
 
   /// Context-parallel ranks (the CP degree; 1 without).
