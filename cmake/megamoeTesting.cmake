@@ -131,5 +131,6 @@ function(megamoe_add_package_test name)
             -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/package/${name} "-DGENERATOR=${CMAKE_GENERATOR}"
             -DCXX=${CMAKE_CXX_COMPILER}
             -P ${PROJECT_SOURCE_DIR}/tests/package/run_consumer.cmake)
-  set_tests_properties(package.${name} PROPERTIES LABELS package TIMEOUT 600 PROCESSORS 2)
+  set_tests_properties(package.${name} PROPERTIES LABELS package TIMEOUT 600 PROCESSORS 2
+    ENVIRONMENT "${MEGAMOE_MPI_TEST_ENVIRONMENT}")
 endfunction()

@@ -27,6 +27,7 @@
 #include <megamoe/parallel/process_groups.hpp>
 #include <megamoe/train/checkpoint.hpp>
 #include <megamoe/train/upcycle.hpp>
+#include <megamoe/version.hpp>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -205,6 +206,8 @@ int upcycle_file(boost::mpi::communicator const& world, fs::path const& file, fs
 int main(int argc, char** argv) {
   return mm::parallel::run_main(argc, argv, [&](mm::parallel::environment& env) {
     CLI::App app{"megamoe-checkpoint: inspect, export and import megamoe checkpoints"};
+    app.set_version_flag("--version", std::string("megamoe-checkpoint (megamoe ") +
+                                          mm::version_text + ")");
     app.require_subcommand(1);
     std::string dir, file;
     bool optimizer = false;

@@ -6,6 +6,7 @@
 // Needs no MPI: the groups come from megamoe::parallel::rank_generator, the same code that
 // parallel::process_groups uses to create the communicators.
 #include <megamoe/parallel/layout.hpp>
+#include <megamoe/version.hpp>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -65,6 +66,8 @@ int main(int argc, char** argv) {
   std::optional<int> etp;
   std::optional<int> rank;
   bool json = false;
+  app.set_version_flag("--version", std::string("megamoe-layout (megamoe ") +
+                                        megamoe::version_text + ")");
   app.add_option("--world", world, "world size (number of ranks)")->required();
   app.add_option("--tp", degrees.tp, "tensor parallel size")->capture_default_str();
   app.add_option("--cp", degrees.cp, "context parallel size")->capture_default_str();

@@ -5,9 +5,9 @@
 
 namespace megamoe::train_job {
 
-int run_family_presets(mm::parallel::environment& env, options const& o,
+int run_family_presets(mm::parallel::environment& env, mt::job_options const& o,
                        mm::io::checkpoint_reader* resume) {
-  auto run = [&]<class Config>() { return run_config<Config, false>(env, o, resume); };
+  auto run = [&]<class Config>() { return mt::run_job<Config, false>(env, o, resume); };
   if (o.preset == "qwen3") return run.template operator()<presets::qwen3_config>();
   if (o.preset == "deepseek") return run.template operator()<presets::deepseek_config>();
   return run.template operator()<presets::mixtral_config>();

@@ -5,15 +5,15 @@
 
 namespace megamoe::train_job {
 
-int run_medium(mm::parallel::environment& env, options const& o,
+int run_medium(mm::parallel::environment& env, mt::job_options const& o,
                mm::io::checkpoint_reader* resume) {
-  auto run = [&]<class Config>() { return run_config<Config>(env, o, resume); };
+  auto run = [&]<class Config>() { return mt::run_job<Config>(env, o, resume); };
   return presets::with_unquantized_recipe<presets::medium_config_in>(o.precision, o.backend, run);
 }
 
-int run_fp32_presets(mm::parallel::environment& env, options const& o,
+int run_fp32_presets(mm::parallel::environment& env, mt::job_options const& o,
                      mm::io::checkpoint_reader* resume) {
-  auto run = [&]<class Config>() { return run_config<Config, false>(env, o, resume); };
+  auto run = [&]<class Config>() { return mt::run_job<Config, false>(env, o, resume); };
   if (o.preset == "tiny") return run.template operator()<presets::tiny_config>();
   if (o.preset == "fine") return run.template operator()<presets::fine_config>();
   return run.template operator()<presets::dense_config>();

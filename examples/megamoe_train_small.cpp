@@ -4,8 +4,8 @@
 
 namespace megamoe::train_job {
 
-int run_small(mm::parallel::environment& env, options const& o, mm::io::checkpoint_reader* resume) {
-  auto run = [&]<class Config>() { return run_config<Config>(env, o, resume); };
+int run_small(mm::parallel::environment& env, mt::job_options const& o, mm::io::checkpoint_reader* resume) {
+  auto run = [&]<class Config>() { return mt::run_job<Config>(env, o, resume); };
   return presets::with_unquantized_recipe<presets::small_config_in>(o.precision, o.backend, run);
 }
 

@@ -4,9 +4,9 @@
 
 namespace megamoe::train_job {
 
-int run_small_recipes(mm::parallel::environment& env, options const& o,
+int run_small_recipes(mm::parallel::environment& env, mt::job_options const& o,
                       mm::io::checkpoint_reader* resume) {
-  auto run = [&]<class Config>() { return run_config<Config>(env, o, resume); };
+  auto run = [&]<class Config>() { return mt::run_job<Config>(env, o, resume); };
   return presets::with_quantized_recipe<presets::small_config_in>(o.precision, run);
 }
 

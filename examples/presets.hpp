@@ -100,6 +100,30 @@ static_assert(mm::rules::check<tiny_config>() && mm::rules::check<small_config>(
               mm::rules::check<fine_config>() && mm::rules::check<medium_config>() &&
               mm::rules::check<dense_config>());
 
+/// The presets by name, with the defaults each gives megamoe-train where they differ from the
+/// job's (train::job_options): medium's longer sequences in smaller micro-batches, and fewer steps
+/// for the model families, whose FLOPs per token are about three times small's, so that a
+/// default run ends in under 10 minutes on two cores.
+struct preset_defaults {
+  char const* name;
+  int steps = 700, seq_len = 128, micro_batch = 16;
+};
+inline constexpr std::array<preset_defaults, 8> preset_table{{{"tiny"},
+                                                               {"small"},
+                                                               {"fine"},
+                                                               {"medium", 700, 256, 8},
+                                                               {"dense"},
+                                                               {"qwen3", 120},
+                                                               {"mixtral", 160},
+                                                               {"deepseek", 100}}};
+
+/// The preset called `name` (small's defaults where none is).
+inline preset_defaults const& preset_named(std::string const& name) {
+  for (auto const& p : preset_table)
+    if (name == p.name) return p;
+  return preset_table[1];
+}
+
 /// The precision recipes by their command-line names (moe_layer_bench's): every linear layer's
 /// GEMMs read the recipe's operands. Each is a configuration of its own, built where
 /// recipe_built_for() says, to keep the build small: fp32 for every preset, bf16 for small and

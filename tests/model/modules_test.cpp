@@ -876,7 +876,7 @@ void check_latent_attention(int q_lora_rank) {
                           .qk_head_dim = 3,
                           .qk_pos_emb_head_dim = 4,
                           .v_head_dim = 5};
-  using module = mm::multi_latent_attention<double, Norms>;
+  using module = mm::latent_attention<double, Norms>;
   module attention(H, heads, dims);
   EXPECT_EQ(attention.query_width(), heads * 7);
   EXPECT_EQ(attention.context_width(), heads * 5);

@@ -319,12 +319,12 @@ void latent_attention_matches_its_codes() {
                           .qk_pos_emb_head_dim = 16,
                           .v_head_dim = 32};
   mm::context ctx(2);
-  mm::multi_latent_attention<float, true, mm::parallel::cp_comm_type::p2p, ops_type> module(
+  mm::latent_attention<float, true, mm::parallel::cp_comm_type::p2p, ops_type> module(
       H, heads, dims, 10000.0, 1e-5, 1,
       mm::mla_operands<ops_type>{mm::make_linear_operands<ops_type>(5, nullptr),
                                  mm::make_linear_operands<ops_type>(6, nullptr),
                                  mm::make_linear_operands<ops_type>(7, nullptr)});
-  mm::multi_latent_attention<double, true, mm::parallel::cp_comm_type::p2p, replay_operands> twin(
+  mm::latent_attention<double, true, mm::parallel::cp_comm_type::p2p, replay_operands> twin(
       H, heads, dims);
   module.for_each_linears([](std::string_view, auto& l) { l.operands().keep_all_codes(true); });
   std::uint64_t seed = 80;

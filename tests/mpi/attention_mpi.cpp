@@ -116,7 +116,7 @@ void check_mla(boost::mpi::communicator const& world, mm::testing::tally& result
                           .qk_head_dim = 3,
                           .qk_pos_emb_head_dim = 4,
                           .v_head_dim = 5};
-  using attention = mm::multi_latent_attention<double, true, Comm>;  // the latents normed
+  using attention = mm::latent_attention<double, true, Comm>;  // the latents normed
   attention whole(H, heads, dims), part(H, heads, dims, 1e4, 1e-5, tensor_parallel ? n : 1);
   if (!tensor_parallel) part.set_context_parallel(world);
   // This rank's part of a weight under TP: its heads' rows of the up projections (or of

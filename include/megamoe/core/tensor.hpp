@@ -31,6 +31,21 @@ using row_matrix_map = Eigen::Map<row_matrix<T>>;
 template <class T>
 using const_row_matrix_map = Eigen::Map<row_matrix<T> const>;
 
+/// A whole matrix as a map: writable from a writable matrix, read-only from a const one
+/// (const_view: read-only from either).
+template <class T>
+row_matrix_map<T> view(row_matrix<T>& m) {
+  return {m.data(), m.rows(), m.cols()};
+}
+template <class T>
+const_row_matrix_map<T> view(row_matrix<T> const& m) {
+  return {m.data(), m.rows(), m.cols()};
+}
+template <class T>
+const_row_matrix_map<T> const_view(row_matrix<T> const& m) {
+  return {m.data(), m.rows(), m.cols()};
+}
+
 /// A 0/1 mask stored one byte per entry ([T, E] routing maps).
 using mask_matrix = row_matrix<std::uint8_t>;
 

@@ -74,28 +74,54 @@ MEGAMOE_AVX512_TARGET inline float swiglu_backward_avx512(float const* h, float 
 #endif
 }  // namespace detail
 
-/// The activation `A`, forward and backward on one row of fc1's output.
+/// The activation `A`, forward and backward on one row of fc1's output: forward_row<Wide> and
+/// backward_row<Wide>, where a caller over many rows asks avx512<T>() once and passes the answer
+/// as `Wide` (an activation without such a kernel ignores it); forward and backward ask for
+/// their one row.
 template <activation_function A>
-struct activation;
+struct activation_rows;
 
-template <>
-struct activation<activation_function::swiglu> {
-  /// ap[F] = silu(h[:F]) * h[F:] * p.
+template <activation_function A>
+struct activation : activation_rows<A> {
+  using rows = activation_rows<A>;
   template <class T>
   static void forward(T const* h, T p, T* ap, int ffn) {
+    if (rows::template avx512<T>()) return rows::template forward_row<true>(h, p, ap, ffn);
+    rows::template forward_row<false>(h, p, ap, ffn);
+  }
+  template <class T>
+  static T backward(T const* h, T const* dap, T p, T* dh, int ffn) {
+    if (rows::template avx512<T>()) return rows::template backward_row<true>(h, dap, p, dh, ffn);
+    return rows::template backward_row<false>(h, dap, p, dh, ffn);
+  }
+};
+
+template <>
+struct activation_rows<activation_function::swiglu> {
+  /// Whether this CPU runs the AVX-512 kernel for T (fp32, where built).
+  template <class T>
+  static bool avx512() noexcept {
 #if MEGAMOE_VECTOR_MATH_AVX512
-    if constexpr (std::is_same_v<T, float>)
-      if (cpu().use_avx512()) return detail::swiglu_forward_avx512(h, p, ap, ffn);
+    if constexpr (std::is_same_v<T, float>) return cpu().use_avx512();
+#endif
+    return false;
+  }
+  /// ap[F] = silu(h[:F]) * h[F:] * p.
+  template <bool Wide, class T>
+  static void forward_row(T const* h, T p, T* ap, int ffn) {
+#if MEGAMOE_VECTOR_MATH_AVX512
+    if constexpr (Wide && std::is_same_v<T, float>)
+      return detail::swiglu_forward_avx512(h, p, ap, ffn);
 #endif
     detail::const_row_view<T> gate(h, ffn), linear(h + ffn, ffn);
     detail::row_view<T>(ap, ffn) = gate / (T(1) + (-gate).exp()) * linear * p;
   }
   /// Given dap = d(loss)/d(ap), writes dh[2F] and returns d(loss)/dp.
-  template <class T>
-  static T backward(T const* h, T const* dap, T p, T* dh, int ffn) {
+  template <bool Wide, class T>
+  static T backward_row(T const* h, T const* dap, T p, T* dh, int ffn) {
 #if MEGAMOE_VECTOR_MATH_AVX512
-    if constexpr (std::is_same_v<T, float>)
-      if (cpu().use_avx512()) return detail::swiglu_backward_avx512(h, dap, p, dh, ffn);
+    if constexpr (Wide && std::is_same_v<T, float>)
+      return detail::swiglu_backward_avx512(h, dap, p, dh, ffn);
 #endif
     detail::const_row_view<T> gate(h, ffn), linear(h + ffn, ffn), grad(dap, ffn);
     detail::row_view<T> sigma(dh, ffn), grad_linear(dh + ffn, ffn);
@@ -109,14 +135,18 @@ struct activation<activation_function::swiglu> {
 };
 
 template <>
-struct activation<activation_function::gelu> {
+struct activation_rows<activation_function::gelu> {
   template <class T>
-  static void forward(T const* h, T p, T* ap, int ffn) {
+  static bool avx512() noexcept {
+    return false;
+  }
+  template <bool, class T>
+  static void forward_row(T const* h, T p, T* ap, int ffn) {
     detail::const_row_view<T> x(h, ffn);
     detail::row_view<T>(ap, ffn) = T(0.5) * x * (T(1) + (x * T(M_SQRT1_2)).erf()) * p;
   }
-  template <class T>
-  static T backward(T const* h, T const* dap, T p, T* dh, int ffn) {
+  template <bool, class T>
+  static T backward_row(T const* h, T const* dap, T p, T* dh, int ffn) {
     detail::const_row_view<T> x(h, ffn), grad(dap, ffn);
     detail::row_view<T> cdf(dh, ffn);
     cdf = T(0.5) * (T(1) + (x * T(M_SQRT1_2)).erf());
@@ -129,14 +159,18 @@ struct activation<activation_function::gelu> {
 };
 
 template <>
-struct activation<activation_function::squared_relu> {
+struct activation_rows<activation_function::squared_relu> {
   template <class T>
-  static void forward(T const* h, T p, T* ap, int ffn) {
+  static bool avx512() noexcept {
+    return false;
+  }
+  template <bool, class T>
+  static void forward_row(T const* h, T p, T* ap, int ffn) {
     detail::const_row_view<T> x(h, ffn);
     detail::row_view<T>(ap, ffn) = x.max(T(0)).square() * p;
   }
-  template <class T>
-  static T backward(T const* h, T const* dap, T p, T* dh, int ffn) {
+  template <bool, class T>
+  static T backward_row(T const* h, T const* dap, T p, T* dh, int ffn) {
     detail::const_row_view<T> x(h, ffn), grad(dap, ffn);
     T const grad_p = (grad * x.max(T(0)).square()).sum();
     detail::row_view<T>(dh, ffn) = grad * p * T(2) * x.max(T(0));

@@ -290,16 +290,22 @@ class grouped_mlp {
     });
     // Activation: dp per row, dh = act'(h) * d(ap) * p.
     T const* h = ops.saved_fc1_output(fc1_out, W1, offsets, first_, last_);
-    for_rows(exec, [&](int j, int e) {
-      std::ptrdiff_t const r = j;
-      T grad_p = activation_type::backward(h + r * W1, grad_act + r * F, rows.probs[j],
-                                           grad_fc1 + r * W1, F);
-      if (sizes_.bias)
-        grad_p += const_row_matrix_map<T>(grad_out + r * H, 1, H)
-                      .cwiseProduct(const_row_matrix_map<T>(params.fc2_bias_data(e), 1, H))
-                      .sum();
-      grad_probs[j] = grad_p;
-    });
+    auto activation_backward = [&]<bool Wide>() {
+      for_rows(exec, [&](int j, int e) {
+        std::ptrdiff_t const r = j;
+        T grad_p = activation_type::template backward_row<Wide>(
+            h + r * W1, grad_act + r * F, rows.probs[j], grad_fc1 + r * W1, F);
+        if (sizes_.bias)
+          grad_p += const_row_matrix_map<T>(grad_out + r * H, 1, H)
+                        .cwiseProduct(const_row_matrix_map<T>(params.fc2_bias_data(e), 1, H))
+                        .sum();
+        grad_probs[j] = grad_p;
+      });
+    };
+    if (activation_type::template avx512<T>())
+      activation_backward.template operator()<true>();
+    else
+      activation_backward.template operator()<false>();
     if (sizes_.bias) bias_gradients(exec, params, rows, grad_out, grad_fc1);
     // fc1: dx = dh W1, then dW1 += dh^T x. With exact operands wgrad reads `in`, which grad_in
     // may alias, so it goes first; a recipe's wgrad reads only kept codes and grad_fc1.
@@ -398,10 +404,17 @@ class grouped_mlp {
 
   void activate(executor<T>& exec, grouped_rows<T> const& rows, T const* fc1_out, T* act_out) {
     int const W1 = sizes_.fc1_rows(), F = sizes_.ffn;
-    for_rows(exec, [&](int j, int) {
-      activation_type::forward(fc1_out + std::ptrdiff_t{j} * W1, rows.probs[j],
-                               act_out + std::ptrdiff_t{j} * F, F);
-    });
+    auto activate_rows = [&]<bool Wide>() {
+      for_rows(exec, [&](int j, int) {
+        activation_type::template forward_row<Wide>(fc1_out + std::ptrdiff_t{j} * W1,
+                                                    rows.probs[j], act_out + std::ptrdiff_t{j} * F,
+                                                    F);
+      });
+    };
+    if (activation_type::template avx512<T>())
+      activate_rows.template operator()<true>();
+    else
+      activate_rows.template operator()<false>();
   }
 
   [[nodiscard]] std::ptrdiff_t fc1_size() const {

@@ -180,8 +180,8 @@ class causal_attention {
   /// with QK layernorm `prefix.q_layernorm.weight` and `prefix.k_layernorm.weight`.
   template <class F>
   void for_each_parameter(std::string const& prefix, F&& f) {
-    f(prefix + ".linear_qkv.weight", map(qkv_weight_), map(qkv_grad_));
-    f(prefix + ".linear_proj.weight", map(proj_weight_), map(proj_grad_));
+    f(prefix + ".linear_qkv.weight", view(qkv_weight_), view(qkv_grad_));
+    f(prefix + ".linear_proj.weight", view(proj_weight_), view(proj_grad_));
     if constexpr (QkLayernorm) {
       qk_norm_.q.for_each_parameter(prefix + ".q_layernorm", f);
       qk_norm_.k.for_each_parameter(prefix + ".k_layernorm", f);
@@ -250,7 +250,6 @@ class causal_attention {
   }
 
  private:
-  static row_matrix_map<T> map(row_matrix<T>& m) { return {m.data(), m.rows(), m.cols()}; }
   /// q, k and v of rows laid out as linear_qkv's (per group: its query heads, key, value).
   template <class U>
   struct qkv_views {
@@ -312,7 +311,7 @@ class causal_attention {
       heads_in_.resize(rows, d);
       heads_out_.resize(rows, d);
       move_heads<false>(pool, qkv_.data(), heads_in_.data(), tokens, first, count);
-      norm.forward(pool, {heads_in_.data(), rows, d}, map(heads_out_));
+      norm.forward(pool, {heads_in_.data(), rows, d}, view(heads_out_));
       move_heads<true>(pool, qkv_.data(), heads_out_.data(), tokens, first, count);
     });
   }
@@ -322,7 +321,7 @@ class causal_attention {
       int const rows = tokens * groups_ * count, d = head_size();
       heads_in_.resize(rows, d);
       move_heads<false>(pool, grad_qkv_.data(), heads_in_.data(), tokens, first, count);
-      norm.backward(pool, {heads_in_.data(), rows, d}, map(heads_in_));
+      norm.backward(pool, {heads_in_.data(), rows, d}, view(heads_in_));
       move_heads<true>(pool, grad_qkv_.data(), heads_in_.data(), tokens, first, count);
     });
   }

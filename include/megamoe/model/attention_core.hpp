@@ -2,7 +2,7 @@
 // megamoe/model/attention_core.hpp — the attention between the projections: causal softmax
 // attention of given query, key and value heads (flash_attention), on one rank or with context
 // parallelism, forward to the context rows and each row's log-sum-exp, backward to the queries',
-// keys' and values' gradients. causal_attention (model/attention.hpp) and multi_latent_attention
+// keys' and values' gradients. causal_attention (model/attention.hpp) and latent_attention
 // (model/mla.hpp) project into it and out of it.
 //
 // Context parallelism over `cp`: each sequence is cut into 2 CP chunks and this rank's rows are

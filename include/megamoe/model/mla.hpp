@@ -65,7 +65,7 @@ struct mla_operands {
 template <class T, bool QkLayernorm = false,
           parallel::cp_comm_type CpComm = parallel::cp_comm_type::p2p,
           class Ops = expert::exact_operands, class Backend = expert::grouped_gemm>
-class multi_latent_attention {
+class latent_attention {
   static constexpr auto fc1 = expert::linear::fc1;
   static constexpr auto fc2 = expert::linear::fc2;
 
@@ -74,9 +74,8 @@ class multi_latent_attention {
   /// memory::quantized_weights: the five weights are held as the recipe's codes.
   static constexpr bool quantized_weights = holds_weight_codes_v<Ops>;
 
-  multi_latent_attention(int hidden, int heads, mla_dims dims, double rope_base = 10000.0,
-                         double norm_epsilon = 1e-5, int tensor_parallel = 1,
-                         mla_operands<Ops> ops = {})
+  latent_attention(int hidden, int heads, mla_dims dims, double rope_base = 10000.0,
+                   double norm_epsilon = 1e-5, int tensor_parallel = 1, mla_operands<Ops> ops = {})
       : down_(std::move(ops.down)),
         up_(std::move(ops.up)),
         proj_(std::move(ops.proj)),
@@ -86,7 +85,7 @@ class multi_latent_attention {
         rope_(dims.qk_pos_emb_head_dim, rope_base),
         core_(0.0) {
     auto fail = [](std::string const& what) {
-      throw input_error("multi_latent_attention: " + what);
+      throw input_error("latent_attention: " + what);
     };
     if (hidden < 1 || heads < 1) fail("hidden size and heads must be positive");
     if (tensor_parallel < 1 || heads % tensor_parallel != 0)
@@ -159,13 +158,13 @@ class multi_latent_attention {
                row_matrix_map<T> y) {
     if (seq < 1 || batch < 1 || x.rows() != std::int64_t{seq} * batch || x.cols() != hidden_ ||
         y.rows() != x.rows() || y.cols() != hidden_ || (core_.cp_size() > 1 && seq % 2 != 0))
-      throw input_error("multi_latent_attention: input of shape [" + std::to_string(x.rows()) +
+      throw input_error("latent_attention: input of shape [" + std::to_string(x.rows()) +
                         ", " + std::to_string(x.cols()) + "] for S = " + std::to_string(seq) +
                         ", B = " + std::to_string(batch) + ", H = " + std::to_string(hidden_));
     if constexpr (quantized_weights)
       if (!holds_weight_codes())
         throw input_error(
-            "multi_latent_attention: memory::quantized_weights: the weights have no codes yet; "
+            "latent_attention: memory::quantized_weights: the weights have no codes yet; "
             "call refresh_weight_codes() after writing the weights");
     seq_ = seq;
     batch_ = batch;
@@ -180,7 +179,7 @@ class multi_latent_attention {
       if constexpr (QkLayernorm) {
         latent_q_.resize(N, rq);
         down_.forward(exec, fc1, N, rq, H, x_.data(), q_down_.value.data(), latent_q_.data(), rq);
-        norms_.q.forward(pool, view(latent_q_), map(normed_q_));
+        norms_.q.forward(pool, const_view(latent_q_), view(normed_q_));
       } else {
         down_.forward(exec, fc1, N, rq, H, x_.data(), q_down_.value.data(), normed_q_.data(), rq);
       }
@@ -193,7 +192,7 @@ class multi_latent_attention {
     if constexpr (QkLayernorm) {
       latent_kv_ = compressed_.leftCols(rkv);
       normed_kv_.resize(N, rkv);
-      norms_.kv.forward(pool, view(latent_kv_), map(normed_kv_));
+      norms_.kv.forward(pool, const_view(latent_kv_), view(normed_kv_));
     } else {
       normed_kv_ = compressed_.leftCols(rkv);
     }
@@ -212,7 +211,7 @@ class multi_latent_attention {
   void backward(expert::executor<T>& exec, const_row_matrix_map<T> dy, row_matrix_map<T> dx) {
     if (dy.rows() != x_.rows() || dy.cols() != hidden_ || dx.rows() != x_.rows() ||
         dx.cols() != hidden_)
-      throw input_error("multi_latent_attention: gradient shape does not match the last forward");
+      throw input_error("latent_attention: gradient shape does not match the last forward");
     auto& pool = exec.pool();
     int const H = hidden_, N = static_cast<int>(x_.rows()), Q = query_width();
     int const rq = dims_.q_lora_rank, rkv = dims_.kv_lora_rank, dr = dims_.qk_pos_emb_head_dim;
@@ -235,7 +234,8 @@ class multi_latent_attention {
     grad_latent_.resize(N, rkv);
     up_.backward(exec, fc2, N, KVU, rkv, grad_kv_.data(), KVU, kv_up_.value.data(),
                  normed_kv_.data(), grad_latent_.data(), rkv, kv_up_.grad.data());
-    if constexpr (QkLayernorm) norms_.kv.backward(pool, view(grad_latent_), map(grad_latent_));
+    if constexpr (QkLayernorm)
+      norms_.kv.backward(pool, const_view(grad_latent_), view(grad_latent_));
     grad_compressed_.leftCols(rkv) = grad_latent_;
     down_.backward(exec, fc2, N, KVD, H, grad_compressed_.data(), KVD, kv_down_.value.data(),
                    x_.data(), dx.data(), static_cast<int>(dx.outerStride()), kv_down_.grad.data());
@@ -245,7 +245,8 @@ class multi_latent_attention {
       grad_latent_q_.resize(N, rq);
       up_.backward(exec, fc1, N, Q, rq, grad_q_.data(), Q, q_up_.value.data(), normed_q_.data(),
                    grad_latent_q_.data(), rq, q_up_.grad.data());
-      if constexpr (QkLayernorm) norms_.q.backward(pool, view(grad_latent_q_), map(grad_latent_q_));
+      if constexpr (QkLayernorm)
+        norms_.q.backward(pool, const_view(grad_latent_q_), view(grad_latent_q_));
       down_.backward(exec, fc1, N, rq, H, grad_latent_q_.data(), rq, q_down_.value.data(),
                      x_.data(), grad_x_q_.data(), H, q_down_.grad.data());
     } else {
@@ -271,7 +272,7 @@ class multi_latent_attention {
   template <class F>
   void for_each_parameter(std::string const& prefix, F&& f) {
     for_each_weight([&](std::string_view name, linears_type&, expert::linear, weight& w) {
-      f(prefix + std::string(name), map(w.value), map(w.grad));
+      f(prefix + std::string(name), view(w.value), view(w.grad));
     });
     if constexpr (QkLayernorm) {
       if (dims_.q_lora_rank > 0) norms_.q.for_each_parameter(prefix + ".q_layernorm", f);
@@ -284,7 +285,7 @@ class multi_latent_attention {
   void refresh_weight_codes() requires quantized_weights {
     if (!holds_weight_values())
       throw input_error(
-          "multi_latent_attention: refresh_weight_codes() needs the fp32 weights, which an "
+          "latent_attention: refresh_weight_codes() needs the fp32 weights, which an "
           "optimizer holds now");
     for_each_weight([](std::string_view, linears_type& l, expert::linear slot, weight& w) {
       store_linear_weight(l.operands(), slot, w.value.data(), w.grad.rows(), w.grad.cols());
@@ -352,10 +353,6 @@ class multi_latent_attention {
     rms_norm<T> q{1}, kv{1};
   };
   struct no_latent_norms {};
-  static row_matrix_map<T> map(row_matrix<T>& m) { return {m.data(), m.rows(), m.cols()}; }
-  static const_row_matrix_map<T> view(row_matrix<T> const& m) {
-    return {m.data(), m.rows(), m.cols()};
-  }
 
   /// f(name suffix, products, slot, weight) for the linears in forward order.
   template <class F>

@@ -342,7 +342,7 @@ class expert_stage {
       visit(shared_.fc2(0), shared_.grad_fc2(0), parameter_kind::dense, next + 1,
             {values_.shape.shared_ffn});
       if (has_gate())
-        visit(map(gate_weight_), map(gate_weight_grad_), parameter_kind::dense, next + 2, {H});
+        visit(view(gate_weight_), view(gate_weight_grad_), parameter_kind::dense, next + 2, {H});
     }
   }
 
@@ -431,10 +431,6 @@ class expert_stage {
     if (b == memory::layer_buffer::shared_fc1_output) return shared_fc1_;
     if (b == memory::layer_buffer::shared_activation) return shared_act_;
     return shared_out_;
-  }
-
-  static row_matrix_map<scalar> map(row_matrix<scalar>& m) {
-    return {m.data(), m.rows(), m.cols()};
   }
 
   void name_parameters() {

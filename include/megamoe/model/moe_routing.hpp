@@ -174,7 +174,7 @@ class routing_stage {
   /// f(name, value, grad, kind, number, numbering) for the router weight (parameter 1).
   template <class Visitor>
   void visit_parameters(Visitor&& f) {
-    f(std::string_view(name_), map(weight_), map(weight_grad_), parameter_kind::dense,
+    f(std::string_view(name_), view(weight_), view(weight_grad_), parameter_kind::dense,
       std::uint64_t{1}, element_numbering{weight_.cols()});
   }
 
@@ -209,10 +209,6 @@ class routing_stage {
     problem_[0] = p;
     router_backend::template run<Op>(ctx.executor<scalar>(),
                                      std::span<expert::gemm_problem<scalar> const>(problem_));
-  }
-
-  static row_matrix_map<scalar> map(row_matrix<scalar>& m) {
-    return {m.data(), m.rows(), m.cols()};
   }
 
   router_type router_;

@@ -26,6 +26,11 @@
 // parallelism every rank of a CP group is given the whole micro-batch and keeps its two of the 2 CP
 // chunks of each sequence (chunks r and 2 CP - 1 - r, the reference's load balancing): the rank's
 // rows are S / CP positions, its chunks in that order, t = s*B + b over them.
+//
+// Its parts: the layers and the choice of each one's modules (decoder_block.hpp), the rows'
+// movements under TP and CP (sequence_parallel.hpp), the MTP depths' modules and inputs
+// (mtp.hpp), the configuration resolved for a whole model (model_values.hpp); a schedule that
+// interleaves two micro-batches block by block is train/pipeline.hpp's.
 #pragma once
 
 #include <megamoe/config/config.hpp>
@@ -36,18 +41,17 @@
 #include <megamoe/core/random.hpp>
 #include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
-#include <megamoe/expert/backends.hpp>
-#include <megamoe/model/attention.hpp>
 #include <megamoe/model/context.hpp>
 #include <megamoe/model/counts.hpp>
-#include <megamoe/model/dense_mlp.hpp>
+#include <megamoe/model/decoder_block.hpp>
 #include <megamoe/model/embedding.hpp>
 #include <megamoe/model/lm_head.hpp>
-#include <megamoe/model/mla.hpp>
+#include <megamoe/model/model_values.hpp>
 #include <megamoe/model/moe_layer.hpp>
-#include <megamoe/model/moe_types.hpp>
+#include <megamoe/model/mtp.hpp>
 #include <megamoe/model/norm.hpp>
 #include <megamoe/model/products.hpp>
+#include <megamoe/model/sequence_parallel.hpp>
 #include <megamoe/parallel/pipeline.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 
@@ -88,8 +92,7 @@ class transformer {
   /// Under an FP8 or FP4 recipe the first and last layers may be kept in BF16 (the reference's
   /// first_last_layers_bf16; startup_values::bf16_layers_at_start / _end, R053): their modules
   /// are those of bf16_layer_config_t<Config>.
-  static constexpr bool keeps_bf16_layers =
-      precision::is_quantized(Config::precision::value.recipe);
+  static constexpr bool keeps_bf16_layers = decoder_layers<Config>::keeps_bf16_layers;
   /// How context parallelism moves keys and values (the mapping's cp_comm_type).
   static constexpr parallel::cp_comm_type cp_comm = Config::parallel::cp_comm;
   /// Whether a chunk sets each micro-batch's saved values aside between its forward and backward
@@ -105,14 +108,15 @@ class transformer {
   /// One rank (the MoE layers' dispatcher must be local): `given` supplies what the type leaves
   /// to start-up; degrees it leaves dynamic are 1.
   explicit transformer(startup_values const& given = {}) requires(!moe_type::distributed)
-      : given_(one_rank(given)), values_(checked_values(given_)) {
+      : given_(startup_on_one_rank(given)), values_(resolve_model<Config>(given_)) {
     build(nullptr);
   }
 
   /// On a job: the degrees come from the groups' layout, the rest from the type and `given`;
   /// every rank of the stage checks, and a broken rule is the same agreed error on all.
   transformer(parallel::process_groups const& groups, startup_values const& given = {})
-      : given_(on_job(groups, given)), values_(agreed_values(groups, given_)) {
+      : given_(startup_on_job(groups, given)),
+        values_(resolve_model_on_job<Config>(groups, given_)) {
     build(&groups);
   }
 
@@ -131,26 +135,23 @@ class transformer {
   /// keeps_bf16_layers a BF16 layer's moe_layer<bf16_layer_config_t<Config>>.
   template <class F>
   void for_each_moe_layer(F&& f) {
-    for (auto const& b : blocks_)
-      if (b.moe >= 0) with_moe(b, [&](auto& m) { f(m, moe_ordinal(b.layer)); });
+    for (auto const& b : decoder_.blocks())
+      decoder_.with_ffn(b, [&](auto& ffn) {
+        if constexpr (is_moe_layer_v<std::remove_cvref_t<decltype(ffn)>>)
+          f(ffn, moe_ordinal(b.layer));
+      });
   }
   /// f(layer, attention, ffn) for this rank's layers in order: the modules each runs (its
   /// attention, and its moe_layer or dense FFN), to look into, as tests read their operands.
   template <class F>
   void for_each_layer_modules(F&& f) {
-    for (auto const& b : blocks_)
-      with_attention(b, [&](auto& a) {
-        if (b.moe >= 0)
-          with_moe(b, [&](auto& m) { f(b.layer, a, m); });
-        else
-          with_dense(b, [&](auto& d) { f(b.layer, a, d); });
-      });
+    for (auto const& b : decoder_.blocks())
+      decoder_.with_attention(
+          b, [&](auto& a) { decoder_.with_ffn(b, [&](auto& ffn) { f(b.layer, a, ffn); }); });
   }
   /// This rank's MoE layers that run under the recipe (all but those kept in BF16), in order.
   [[nodiscard]] std::vector<moe_type const*> recipe_moe_layers() const {
-    std::vector<moe_type const*> out;
-    for (auto const& m : recipe_.moes) out.push_back(m.get());
-    return out;
+    return decoder_.recipe_moe_layers();
   }
   /// MoE layers of the whole model, the MTP depths' included.
   [[nodiscard]] int moe_layer_count() const { return moe_ordinal(layers() + mtp_depths); }
@@ -218,11 +219,11 @@ class transformer {
   /// last stage's copy (holds_embedding_copy()); empty maps on a rank with neither.
   [[nodiscard]] row_matrix_map<scalar> embedding_table() {
     if (!holds_embedding_ && !embedding_copy_) return {nullptr, 0, hidden_size()};
-    return map(embedding_.weight());
+    return view(embedding_.weight());
   }
   [[nodiscard]] row_matrix_map<scalar> embedding_table_gradient() {
     if (!holds_embedding_ && !embedding_copy_) return {nullptr, 0, hidden_size()};
-    return map(embedding_.gradient());
+    return view(embedding_.gradient());
   }
   /// The rows a chunk sends or receives: this rank's residual-stream rows [N / TP, H].
   [[nodiscard]] std::int64_t boundary_rows(int seq, int batch) const noexcept {
@@ -243,55 +244,40 @@ class transformer {
     start_chunk(ctx, v, input);
     auto const [first, last] = chunk_blocks_[static_cast<std::size_t>(v)];
     run_blocks(ctx, first, last, out);
-    finish_chunk(ctx, v, out);
+    end_chunk(ctx, v, out);
     return out;
   }
-  /// The merged schedule's pass (parallel::merged_one_f_one_b): the forward of chunk `v` of one
-  /// micro-batch, as forward_chunk takes it, and the backward of chunk `backward_v` of another
-  /// (key `backward_key`), layer by layer in turn: each module's forward values are set aside
-  /// under ctx.step.micro_batch_key right after its forward, and the other micro-batch's brought
-  /// back right before its backward. The two use separate buffers (the residual stream, its
-  /// gradient), so each gives what forward_chunk and backward_chunk give; the forward's values
-  /// stay set aside, the backward leaves chunk_input_gradient().
-  transformer_output forward_backward_chunks(context& ctx, int v,
-                                             std::span<std::int32_t const> tokens,
-                                             std::span<std::int32_t const> targets, int seq,
-                                             int batch, const_row_matrix_map<scalar> input,
-                                             int backward_v, std::uint64_t backward_key,
-                                             scalar scale) requires parks_micro_batches {
-    std::uint64_t const forward_key = ctx.step.micro_batch_key;
-    auto as = [&](std::uint64_t key) { ctx.step.micro_batch_key = key; };
-    transformer_output out;
+  // ---- a chunk's passes block by block, for a schedule that runs two micro-batches' passes
+  // in turn (train/pipeline.hpp's merged pass) ----
+  /// Begins chunk v's forward of a micro-batch, as forward_chunk takes it: the embedding, or the
+  /// previous virtual stage's rows.
+  void begin_chunk(context& ctx, int v, std::span<std::int32_t const> tokens,
+                   std::span<std::int32_t const> targets, int seq, int batch,
+                   const_row_matrix_map<scalar> input) {
     begin_micro_batch(tokens, targets, seq, batch);
     start_chunk(ctx, v, input);
-    if (chunk_embeds(v)) embedding_.park(forward_key);
-    as(backward_key);
-    if (chunk_has_head(backward_v)) {
-      for_each_head_module([&](auto& m) { m.restore(backward_key); });
-      head_backward(ctx, scale);
-    }
-    auto const [first, last] = chunk_blocks_[static_cast<std::size_t>(v)];
-    auto const [back_first, back_last] = chunk_blocks_[static_cast<std::size_t>(backward_v)];
-    for (int k = 0; k < std::max(last - first, back_last - back_first); ++k) {
-      if (first + k < last) {
-        as(forward_key);
-        forward_block(ctx, first + k, out);
-        for_each_block_module(first + k, [&](auto& m) { m.park(forward_key); });
-      }
-      if (back_last - 1 - k >= back_first) {
-        as(backward_key);
-        for_each_block_module(back_last - 1 - k, [&](auto& m) { m.restore(backward_key); });
-        backward_block(ctx, back_last - 1 - k);
-      }
-    }
-    as(forward_key);
-    finish_chunk(ctx, v, out);
-    if (chunk_has_head(v)) for_each_head_module([&](auto& m) { m.park(forward_key); });
-    if (chunk_embeds(backward_v)) {
-      embedding_.restore(backward_key);
-      embed_backward(ctx);
-    }
-    return out;
+  }
+  /// Chunk v's blocks, [first, last) of this rank's.
+  [[nodiscard]] std::pair<int, int> chunk_blocks(int v) const {
+    return chunk_blocks_[static_cast<std::size_t>(v)];
+  }
+  /// Set aside under `key` and brought back: the values the embedding, block i, or the output
+  /// layer's stage (its norm, the output layer, the MTP depths) keep for their backward.
+  void park_embedding(std::uint64_t key) requires parks_micro_batches { embedding_.park(key); }
+  void restore_embedding(std::uint64_t key) requires parks_micro_batches {
+    embedding_.restore(key);
+  }
+  void park_block(int i, std::uint64_t key) requires parks_micro_batches {
+    decoder_.for_each_block_module(i, [&](auto& m) { m.park(key); });
+  }
+  void restore_block(int i, std::uint64_t key) requires parks_micro_batches {
+    decoder_.for_each_block_module(i, [&](auto& m) { m.restore(key); });
+  }
+  void park_head(std::uint64_t key) requires parks_micro_batches {
+    for_each_head_module([&](auto& m) { m.park(key); });
+  }
+  void restore_head(std::uint64_t key) requires parks_micro_batches {
+    for_each_head_module([&](auto& m) { m.restore(key); });
   }
   /// The rows the last forward_chunk of a chunk without the output layer produced.
   [[nodiscard]] row_matrix<scalar>& chunk_output() noexcept { return residual_; }
@@ -392,7 +378,8 @@ class transformer {
   /// input rows, this rank's q k v and context columns, log-sum-exp rows, gathered keys).
   [[nodiscard]] std::size_t attention_saved_bytes() const noexcept {
     std::size_t total = 0;
-    for (auto const& b : blocks_) with_attention(b, [&](auto& a) { total += a.saved_bytes(); });
+    for (auto const& b : decoder_.blocks())
+      decoder_.with_attention(b, [&](auto& a) { total += a.saved_bytes(); });
     return total;
   }
 
@@ -402,27 +389,12 @@ class transformer {
   void finish_global_batch() {
     auto const replicas = groups_ == nullptr ? parallel::communicator_max()
                                              : parallel::communicator_max(groups_->dp());
-    for_each_modules([&](auto& m) {
-      for (auto& l : m.moes) l->finish_global_batch();
-      if constexpr (rounds_of<decltype(m)>) {
-        for (auto& a : m.attentions)
-          a.for_each_linears([&](std::string_view, auto& l) { l.end_of_step(replicas); });
-        for (auto& d : m.denses) d.end_of_step(replicas);
-      }
-    });
+    decoder_.finish_global_batch(replicas);
   }
 
   void zero_grad() {
     embedding_.zero_grad();
-    for (auto& b : blocks_) {
-      b.input_norm.zero_grad();
-      b.pre_mlp_norm.zero_grad();
-    }
-    for_each_modules([](auto& m) {
-      for (auto& a : m.attentions) a.zero_grad();
-      for (auto& d : m.denses) d.zero_grad();
-      for (auto& l : m.moes) l->zero_grad();
-    });
+    decoder_.zero_grad();
     final_norm_.zero_grad();
     head_.zero_grad();
     for (auto& d : mtp_) d.zero_grad();
@@ -454,16 +426,18 @@ class transformer {
           };
     };
     if (holds_embedding_) embedding_.for_each_parameter("embedding.word_embeddings", split);
-    for (auto& b : blocks_) {
+    for (auto& b : decoder_.blocks()) {
       std::string const prefix = layer_prefix(b.layer);
       b.input_norm.for_each_parameter(prefix + ".input_layernorm", dense);
-      with_attention(
+      decoder_.with_attention(
           b, [&](auto& a) { a.for_each_parameter(prefix + ".self_attention", split_of(a)); });
       b.pre_mlp_norm.for_each_parameter(prefix + ".pre_mlp_layernorm", dense);
-      if (b.moe >= 0)
-        with_moe(b, [&](auto& m) { m.for_each_parameter(f); });
-      else
-        with_dense(b, [&](auto& d) { d.for_each_parameter(prefix + ".mlp", split_of(d)); });
+      decoder_.with_ffn(b, [&](auto& ffn) {
+        if constexpr (is_moe_layer_v<std::remove_cvref_t<decltype(ffn)>>)
+          ffn.for_each_parameter(f);
+        else
+          ffn.for_each_parameter(prefix + ".mlp", split_of(ffn));
+      });
     }
     if (!holds_head_) return;
     final_norm_.for_each_parameter("decoder.final_layernorm", dense);
@@ -498,39 +472,25 @@ class transformer {
   template <class F>
   void for_each_persistent_state(F&& f) {
     for_each_moe_layer([&](auto& m, int) { m.for_each_persistent_state(f); });
-    for (auto& b : blocks_) {
+    for (auto& b : decoder_.blocks()) {
       std::string const prefix = layer_prefix(b.layer);
       auto visit = [&](auto& ops, std::string const& name) {
         visit_operand_state(ops, prefix + name, 1, 0, state_owner::attention_grid_first, f);
       };
-      with_attention(b, [&](auto& a) {
+      decoder_.with_attention(b, [&](auto& a) {
         a.for_each_linears([&](std::string_view part, auto& l) {
           visit(l.operands(), ".self_attention.fp8_delayed_state" + std::string(part));
         });
       });
-      if (b.dense >= 0)
-        with_dense(b, [&](auto& d) { visit(d.operands(), ".mlp.fp8_delayed_state"); });
+      decoder_.with_ffn(b, [&](auto& ffn) {
+        if constexpr (!is_moe_layer_v<std::remove_cvref_t<decltype(ffn)>>)
+          visit(ffn.operands(), ".mlp.fp8_delayed_state");
+      });
     }
   }
   /// Training steps the recipe's operands have ended (all modules alike).
-  [[nodiscard]] std::uint64_t operand_steps() const noexcept {
-    if constexpr (recipe_modules::rounds)
-      if (!recipe_.attentions.empty()) return first_steps_taken(recipe_.attentions.front());
-    if constexpr (keeps_bf16_layers)
-      if (!bf16_.attentions.empty()) return first_steps_taken(bf16_.attentions.front());
-    return recipe_.moes.empty() ? 0 : recipe_.moes.front()->operand_steps();
-  }
-  void set_operand_steps(std::uint64_t steps) noexcept {
-    for_each_modules([&](auto& m) {
-      for (auto& l : m.moes) l->set_operand_steps(steps);
-      if constexpr (rounds_of<decltype(m)>) {
-        for (auto& a : m.attentions)
-          a.for_each_linears(
-              [&](std::string_view, auto& l) { l.operands().set_steps_taken(steps); });
-        for (auto& d : m.denses) d.operands().set_steps_taken(steps);
-      }
-    });
-  }
+  [[nodiscard]] std::uint64_t operand_steps() const noexcept { return decoder_.operand_steps(); }
+  void set_operand_steps(std::uint64_t steps) noexcept { decoder_.set_operand_steps(steps); }
 
   /// Weights from N(0, std^2) as a function of (seed, parameter name, element), norms at 1 (QK
   /// layernorm's too, which take no number), so
@@ -558,7 +518,7 @@ class transformer {
       embedding_.for_each_parameter(
           "embedding.word_embeddings",
           [&](std::string const& name, auto value, auto) { fill_whole(name, value, seed); });
-    for (auto& b : blocks_) {
+    for (auto& b : decoder_.blocks()) {
       index = drawn_before(b.layer);
       std::uint64_t const layer_seed = seed + 1000003ULL * static_cast<std::uint64_t>(b.layer + 1);
       // A module holding its weights as codes quantizes them once drawn.
@@ -566,7 +526,7 @@ class transformer {
         if constexpr (std::remove_reference_t<decltype(module)>::quantized_weights)
           module.refresh_weight_codes();
       };
-      with_attention(b, [&](auto& a) {
+      decoder_.with_attention(b, [&](auto& a) {
         a.for_each_parameter("self_attention", [&](std::string const& name, auto value, auto) {
           if (name.ends_with("layernorm.weight"))
             value.setOnes();
@@ -575,15 +535,16 @@ class transformer {
         });
         codes_follow(a);
       });
-      if (b.moe >= 0)
-        with_moe(b, [&](auto& m) { m.initialize(layer_seed + 500000, std); });
-      else
-        with_dense(b, [&](auto& d) {
-          d.for_each_parameter("mlp", [&](std::string const& name, auto value, auto) {
+      decoder_.with_ffn(b, [&](auto& ffn) {
+        if constexpr (is_moe_layer_v<std::remove_cvref_t<decltype(ffn)>>) {
+          ffn.initialize(layer_seed + 500000, std);
+        } else {
+          ffn.for_each_parameter("mlp", [&](std::string const& name, auto value, auto) {
             fill_whole(name, value, layer_seed);
           });
-          codes_follow(d);
-        });
+          codes_follow(ffn);
+        }
+      });
     }
     index = drawn_before(layers());
     if (holds_head_)
@@ -634,26 +595,138 @@ class transformer {
   /// MoE layer or dense FFN (`decoder.layers.{i}.mlp`).
   template <class F>
   void for_each_code_module(F&& f) {
-    for (auto const& b : blocks_) {
+    for (auto const& b : decoder_.blocks()) {
       std::string const prefix = layer_prefix(b.layer);
       auto visit = [&](auto& m, char const* name) {
         if constexpr (std::remove_reference_t<decltype(m)>::quantized_weights) f(m, prefix + name);
       };
-      with_attention(b, [&](auto& a) { visit(a, ".self_attention"); });
-      if (b.moe >= 0)
-        with_moe(b, [&](auto& m) { visit(m, ".mlp"); });
-      else
-        with_dense(b, [&](auto& d) { visit(d, ".mlp"); });
+      decoder_.with_attention(b, [&](auto& a) { visit(a, ".self_attention"); });
+      decoder_.with_ffn(b, [&](auto& ffn) { visit(ffn, ".mlp"); });
     }
   }
 
   // ---- the passes forward(), backward() and the chunks are made of ----
+ public:
+  /// Forward of this rank's block i in the micro-batch begun: each FFN's output joins the
+  /// residual stream in the next norm's pass (add_forward), so the last one's is left pending.
+  void forward_block(context& ctx, int i, transformer_output& out) {
+    int const seq = seq_, batch = batch_, N = seq * batch;
+    auto& times = ctx.step_stages;
+    using stage = step_stage;
+    auto& b = decoder_[i];
+    norm_of_residual(ctx, b.input_norm);
+    times.time(stage::attention, [&] {
+      auto f = ctx.scratch<scalar>().open();
+      decoder_.with_attention(b, [&](auto& a) {
+        a.for_each_linears([&](std::string_view, auto& l) { l.bind(ctx, f); });
+        a.forward(ctx.executor<scalar>(), sp_.all_rows(const_view(normed_)), seq, batch,
+                  sp_.whole_output(view(branch_), N));
+      });
+      sp_.sum_to_my_rows(view(branch_));
+    });
+    times.time(stage::norms_residuals, [&] {
+      b.pre_mlp_norm.add_forward(ctx.pool(), view(residual_), const_view(branch_), view(normed_));
+    });
+    decoder_.with_ffn(b, [&](auto& ffn) {
+      if constexpr (is_moe_layer_v<std::remove_cvref_t<decltype(ffn)>>) {
+        auto const result = ffn.forward(ctx, normed_, seq / tensor_parallel(), batch);
+        pending_ = result.y.data();
+        for (auto const& l :
+             {result.losses.aux_loss, result.losses.seq_aux_loss, result.losses.global_aux_loss})
+          if (l) out.aux_loss += static_cast<double>(l->value);
+        if (result.losses.z_loss) out.z_loss += static_cast<double>(result.losses.z_loss->value);
+        out.router_losses = out.aux_loss + out.z_loss;
+      } else {
+        times.time(stage::dense_ffn, [&] {
+          auto f = ctx.scratch<scalar>().open();
+          ffn.bind_operands(ctx, f);
+          ffn.forward(ctx.executor<scalar>(), sp_.all_rows(const_view(normed_)),
+                      sp_.whole_output(view(branch_), N));
+          sp_.sum_to_my_rows(view(branch_));
+        });
+        pending_ = branch_.data();
+      }
+    });
+  }
+  /// Backward of block i from the residual stream's gradient (chunk_output_gradient()); the
+  /// norms' input gradients add into it.
+  void backward_block(context& ctx, int i) {
+    auto& pool = ctx.pool();
+    int const N = seq_ * batch_;
+    grad_normed_.resize(grad_.rows(), grad_.cols());
+    auto& times = ctx.step_stages;
+    using stage = step_stage;
+    auto& b = decoder_[i];
+    decoder_.with_ffn(b, [&](auto& ffn) {
+      if constexpr (is_moe_layer_v<std::remove_cvref_t<decltype(ffn)>>) {
+        auto const dx = ffn.backward(ctx, grad_);
+        times.time(stage::norms_residuals,
+                   [&] { b.pre_mlp_norm.backward(pool, dx, view(grad_), true); });
+      } else {
+        times.time(stage::dense_ffn, [&] {
+          auto f = ctx.scratch<scalar>().open();
+          ffn.bind_operands(ctx, f);
+          ffn.backward(ctx.executor<scalar>(), sp_.all_gradient_rows(const_view(grad_)),
+                       sp_.whole_output(view(grad_normed_), N));
+          sp_.sum_to_my_rows(view(grad_normed_));
+        });
+        times.time(stage::norms_residuals, [&] {
+          b.pre_mlp_norm.backward(pool, const_view(grad_normed_), view(grad_), true);
+        });
+      }
+    });
+    times.time(stage::attention, [&] {
+      auto f = ctx.scratch<scalar>().open();
+      decoder_.with_attention(b, [&](auto& a) {
+        a.for_each_linears([&](std::string_view, auto& l) { l.bind(ctx, f); });
+        a.backward(ctx.executor<scalar>(), sp_.all_gradient_rows(const_view(grad_)),
+                   sp_.whole_output(view(grad_normed_), N));
+      });
+      sp_.sum_to_my_rows(view(grad_normed_));
+    });
+    times.time(stage::norms_residuals,
+               [&] { b.input_norm.backward(pool, const_view(grad_normed_), view(grad_), true); });
+  }
+  /// Ends chunk v's forward: the output layer, or the last FFN's output joins the stream before
+  /// it leaves.
+  void end_chunk(context& ctx, int v, transformer_output& out) {
+    if (chunk_has_head(v)) {
+      finish_with_head(ctx, out);
+    } else if (pending_ != nullptr) {
+      residual_ += const_row_matrix_map<scalar>(pending_, residual_.rows(), residual_.cols());
+      pending_ = nullptr;
+    }
+  }
+  /// The output layer's stage's backward (its MTP depths', the output layer's and the final
+  /// norm's) into the residual stream's gradient, from the cross-entropy times `scale`.
+  void head_backward(context& ctx, scalar scale) {
+    int const N = seq_ * batch_, rows = N / tensor_parallel(), H = hidden_size();
+    grad_.resize(rows, H);
+    grad_normed_.resize(rows, H);
+    if constexpr (mtp_depths > 0) mtp_backward(ctx, scale);
+    ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
+      head_.backward(ctx.executor<scalar>(), scale, sp_.whole_output(view(grad_normed_), N));
+      sp_.sum_to_my_rows(view(grad_normed_));
+      if constexpr (mtp_depths > 0) grad_normed_ += mtp_carry_;
+    });
+    ctx.step_stages.time(step_stage::norms_residuals, [&] {
+      final_norm_.backward(ctx.pool(), const_view(grad_normed_), view(grad_));
+    });
+  }
+  /// The embedding's backward from the residual stream's gradient, into its weights.
+  void embed_backward(context& ctx) {
+    ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
+      embedding_.backward(ctx.pool(), sp_.all_gradient_rows(const_view(grad_)));
+    });
+  }
+
+ private:
   /// f(module) for every module of chunk v that keeps values from forward to backward.
   template <class F>
   void for_each_saving_module(int v, F&& f) {
     if (chunk_embeds(v)) f(embedding_);
     auto const [first, last] = chunk_blocks_[static_cast<std::size_t>(v)];
-    for (int i = first; i < last; ++i) for_each_block_module(i, f);
+    for (int i = first; i < last; ++i) decoder_.for_each_block_module(i, f);
     if (chunk_has_head(v)) for_each_head_module(f);
   }
   /// f(module) for the output layer's stage's modules that keep values: the final norm, the
@@ -665,19 +738,8 @@ class transformer {
     f(head_);
     for (auto& d : mtp_) {
       f(d);
-      for_each_block_module(d.block, f);
+      decoder_.for_each_block_module(d.block, f);
     }
-  }
-  template <class F>
-  void for_each_block_module(int i, F&& f) {
-    auto& b = blocks_[static_cast<std::size_t>(i)];
-    f(b.input_norm);
-    with_attention(b, f);
-    f(b.pre_mlp_norm);
-    if (b.moe >= 0)
-      with_moe(b, f);
-    else
-      with_dense(b, f);
   }
   /// A chunk's first step: the embedding, or the previous virtual stage's rows.
   void start_chunk(context& ctx, int v, const_row_matrix_map<scalar> input) {
@@ -692,16 +754,6 @@ class transformer {
                         std::to_string(residual_.cols()));
     residual_ = input;
   }
-  /// A chunk's last step: the output layer, or the last FFN's output joins the stream before it
-  /// leaves.
-  void finish_chunk(context& ctx, int v, transformer_output& out) {
-    if (chunk_has_head(v)) {
-      finish_with_head(ctx, out);
-    } else if (pending_ != nullptr) {
-      residual_ += const_row_matrix_map<scalar>(pending_, residual_.rows(), residual_.cols());
-      pending_ = nullptr;
-    }
-  }
   /// Checks the micro-batch, keeps this rank's CP chunks of it and sizes the residual stream.
   void begin_micro_batch(std::span<std::int32_t const> tokens,
                          std::span<std::int32_t const> targets, int seq, int batch) {
@@ -711,14 +763,15 @@ class transformer {
                         std::to_string(targets.size()) + " targets for S = " + std::to_string(seq) +
                         ", B = " + std::to_string(batch));
     check_sequence(seq);
-    int const cp = context_parallel();
+    int const cp = context_parallel(), cp_rank = cp > 1 ? groups_->cp().rank() : 0;
     if constexpr (mtp_depths > 0)
-      if (holds_head_ && !targets.empty()) shift_for_mtp(tokens, targets, seq, batch);
+      if (holds_head_ && !targets.empty())
+        mtp_inputs_.shift(tokens, targets, seq, batch, cp, cp_rank);
     if (cp > 1) {
-      keep_my_chunks(tokens, seq, batch, local_tokens_);
+      keep_context_chunks(tokens, seq, batch, cp, cp_rank, local_tokens_);
       tokens = local_tokens_;
       if (!targets.empty()) {
-        keep_my_chunks(targets, seq, batch, local_targets_);
+        keep_context_chunks(targets, seq, batch, cp, cp_rank, local_targets_);
         targets = local_targets_;
       }
       seq /= cp;
@@ -728,21 +781,21 @@ class transformer {
     // This rank's rows: its CP chunks' N = S/CP * B tokens, of which it keeps N / TP in the
     // residual stream (sequence parallelism); attention, the dense FFN and the output layer see
     // all N, gathered over TP.
-    int const tp = tensor_parallel(), rows = seq * batch / tp, H = hidden_size();
+    int const rows = seq * batch / tensor_parallel(), H = hidden_size();
     seq_ = seq;
     batch_ = batch;
     residual_.resize(rows, H);
     normed_.resize(rows, H);
     branch_.resize(rows, H);
-    rows_per_tp_.assign(static_cast<std::size_t>(tp), rows);
+    sp_.set_rows(rows);
     pending_ = nullptr;
   }
 
   void embed(context& ctx) {
     int const N = seq_ * batch_;
     ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
-      embedding_.forward(ctx.pool(), tokens_, whole_output(map(residual_), N));
-      sum_to_my_rows(map(residual_));
+      embedding_.forward(ctx.pool(), tokens_, sp_.whole_output(view(residual_), N));
+      sp_.sum_to_my_rows(view(residual_));
     });
   }
 
@@ -750,110 +803,34 @@ class transformer {
   void norm_of_residual(context& ctx, rms_norm<scalar>& norm) {
     ctx.step_stages.time(step_stage::norms_residuals, [&] {
       if (pending_ == nullptr)
-        norm.forward(ctx.pool(), cmap(residual_), map(normed_));
+        norm.forward(ctx.pool(), const_view(residual_), view(normed_));
       else
-        norm.add_forward(ctx.pool(), map(residual_),
+        norm.add_forward(ctx.pool(), view(residual_),
                          const_row_matrix_map<scalar>(pending_, residual_.rows(), residual_.cols()),
-                         map(normed_));
+                         view(normed_));
       pending_ = nullptr;
     });
   }
 
-  /// Forward of blocks [first, last): each FFN's output joins the residual stream in the next
-  /// norm's pass (add_forward), so the last one's is left in pending_.
+  /// Forward of blocks [first, last).
   void run_blocks(context& ctx, int first, int last, transformer_output& out) {
     for (int i = first; i < last; ++i) forward_block(ctx, i, out);
-  }
-  void forward_block(context& ctx, int i, transformer_output& out) {
-    int const tp = tensor_parallel(), seq = seq_, batch = batch_, N = seq * batch;
-    auto& times = ctx.step_stages;
-    using stage = step_stage;
-    auto& b = blocks_[static_cast<std::size_t>(i)];
-    norm_of_residual(ctx, b.input_norm);
-    times.time(stage::attention, [&] {
-      auto f = ctx.scratch<scalar>().open();
-      with_attention(b, [&](auto& a) {
-        a.for_each_linears([&](std::string_view, auto& l) { l.bind(ctx, f); });
-        a.forward(ctx.executor<scalar>(), all_rows(cmap(normed_), whole_), seq, batch,
-                  whole_output(map(branch_), N));
-      });
-      sum_to_my_rows(map(branch_));
-    });
-    times.time(stage::norms_residuals, [&] {
-      b.pre_mlp_norm.add_forward(ctx.pool(), map(residual_), cmap(branch_), map(normed_));
-    });
-    if (b.moe >= 0) {
-      with_moe(b, [&](auto& m) {
-        auto const result = m.forward(ctx, normed_, seq / tp, batch);
-        pending_ = result.y.data();
-        for (auto const& l :
-             {result.losses.aux_loss, result.losses.seq_aux_loss, result.losses.global_aux_loss})
-          if (l) out.aux_loss += static_cast<double>(l->value);
-        if (result.losses.z_loss) out.z_loss += static_cast<double>(result.losses.z_loss->value);
-      });
-      out.router_losses = out.aux_loss + out.z_loss;
-    } else {
-      times.time(stage::dense_ffn, [&] {
-        auto f = ctx.scratch<scalar>().open();
-        with_dense(b, [&](auto& dense) {
-          dense.bind_operands(ctx, f);
-          dense.forward(ctx.executor<scalar>(), all_rows(cmap(normed_), whole_),
-                        whole_output(map(branch_), N));
-        });
-        sum_to_my_rows(map(branch_));
-      });
-      pending_ = branch_.data();
-    }
   }
 
   void finish_with_head(context& ctx, transformer_output& out) {
     norm_of_residual(ctx, final_norm_);
     ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
-      auto const hidden = all_rows(cmap(normed_), whole_);
+      auto const hidden = sp_.all_rows(const_view(normed_));
       final_hidden_ = hidden.data();  // for logits()
       if (!targets_.empty())
         out.cross_entropy = head_.forward(ctx.executor<scalar>(), hidden, targets_);
-      if constexpr (mtp_depths > 0) {  // the depths write over whole_ and normed_
+      if constexpr (mtp_depths > 0) {  // the depths write over the gathered rows and normed_
         final_rows_ = hidden;
         final_hidden_ = final_rows_.data();
       }
     });
     if constexpr (mtp_depths > 0)
       if (!targets_.empty()) mtp_forward(ctx, out);
-  }
-
-  /// Each MTP depth's ids and targets: the micro-batch's shifted k places left within each
-  /// sequence (the ids' last k positions 0, the targets' ignored_target), before CP keeps its
-  /// chunks, so a CP rank's depths see the tokens past its chunk.
-  void shift_for_mtp(std::span<std::int32_t const> tokens, std::span<std::int32_t const> targets,
-                     int seq, int batch) {
-    if (seq <= mtp_depths)
-      throw input_error("transformer: " + std::to_string(mtp_depths) +
-                        " multi-token prediction depths need sequences longer than " +
-                        std::to_string(seq));
-    int const cp = context_parallel();
-    auto const n = static_cast<std::size_t>(seq) * static_cast<std::size_t>(batch);
-    for (int k = 1; k <= mtp_depths; ++k) {
-      auto& ids = mtp_ids_[static_cast<std::size_t>(k - 1)];
-      auto& shifted = mtp_targets_[static_cast<std::size_t>(k - 1)];
-      mtp_shift_ids_.assign(n, 0);
-      mtp_shift_targets_.assign(n, ignored_target);
-      auto const ahead = static_cast<std::size_t>(k) * static_cast<std::size_t>(batch);
-      std::copy(tokens.begin() + static_cast<std::ptrdiff_t>(ahead), tokens.end(),
-                mtp_shift_ids_.begin());
-      std::copy(targets.begin() + static_cast<std::ptrdiff_t>(ahead), targets.end(),
-                mtp_shift_targets_.begin());
-      mtp_valid_[static_cast<std::size_t>(k - 1)] =
-          static_cast<double>(std::count_if(mtp_shift_targets_.begin(), mtp_shift_targets_.end(),
-                                            [](std::int32_t t) { return t != ignored_target; }));
-      if (cp > 1) {
-        keep_my_chunks(mtp_shift_ids_, seq, batch, ids);
-        keep_my_chunks(mtp_shift_targets_, seq, batch, shifted);
-      } else {
-        ids = mtp_shift_ids_;
-        shifted = mtp_shift_targets_;
-      }
-    }
   }
 
   /// The MTP depths' forward from the decoder's normed output (normed_, this rank's rows): each
@@ -866,17 +843,17 @@ class transformer {
     int const cp = context_parallel();
     for (int k = 1; k <= mtp_depths; ++k) {
       auto& d = mtp_[static_cast<std::size_t>(k - 1)];
-      d.ids = mtp_ids_[static_cast<std::size_t>(k - 1)];
+      d.ids = mtp_inputs_.ids(k);
       ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
         mtp_embedding_.resize(rows, H);
-        embedding_.lookup(pool, d.ids, whole_output(map(mtp_embedding_), N));
-        sum_to_my_rows(map(mtp_embedding_));
+        embedding_.lookup(pool, d.ids, sp_.whole_output(view(mtp_embedding_), N));
+        sp_.sum_to_my_rows(view(mtp_embedding_));
       });
       ctx.step_stages.time(step_stage::norms_residuals, [&] {
         d.normed_embedding.resize(rows, H);
         d.normed_hidden.resize(rows, H);
-        d.enorm.forward(pool, cmap(mtp_embedding_), map(d.normed_embedding));
-        d.hnorm.forward(pool, cmap(normed_), map(d.normed_hidden));
+        d.enorm.forward(pool, const_view(mtp_embedding_), view(d.normed_embedding));
+        d.hnorm.forward(pool, const_view(normed_), view(d.normed_hidden));
         // eh_proj: the embedding's half of its columns, then the hidden state's, added.
         auto& exec = ctx.executor<scalar>();
         residual_.resize(rows, H);
@@ -890,11 +867,11 @@ class transformer {
       forward_block(ctx, d.block, out);
       norm_of_residual(ctx, d.final_norm);
       ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
-        double const divisor = std::max(1.0, mtp_valid_[static_cast<std::size_t>(k - 1)]) / cp;
-        out.mtp_loss +=
-            head_.forward(ctx.executor<scalar>(), d.pass, all_rows(cmap(normed_), whole_),
-                          mtp_targets_[static_cast<std::size_t>(k - 1)], divisor) /
-            mtp_depths;
+        double const divisor = std::max(1.0, mtp_inputs_.valid(k)) / cp;
+        out.mtp_loss += head_.forward(ctx.executor<scalar>(), d.pass,
+                                      sp_.all_rows(const_view(normed_)), mtp_inputs_.targets(k),
+                                      divisor) /
+                        mtp_depths;
       });
     }
   }
@@ -913,12 +890,13 @@ class transformer {
     for (int k = mtp_depths; k >= 1; --k) {
       auto& d = mtp_[static_cast<std::size_t>(k - 1)];
       ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
-        head_.backward(ctx.executor<scalar>(), d.pass, weight, whole_output(map(grad_normed_), N));
-        sum_to_my_rows(map(grad_normed_));
+        head_.backward(ctx.executor<scalar>(), d.pass, weight,
+                       sp_.whole_output(view(grad_normed_), N));
+        sp_.sum_to_my_rows(view(grad_normed_));
       });
       ctx.step_stages.time(step_stage::norms_residuals, [&] {
         if (k < mtp_depths) grad_normed_ += mtp_carry_;  // from depth k + 1's hnorm
-        d.final_norm.backward(pool, cmap(grad_normed_), map(grad_));
+        d.final_norm.backward(pool, const_view(grad_normed_), view(grad_));
       });
       backward_block(ctx, d.block);  // grad_: the gradient of eh_proj's output
       ctx.step_stages.time(step_stage::norms_residuals, [&] {
@@ -934,177 +912,23 @@ class transformer {
                                       H, g, 2 * H, true);
         threaded_product<gemm_op::tn>(exec, H, H, rows, grad_.data(), H, d.normed_hidden.data(), H,
                                       g + H, 2 * H, true);
-        d.enorm.backward(pool, cmap(mtp_grad_embedding_), map(mtp_grad_embedding_));
-        d.hnorm.backward(pool, cmap(mtp_grad_hidden_), map(mtp_carry_));
+        d.enorm.backward(pool, const_view(mtp_grad_embedding_), view(mtp_grad_embedding_));
+        d.hnorm.backward(pool, const_view(mtp_grad_hidden_), view(mtp_carry_));
       });
       ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
-        embedding_.add_gradient(pool, d.ids, all_rows(cmap(mtp_grad_embedding_), grad_whole_));
+        embedding_.add_gradient(pool, d.ids, sp_.all_gradient_rows(const_view(mtp_grad_embedding_)));
       });
     }
   }
 
-  /// The output layer's and final norm's backward into grad_ (the residual stream's gradient).
-  void head_backward(context& ctx, scalar scale) {
-    int const N = seq_ * batch_, rows = N / tensor_parallel(), H = hidden_size();
-    grad_.resize(rows, H);
-    grad_normed_.resize(rows, H);
-    if constexpr (mtp_depths > 0) mtp_backward(ctx, scale);
-    ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
-      head_.backward(ctx.executor<scalar>(), scale, whole_output(map(grad_normed_), N));
-      sum_to_my_rows(map(grad_normed_));
-      if constexpr (mtp_depths > 0) grad_normed_ += mtp_carry_;
-    });
-    ctx.step_stages.time(step_stage::norms_residuals,
-                         [&] { final_norm_.backward(ctx.pool(), cmap(grad_normed_), map(grad_)); });
-  }
-
-  /// Backward of blocks [first, last) from grad_, last first; the norms' input gradients add into
-  /// grad_ (backward's accumulate).
+  /// Backward of blocks [first, last) from grad_, last first.
   void backward_blocks(context& ctx, int first, int last) {
     for (int i = last - 1; i >= first; --i) backward_block(ctx, i);
   }
-  void backward_block(context& ctx, int i) {
-    auto& pool = ctx.pool();
-    int const N = seq_ * batch_;
-    grad_normed_.resize(grad_.rows(), grad_.cols());
-    auto& times = ctx.step_stages;
-    using stage = step_stage;
-    auto& b = blocks_[static_cast<std::size_t>(i)];
-    if (b.moe >= 0) {
-      with_moe(b, [&](auto& m) {
-        auto const dx = m.backward(ctx, grad_);
-        times.time(stage::norms_residuals,
-                   [&] { b.pre_mlp_norm.backward(pool, dx, map(grad_), true); });
-      });
-    } else {
-      times.time(stage::dense_ffn, [&] {
-        auto f = ctx.scratch<scalar>().open();
-        with_dense(b, [&](auto& dense) {
-          dense.bind_operands(ctx, f);
-          dense.backward(ctx.executor<scalar>(), all_rows(cmap(grad_), grad_whole_),
-                         whole_output(map(grad_normed_), N));
-        });
-        sum_to_my_rows(map(grad_normed_));
-      });
-      times.time(stage::norms_residuals,
-                 [&] { b.pre_mlp_norm.backward(pool, cmap(grad_normed_), map(grad_), true); });
-    }
-    times.time(stage::attention, [&] {
-      auto f = ctx.scratch<scalar>().open();
-      with_attention(b, [&](auto& a) {
-        a.for_each_linears([&](std::string_view, auto& l) { l.bind(ctx, f); });
-        a.backward(ctx.executor<scalar>(), all_rows(cmap(grad_), grad_whole_),
-                   whole_output(map(grad_normed_), N));
-      });
-      sum_to_my_rows(map(grad_normed_));
-    });
-    times.time(stage::norms_residuals,
-               [&] { b.input_norm.backward(pool, cmap(grad_normed_), map(grad_), true); });
-  }
 
-  void embed_backward(context& ctx) {
-    ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
-      embedding_.backward(ctx.pool(), all_rows(cmap(grad_), grad_whole_));
-    });
-  }
-
-  /// This rank's two chunks of each sequence of `all` [S*B] into `mine` [S/CP * B].
-  void keep_my_chunks(std::span<std::int32_t const> all, int seq, int batch,
-                      std::vector<std::int32_t>& mine) const {
-    int const cp = context_parallel(), r = groups_->cp().rank(), L = seq / (2 * cp);
-    auto const run = static_cast<std::size_t>(L) * static_cast<std::size_t>(batch);
-    mine.resize(2 * run);
-    int const chunks[2] = {r, 2 * cp - 1 - r};
-    for (int i = 0; i < 2; ++i)
-      std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(chunks[i] * run), run,
-                  mine.begin() + static_cast<std::ptrdiff_t>(i * run));
-  }
-
-  /// The GEMM backend of attention's and the dense FFNs' linears: the experts' BF16 unit where
-  /// the configuration names one (R037: only under a recipe, whose operands are BF16 values over
-  /// their units), else the grouped fp32 backend.
-  using expert_backend = typename moe_types<Config>::backend;
-  using linear_backend = std::conditional_t<expert::multiplies_bf16<expert_backend>, expert_backend,
-                                            expert::grouped_gemm>;
-  /// The modules of this rank's layers that run under one configuration's recipe, each kind in
-  /// layer order.
-  template <class LayerConfig>
-  struct layer_modules {
-    using ops = linear_operands_t<typename LayerConfig::precision,
-                                  moe_layer<LayerConfig>::quantized_weights>;
-    static constexpr bool rounds = rounds_operands_v<ops>;
-    using attention_type = std::conditional_t<
-        Config::model::value.mla.enabled(),
-        multi_latent_attention<scalar, Config::model::value.qk_layernorm, cp_comm, ops,
-                               linear_backend>,
-        causal_attention<scalar, Config::model::value.qk_layernorm, cp_comm, ops, linear_backend>>;
-    using dense_type = dense_mlp<scalar, expert::activation_function::swiglu, linear_backend, ops>;
-    std::vector<attention_type> attentions;
-    std::vector<std::unique_ptr<moe_layer<LayerConfig>>> moes;
-    std::vector<dense_type> denses;
-  };
-  struct no_modules {};
-  template <class Modules>
-  static constexpr bool rounds_of = std::remove_reference_t<Modules>::rounds;
-  using recipe_modules = layer_modules<Config>;
-  using bf16_modules =
-      std::conditional_t<keeps_bf16_layers, layer_modules<bf16_layer_config_t<Config>>, no_modules>;
-  /// A layer: its norms and where its attention and FFN lie among its recipe's modules.
-  struct block {
-    rms_norm<scalar> input_norm;
-    rms_norm<scalar> pre_mlp_norm;
-    int layer = 0;             // in the whole model
-    bool bf16 = false;         // its modules are bf16_modules'
-    int attention = 0;         // index into attentions
-    int moe = -1, dense = -1;  // index into moes or denses
-  };
-  /// An MTP depth's own modules (its layer is a block): enorm and hnorm, eh_proj [H, 2H] (the
-  /// normed embedding's columns, then the normed hidden state's; whole on every TP rank, each
-  /// rank's rows adding their part of its gradient), its final norm, its pass of the output
-  /// layer and the shifted ids it looked up.
-  struct mtp_depth {
-    rms_norm<scalar> enorm, hnorm, final_norm;
-    row_matrix<scalar> eh_weight, eh_grad;
-    int block = 0;  // its layer, in blocks_
-    cross_entropy_pass<scalar> pass;
-    std::vector<std::int32_t> ids;
-    row_matrix<scalar> normed_embedding, normed_hidden;  // eh_proj's inputs, this rank's rows
-    activation_stash<std::vector<std::int32_t>, row_matrix<scalar>, row_matrix<scalar>> stash;
-
-    mtp_depth(int hidden, double epsilon, int block_index)
-        : enorm(hidden, epsilon),
-          hnorm(hidden, epsilon),
-          final_norm(hidden, epsilon),
-          eh_weight(row_matrix<scalar>::Zero(hidden, 2 * hidden)),
-          eh_grad(row_matrix<scalar>::Zero(hidden, 2 * hidden)),
-          block(block_index) {}
-    template <class F>
-    void for_each_parameter(std::string const& prefix, F&& f) {
-      enorm.for_each_parameter(prefix + ".enorm", f);
-      hnorm.for_each_parameter(prefix + ".hnorm", f);
-      f(prefix + ".eh_proj.weight", map(eh_weight), map(eh_grad));
-      final_norm.for_each_parameter(prefix + ".final_layernorm", f);
-    }
-    void zero_grad() {
-      enorm.zero_grad();
-      hnorm.zero_grad();
-      eh_grad.setZero();
-      final_norm.zero_grad();
-    }
-    void park(std::uint64_t key) {
-      stash.park(key, ids, normed_embedding, normed_hidden);
-      for (auto* n : {&enorm, &hnorm, &final_norm}) n->park(key);
-      pass.park(key);
-    }
-    void restore(std::uint64_t key) {
-      stash.restore(key, ids, normed_embedding, normed_hidden);
-      for (auto* n : {&enorm, &hnorm, &final_norm}) n->restore(key);
-      pass.restore(key);
-    }
-  };
-  /// This rank's decoder layers (blocks_ holds the MTP depths' after them).
+  /// This rank's decoder layers (the decoder's blocks hold the MTP depths' after them).
   [[nodiscard]] int decoder_blocks() const noexcept {
-    return static_cast<int>(blocks_.size() - mtp_.size());
+    return decoder_.size() - static_cast<int>(mtp_.size());
   }
   /// The reference's name of layer i: `decoder.layers.{i}`, or an MTP depth's
   /// `mtp.layers.{k}.transformer_layer` past num_layers.
@@ -1113,80 +937,13 @@ class transformer {
     return layer < L ? "decoder.layers." + std::to_string(layer)
                      : "mtp.layers." + std::to_string(layer - L) + ".transformer_layer";
   }
-
-  /// f(modules) for the modules of block b's layer: the recipe's, or those kept in BF16.
-  template <class F>
-  void with_modules(block const& b, F&& f) {
-    if constexpr (keeps_bf16_layers)
-      if (b.bf16) return f(bf16_);
-    f(recipe_);
-  }
-  template <class F>
-  void with_modules(block const& b, F&& f) const {
-    if constexpr (keeps_bf16_layers)
-      if (b.bf16) return f(bf16_);
-    f(recipe_);
-  }
-  template <class F>
-  void for_each_modules(F&& f) {
-    f(recipe_);
-    if constexpr (keeps_bf16_layers) f(bf16_);
-  }
-  template <class F>
-  void with_attention(block const& b, F&& f) {
-    with_modules(b, [&](auto& m) { f(m.attentions[static_cast<std::size_t>(b.attention)]); });
-  }
-  template <class F>
-  void with_attention(block const& b, F&& f) const {
-    with_modules(b, [&](auto& m) { f(m.attentions[static_cast<std::size_t>(b.attention)]); });
-  }
-  template <class F>
-  void with_moe(block const& b, F&& f) {
-    with_modules(b, [&](auto& m) { f(*m.moes[static_cast<std::size_t>(b.moe)]); });
-  }
-  template <class F>
-  void with_dense(block const& b, F&& f) {
-    with_modules(b, [&](auto& m) { f(m.denses[static_cast<std::size_t>(b.dense)]); });
-  }
   /// Of all the model's MoE layers, how many come before layer i.
   [[nodiscard]] int moe_ordinal(int layer) const {
     int n = 0;
     for (int j = 0; j < layer; ++j) n += is_moe(j) ? 1 : 0;
     return n;
   }
-  /// A module's operands: its amaxes reduced over TP x CP; stochastic rounding seeded by its
-  /// place in the whole model (attention 2i, dense FFN 2i + 1 past the MoE layers' seeds).
-  template <class Ops>
-  Ops module_operands(int layer, int which) const {
-    return make_linear_operands<Ops>((std::uint64_t{1} << 32) + 2 * layer + which,
-                                     groups_ == nullptr ? nullptr : &groups_->tp_cp());
-  }
 
-  /// MLA's up and proj operands (`which` 0, 1; its down operands are the attention's), seeded
-  /// past every module_operands seed.
-  template <class Ops>
-  Ops mla_operands_of(int layer, int which) const {
-    return make_linear_operands<Ops>((std::uint64_t{3} << 32) + 2 * layer + which,
-                                     groups_ == nullptr ? nullptr : &groups_->tp_cp());
-  }
-  /// Training steps an attention's recipe operands have ended.
-  template <class Attention>
-  static std::uint64_t first_steps_taken(Attention const& a) {
-    std::uint64_t steps = 0;
-    bool first = true;
-    a.for_each_linears([&](std::string_view, auto& l) {
-      if (first) steps = l.operands().steps_taken();
-      first = false;
-    });
-    return steps;
-  }
-
-  static row_matrix_map<scalar> map(row_matrix<scalar>& m) {
-    return {m.data(), m.rows(), m.cols()};
-  }
-  static const_row_matrix_map<scalar> cmap(row_matrix<scalar> const& m) {
-    return {m.data(), m.rows(), m.cols()};
-  }
   /// N(0, std^2) by (seed + index, element of the whole tensor): every TP layout draws the same.
   static void fill(row_matrix_map<scalar> value, element_numbering const& numbering,
                    std::uint64_t seed, std::uint64_t index, double std) {
@@ -1242,77 +999,6 @@ class transformer {
                    : vocabulary_shard::part_of(m.vocabulary, m.vocab_multiple, tp, part);
   }
 
-  // ---- sequence parallelism: this rank's rows of the residual stream and all N of them ----
-  /// `mine` [N / TP, H] gathered over TP into `all` [N, H] (in rank order: the positions in
-  /// order); `mine` itself without TP.
-  const_row_matrix_map<scalar> all_rows(const_row_matrix_map<scalar> mine,
-                                        row_matrix<scalar>& all) {
-    int const tp = tensor_parallel();
-    if (tp == 1) return mine;
-    all.resize(mine.rows() * tp, mine.cols());
-    parallel::all_gather_v(groups_->tp(), mine.data(), all.data(),
-                           std::span<std::int64_t const>(rows_per_tp_),
-                           static_cast<int>(mine.cols()));
-    return cmap(all);
-  }
-  /// Where a TP-parallel module writes its part of an [N, H] output: `mine` itself without TP;
-  /// otherwise a buffer whose sum over TP sum_to_my_rows puts into `mine`.
-  row_matrix_map<scalar> whole_output(row_matrix_map<scalar> mine, int whole_rows) {
-    if (tensor_parallel() == 1) return mine;
-    parts_.resize(whole_rows, mine.cols());
-    return map(parts_);
-  }
-  void sum_to_my_rows(row_matrix_map<scalar> mine) {
-    if (tensor_parallel() == 1) return;
-    parallel::reduce_scatter_v(groups_->tp(), parts_.data(), mine.data(),
-                               std::span<std::int64_t const>(rows_per_tp_),
-                               static_cast<int>(mine.cols()));
-  }
-
-  static startup_values one_rank(startup_values given) {
-    given.world_size = 1;
-    for (auto* d : {&given.tp, &given.cp, &given.pp, &given.etp, &given.ep})
-      if (!*d) *d = 1;
-    return given;
-  }
-  static startup_values on_job(parallel::process_groups const& groups, startup_values given) {
-    return parallel::with_layout(given, groups.layout());
-  }
-
-  static parallel::pipeline_layout pipeline_of(config_values const& v,
-                                               startup_values const& given) {
-    return parallel::pipeline_layout::of(v.model.layers, v.parallel.pp, given.pipeline_layout,
-                                         given.vpp, given.first_stage_layers,
-                                         given.last_stage_layers);
-  }
-
-  static config_values checked_values(startup_values const& given) {
-    config_values v = resolve<Config>(given);
-    if (!rules::model_resolved(v.model)) {
-      std::string missing;
-      auto add = [&](int value, char const* name) {
-        if (value == dynamic) missing += (missing.empty() ? "" : ", ") + std::string(name);
-      };
-      add(v.model.layers, "num_layers");
-      add(v.model.heads, "num_attention_heads");
-      add(v.model.query_groups, "num_query_groups");
-      add(v.model.vocabulary, "vocab_size");
-      add(v.model.dense_ffn, "ffn_hidden_size");
-      if (!v.model.moe_layers.is_list()) add(v.model.moe_layers.every, "moe_layer_freq");
-      throw config_error(rules::id::values_resolved,
-                         "the transformer's model sizes left to start-up: " + missing);
-    }
-    // R036: the layers split over the pipeline's virtual stages.
-    (void)pipeline_of(v, given);
-    return v;
-  }
-  static config_values agreed_values(parallel::process_groups const& groups,
-                                     startup_values const& given) {
-    config_values v;
-    parallel::check_on_every_rank(groups.tp_dp_cp(), [&] { v = checked_values(given); });
-    return v;
-  }
-
   void build(parallel::process_groups const* groups) {
     groups_ = groups;
     bf16_at_start_ = given_.bf16_layers_at_start.value_or(0);
@@ -1322,7 +1008,7 @@ class transformer {
     layer_given.bf16_layers_at_start = layer_given.bf16_layers_at_end = std::nullopt;
     auto const& m = values_.model;
     int const H = hidden_size();
-    pipeline_ = pipeline_of(values_, given_);
+    pipeline_ = model_pipeline(values_, given_);
     pp_rank_ = pipeline_.pp() > 1 ? groups->pp().rank() : 0;
     // This rank's layers: chunk v's are virtual stage v PP + p's, in order.
     std::vector<int> mine;
@@ -1345,66 +1031,32 @@ class transformer {
     // The MTP depths' layers follow the decoder's on the output layer's stage.
     int const mtp_layers = holds_head_ ? mtp_depths : 0;
     for (int k = 0; k < mtp_layers; ++k) mine.push_back(m.layers + k);
-    blocks_.reserve(mine.size());
+    decoder_.reserve(mine.size());
     for (int i : mine) {
-      if (i >= m.layers) mtp_.emplace_back(H, m.norm_epsilon, static_cast<int>(blocks_.size()));
-      blocks_.push_back(block{rms_norm<scalar>(H, m.norm_epsilon),
-                              rms_norm<scalar>(H, m.norm_epsilon), i, is_bf16_layer(i)});
-      with_modules(blocks_.back(), [&](auto& modules) {
-        using modules_type = std::decay_t<decltype(modules)>;
-        using layer_type = typename decltype(modules.moes)::value_type::element_type;
-        auto& b = blocks_.back();
-        b.attention = static_cast<int>(modules.attentions.size());
-        using ops = typename modules_type::ops;
-        if constexpr (Config::model::value.mla.enabled())
-          modules.attentions.emplace_back(
-              H, m.heads, m.mla, m.rope_base, m.norm_epsilon, tp,
-              mla_operands<ops>{module_operands<ops>(i, 0), mla_operands_of<ops>(i, 0),
-                                mla_operands_of<ops>(i, 1)});
-        else
-          modules.attentions.emplace_back(H, m.heads, m.query_groups, m.rope_base, m.norm_epsilon,
-                                          tp, module_operands<ops>(i, 0));
-        if (values_.parallel.cp > 1) modules.attentions.back().set_context_parallel(groups->cp());
-        if (is_moe(i)) {
-          b.moe = static_cast<int>(modules.moes.size());
-          if (groups != nullptr) {
-            modules.moes.push_back(std::make_unique<layer_type>(*groups, i, layer_given));
-          } else {
-            if constexpr (!layer_type::distributed)
-              modules.moes.push_back(std::make_unique<layer_type>(i, layer_given));
-          }
-        } else {
-          b.dense = static_cast<int>(modules.denses.size());
-          modules.denses.emplace_back(H, m.dense_ffn / tp,
-                                      module_operands<typename modules_type::ops>(i, 1));
-        }
-      });
+      if (i >= m.layers) mtp_.emplace_back(H, m.norm_epsilon, decoder_.size());
+      decoder_.add(i, is_bf16_layer(i), is_moe(i), values_, groups, layer_given);
     }
+    if (groups != nullptr) sp_.attach(&groups->tp());
   }
 
   startup_values given_;
   config_values values_;
   token_embedding<scalar> embedding_{1, 1};
-  std::vector<block> blocks_;
-  recipe_modules recipe_;
-  [[no_unique_address]] bf16_modules bf16_;
+  decoder_layers<Config> decoder_;
   int bf16_at_start_ = 0, bf16_at_end_ = 0;  // layers kept in BF16 (keeps_bf16_layers)
   rms_norm<scalar> final_norm_{1};
   lm_head<scalar> head_{1, 1};
   parallel::process_groups const* groups_ = nullptr;        // kept by reference; null on one rank
   int seq_ = 0, batch_ = 0;                                 // this rank's positions, sequences
   std::vector<std::int32_t> local_tokens_, local_targets_;  // this rank's chunks under CP
-  // Under TP: all N rows gathered, a module's part of an [N, H] output, the rows per TP rank.
-  row_matrix<scalar> whole_, grad_whole_, parts_;
-  std::vector<std::int64_t> rows_per_tp_;
+  // Under TP, the residual stream's rows gathered and reduced (none where the type fixes TP 1).
+  sequence_parallel<scalar, Config::parallel::value.tp != 1> sp_;
   scalar const* final_hidden_ = nullptr;  // the last forward's final hidden states, all N rows
   row_matrix<scalar> final_rows_;         // a copy of them with MTP (its depths reuse the buffers)
   // Multi-token prediction: the depths, each depth's shifted ids and targets of this micro-batch
   // (this rank's CP chunks), and working rows.
-  std::vector<mtp_depth> mtp_;
-  std::array<std::vector<std::int32_t>, std::max(mtp_depths, 1)> mtp_ids_, mtp_targets_;
-  std::array<double, std::max(mtp_depths, 1)> mtp_valid_{};  // the micro-batch's valid targets
-  std::vector<std::int32_t> mtp_shift_ids_, mtp_shift_targets_;
+  std::vector<mtp_depth<scalar>> mtp_;
+  mtp_inputs<mtp_depths> mtp_inputs_;
   row_matrix<scalar> mtp_embedding_, mtp_grad_embedding_, mtp_grad_hidden_, mtp_carry_;
   // The pipeline: the layout, this rank's place, its chunks' blocks [first, last), and which ends
   // of the model it holds.

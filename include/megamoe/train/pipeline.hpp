@@ -227,11 +227,54 @@ class pipeline_runner {
     note(parallel::pipeline_event::backward, back.micro_batch, back.chunk);
     ctx.step.mode = router::pass::training;
     chunk_result r{m, v,
-                   model_.forward_backward_chunks(ctx, v, tokens, targets, seq, batch_size,
-                                                  input_of(m, v), back.chunk, backward_key, scale)};
+                   merged_pass(ctx, v, tokens, targets, seq, batch_size, input_of(m, v), back.chunk,
+                               backward_key, scale)};
     send_output(m, v);
     on_forward(std::as_const(r));
     send_input_gradient(back.micro_batch, back.chunk);
+  }
+  /// The forward of chunk `v` of one micro-batch (ctx.step.micro_batch_key's) and the backward of
+  /// chunk `backward_v` of another (key `backward_key`), block by block in turn: each block's
+  /// forward values are set aside right after its forward, the other micro-batch's brought back
+  /// right before its backward. The model keeps the two in separate buffers (the residual stream,
+  /// its gradient), so each gives what forward_chunk and backward_chunk give; the forward's
+  /// values stay set aside, the backward leaves chunk_input_gradient().
+  transformer_output merged_pass(context& ctx, int v, std::span<std::int32_t const> tokens,
+                                 std::span<std::int32_t const> targets, int seq, int batch_size,
+                                 const_row_matrix_map<scalar> input, int backward_v,
+                                 std::uint64_t backward_key, scalar scale) {
+    std::uint64_t const forward_key = ctx.step.micro_batch_key;
+    auto as = [&](std::uint64_t key) { ctx.step.micro_batch_key = key; };
+    transformer_output out;
+    model_.begin_chunk(ctx, v, tokens, targets, seq, batch_size, input);
+    if (model_.chunk_embeds(v)) model_.park_embedding(forward_key);
+    as(backward_key);
+    if (model_.chunk_has_head(backward_v)) {
+      model_.restore_head(backward_key);
+      model_.head_backward(ctx, scale);
+    }
+    auto const [first, last] = model_.chunk_blocks(v);
+    auto const [back_first, back_last] = model_.chunk_blocks(backward_v);
+    for (int k = 0; k < std::max(last - first, back_last - back_first); ++k) {
+      if (first + k < last) {
+        as(forward_key);
+        model_.forward_block(ctx, first + k, out);
+        model_.park_block(first + k, forward_key);
+      }
+      if (back_last - 1 - k >= back_first) {
+        as(backward_key);
+        model_.restore_block(back_last - 1 - k, backward_key);
+        model_.backward_block(ctx, back_last - 1 - k);
+      }
+    }
+    as(forward_key);
+    model_.end_chunk(ctx, v, out);
+    if (model_.chunk_has_head(v)) model_.park_head(forward_key);
+    if (model_.chunk_embeds(backward_v)) {
+      model_.restore_embedding(backward_key);
+      model_.embed_backward(ctx);
+    }
+    return out;
   }
   /// After chunk v's forward of micro-batch m: its output rows to the next virtual stage.
   void send_output(int m, int v) {

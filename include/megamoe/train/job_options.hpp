@@ -1,0 +1,156 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/train/job_options.hpp — what a training job's command line says (train/command_line.hpp
+// reads it), and what follows from it for a configuration: the job's degrees, its start-up values,
+// its virtual pipeline stages and the modules its recipe reaches.
+#pragma once
+
+#include <megamoe/config/resolve.hpp>
+#include <megamoe/config/rules.hpp>
+#include <megamoe/core/error.hpp>
+#include <megamoe/parallel/process_groups.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace megamoe::train {
+
+struct job_options {
+  std::string program = "megamoe-train";  // names the program in its messages
+  int steps = 700, micro_batch = 16, global_batch = 0, seq_len = 128;
+  int tp = 1, cp = 1, etp = 0, ep = 0;                  // etp, ep 0: their defaults
+  int pp = 1, vpp = 0, layers_per_virtual_stage = 0;    // vpp 0: 1, or from the layers per stage
+  int first_stage_layers = -1, last_stage_layers = -1;  // -1: an even split
+  std::string pipeline_layout;                          // the reference's layout text
+  bool merged_schedule = false;                         // --overlap-moe-expert-parallel-comm
+  int eval_interval = 0, eval_iters = 0;                // 0: steps / 4, and every held-out window
+  double lr = 3e-3;
+  std::uint64_t seed = 1234;
+  std::string data = "/usr/share/games/fortunes", out = "megamoe-train-out";
+  std::string preset = "small";  // the model's name (a program of one configuration: its own)
+  std::string precision = "fp32";
+  std::string backend = "auto";  // as given, then the unit that runs
+  // The reference's precision flags, resolved into `precision` (command_line.hpp).
+  bool bf16_flag = false;
+  std::string fp8_format, fp8_recipe = "delayed", fp4_format, fp4_recipe = "nvfp4";
+  // Layers kept in BF16 under an FP8 or FP4 recipe: the reference's --first-last-layers-bf16 (on
+  // by default for nvfp4, as the reference's NVFP4 recipes keep them) with its counts, resolved
+  // into `bf16_layers` (at the start, at the end).
+  bool first_last_layers_bf16 = false, no_first_last_layers_bf16 = false;
+  int layers_at_start_in_bf16 = 1, layers_at_end_in_bf16 = 1;
+  std::array<int, 2> bf16_layers{0, 0};
+  bool bf16_layers_given = false;
+  // The linear weights held as the recipe's codes, their fp32 masters in the optimizer: the
+  // reference's --fp8-param-gather and --fp4-param-gather, resolved into `quantized_weights`.
+  bool fp8_param_gather = false, fp4_param_gather = false, quantized_weights = false;
+  // Adam's moments: the reference's precision-aware optimizer flags, resolved into `moments`.
+  bool precision_aware_optimizer = false;
+  std::string exp_avg_dtype = "fp32", exp_avg_sq_dtype = "fp32", moments = "fp32";
+  bool describe = false, profile = false;
+  // Checkpoints.
+  std::string save, load, upcycle;
+  int save_interval = 0;
+  bool no_load_optim = false, finetune = false, exit_signal_handler = false;
+  // Which flags the command line gave (a resumed run takes the others from the checkpoint).
+  bool steps_given = false, seed_given = false, seq_len_given = false, global_batch_given = false,
+       lr_given = false, preset_given = false, micro_batch_given = false, precision_given = false,
+       moments_given = false, quantized_weights_given = false;
+
+  /// An input error of this job, its text after the program's name.
+  [[nodiscard]] input_error error(std::string const& text) const {
+    return input_error(program + ": " + text);
+  }
+};
+
+/// The model's layers `bf16_layers` keeps in BF16, in order.
+inline std::vector<int> layers_in_bf16(int layers, std::array<int, 2> bf16_layers) {
+  std::vector<int> out;
+  for (int i = 0; i < layers; ++i)
+    if (i < bf16_layers[0] || i >= layers - bf16_layers[1]) out.push_back(i);
+  return out;
+}
+
+/// The modules whose GEMMs read the recipe's operands, those whose weights are held as codes
+/// (`quantized_weights`: all of them but shared experts), the layers kept in BF16, and what stays
+/// in higher precision.
+inline nlohmann::json quantized_modules(config_values const& v, std::string const& precision,
+                                        std::array<int, 2> bf16_layers, bool quantized_weights) {
+  nlohmann::json quantized = nlohmann::json::array(), codes = nlohmann::json::array();
+  auto const kept = layers_in_bf16(v.model.layers, bf16_layers);
+  auto add = [&](std::string const& module, bool as_codes) {
+    quantized.push_back(module);
+    if (quantized_weights && as_codes) codes.push_back(module);
+  };
+  if (precision != "fp32")
+    for (int i = 0; i < v.model.layers; ++i) {
+      if (std::ranges::find(kept, i) != kept.end()) continue;
+      std::string const layer = "decoder.layers." + std::to_string(i);
+      add(layer + ".self_attention.linear_qkv", true);
+      add(layer + ".self_attention.linear_proj", true);
+      if (v.model.is_moe(i)) {
+        add(layer + ".mlp.experts", true);
+        if (v.shape.shared_ffn > 0) add(layer + ".mlp.shared_experts", false);
+      } else {
+        add(layer + ".mlp.linear_fc1", true);
+        add(layer + ".mlp.linear_fc2", true);
+      }
+    }
+  return {{"precision", precision},
+          {"quantized", quantized},
+          {"weights_as_codes", codes},
+          {"bf16_layers", kept},
+          {"higher_precision",
+           {"embedding", "router", "norms", "attention softmax", "output_layer", "loss"}}};
+}
+
+/// The job's degrees: TP, CP and PP as given, ETP = --etp or TP, EP = --ep or every rank of a
+/// stage's expert grid (world / (ETP PP); 1 for a model of one expert per layer).
+inline parallel::degrees job_degrees(int world_size, job_options const& o, int experts) {
+  parallel::degrees d;
+  d.tp = o.tp;
+  d.cp = o.cp;
+  d.pp = o.pp;
+  d.etp = o.etp > 0 ? o.etp : o.tp;
+  int const per_stage = o.pp > 0 && world_size % o.pp == 0 ? world_size / o.pp : world_size;
+  int const grid = d.etp > 0 && per_stage % d.etp == 0 ? per_stage / d.etp : per_stage;
+  d.ep = o.ep > 0 ? o.ep : (experts == 1 ? 1 : grid);
+  return d;
+}
+
+/// --num-layers-per-virtual-pipeline-stage n as V = layers / (PP n), the reference's conversion.
+template <class Config>
+job_options with_virtual_stages(job_options o) {
+  if (o.layers_per_virtual_stage == 0) return o;
+  int const layers = Config::model::value.layers;
+  if (o.vpp > 0)
+    throw o.error("give --vpp or --num-layers-per-virtual-pipeline-stage, not both");
+  if (o.layers_per_virtual_stage < 0 || o.pp < 1 ||
+      layers % (o.pp * o.layers_per_virtual_stage) != 0)
+    throw config_error(rules::id::pipeline_stages_divide_layers,
+                       std::to_string(layers) + " layers, PP " + std::to_string(o.pp) + ", " +
+                           std::to_string(o.layers_per_virtual_stage) +
+                           " layers per virtual stage");
+  o.vpp = layers / (o.pp * o.layers_per_virtual_stage);
+  return o;
+}
+
+/// The start-up values of this job: its degrees, its world size and its pipeline's split.
+inline startup_values job_values(parallel::degrees const& d, int world_size, job_options const& o) {
+  startup_values v{
+      .tp = d.tp, .cp = d.cp, .pp = d.pp, .etp = d.etp, .ep = d.ep, .world_size = world_size};
+  if (o.vpp > 0) v.vpp = o.vpp;
+  if (o.first_stage_layers >= 0) v.first_stage_layers = o.first_stage_layers;
+  if (o.last_stage_layers >= 0) v.last_stage_layers = o.last_stage_layers;
+  v.pipeline_layout = o.pipeline_layout;
+  if (o.bf16_layers[0] > 0 || o.bf16_layers[1] > 0) {
+    v.bf16_layers_at_start = o.bf16_layers[0];
+    v.bf16_layers_at_end = o.bf16_layers[1];
+  }
+  return v;
+}
+
+}  // namespace megamoe::train

@@ -1,0 +1,436 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/train/run.hpp — the training job of a configuration type, as megamoe-train runs it: a
+// user's program is a configuration and
+//
+//   int main(int argc, char** argv) { return megamoe::train::run<my_config>(argc, argv); }
+//
+// with every flag of megamoe-train (train/command_line.hpp): the corpus and the schedule, the
+// degrees (TP, CP, PP with its virtual stages, EP, ETP; DP takes the rest of the world), the
+// reference's precision flags (which must name the recipe the type holds), checkpoints (save at
+// intervals, resume on any layout, SIGTERM), held-out evaluation, --profile, --describe. Rank 0
+// shows progress on stderr and writes to --out: metrics.jsonl, training.svg and model.safetensors
+// (every weight whole, under the reference's names); the last line of stdout is one JSON object,
+// {"final": {...}}.
+#pragma once
+
+#include <megamoe/config/describe.hpp>
+#include <megamoe/config/resolve.hpp>
+#include <megamoe/config/rules.hpp>
+#include <megamoe/expert/tags.hpp>
+#include <megamoe/io/checkpoint.hpp>
+#include <megamoe/model/counts.hpp>
+#include <megamoe/model/transformer.hpp>
+#include <megamoe/parallel/environment.hpp>
+#include <megamoe/parallel/process_groups.hpp>
+#include <megamoe/parallel/traffic.hpp>
+#include <megamoe/precision/tags.hpp>
+#include <megamoe/train/checkpoint.hpp>
+#include <megamoe/train/command_line.hpp>
+#include <megamoe/train/corpus.hpp>
+#include <megamoe/train/export.hpp>
+#include <megamoe/train/generate.hpp>
+#include <megamoe/train/job_options.hpp>
+#include <megamoe/train/progress.hpp>
+#include <megamoe/train/report.hpp>
+#include <megamoe/train/resume.hpp>
+#include <megamoe/train/signals.hpp>
+#include <megamoe/train/traffic_estimate.hpp>
+#include <megamoe/train/trainer.hpp>
+#include <megamoe/train/upcycle.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace megamoe::train {
+
+/// --describe: the configuration resolved for this job, with its size and cost, as one JSON line.
+template <class Config>
+int describe_job(parallel::environment& env, job_options o) {
+  auto const& world = env.world();
+  config_values values;
+  parallel::pipeline_layout pipeline;
+  parallel::check_on_every_rank(world, [&] {
+    if (o.seq_len < 2) throw o.error("--seq-len must be at least 2");
+    o = with_virtual_stages<Config>(o);
+    auto const given = job_values(
+        job_degrees(world.size(), o, Config::shape::value.experts), world.size(), o);
+    values = resolve<Config>(given);
+    pipeline = parallel::pipeline_layout::of(values.model.layers, values.parallel.pp,
+                                             given.pipeline_layout, given.vpp,
+                                             given.first_stage_layers, given.last_stage_layers);
+  });
+  if (world.rank() == 0) {
+    auto json = describe(values).flat;
+    json["num_virtual_stages_per_pipeline_rank"] = pipeline.vpp();
+    std::vector<int> layers;
+    for (int j = 0; j < pipeline.stages(); ++j) layers.push_back(pipeline.layers(j));
+    json["layers_per_virtual_stage"] = layers;
+    json["preset"] = o.preset;
+    json["precision_modules"] =
+        quantized_modules(values, o.precision, o.bf16_layers, o.quantized_weights);
+    json["backend"] = o.backend;
+    json["optimizer_moments"] = o.moments;
+    json["seq_length"] = o.seq_len;
+    json["num_parameters"] = parameter_count(values);
+    json["model_flops_per_token"] = flops_per_token(values, o.seq_len);
+    std::cout << json.dump() << std::endl;
+  }
+  return 0;
+}
+
+/// Trains transformer<Config> with Adam's moments as `Moments` keeps them, as `o` says, resuming
+/// from `resume` where given.
+template <class Config, class Moments>
+int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* resume) {
+  auto const& world = env.world();
+  parallel::check_on_every_rank(world, [&] { o = with_virtual_stages<Config>(o); });
+  bool const root = world.rank() == 0;
+  bool const resuming = resume != nullptr && !o.finetune;
+  int saved_total = 0;
+  if (resuming)
+    parallel::check_on_every_rank(
+        world, [&] { saved_total = take_saved_settings(resume->state(), o); });
+  auto const degrees = job_degrees(world.size(), o, Config::shape::value.experts);
+  parallel::process_groups const groups(world, degrees);
+  int const dp = groups.dp().size();
+  // A resumed job on fewer ranks per sequence keeps the global batch: its saved micro-batch
+  // size gives way where it no longer divides it.
+  if (resuming && !o.micro_batch_given && o.global_batch % (o.micro_batch * dp) != 0 &&
+      o.global_batch % dp == 0)
+    o.micro_batch = o.global_batch / dp;
+  train_settings settings;
+  parallel::check_on_every_rank(world, [&] {
+    if (o.eval_interval < 0 || o.eval_iters < 0)
+      throw o.error("--eval-interval and --eval-iters cannot be negative");
+    if (o.steps < 1 || o.micro_batch < 1 || o.seq_len < 2 || !(o.lr > 0))
+      throw o.error(
+          "--steps, --micro-batch, --seq-len and --lr must be positive (--seq-len at least 2)");
+    int const global = o.global_batch > 0 ? o.global_batch : o.micro_batch * dp;
+    if (global % (o.micro_batch * dp) != 0)
+      throw o.error("--global-batch " + std::to_string(global) +
+                    " does not divide into micro-batches of " + std::to_string(o.micro_batch) +
+                    " over " + std::to_string(dp) + " data-parallel ranks");
+    settings.micro_batches = global / (o.micro_batch * dp);
+  });
+  byte_corpus corpus = [&] {
+    std::optional<byte_corpus> loaded;
+    parallel::check_on_every_rank(world, [&] { loaded = byte_corpus::load(o.data); });
+    return std::move(*loaded);
+  }();
+  settings.seq_length = o.seq_len;
+  settings.micro_batch = o.micro_batch;
+  settings.steps = o.steps;
+  settings.seed = o.seed;
+  settings.schedule = {o.lr, o.lr / 10, std::max(1, o.steps / 20), o.steps};
+  transformer<Config> model(groups, job_values(degrees, world.size(), o));
+  model.initialize(o.seed, 0.02);
+  std::string upcycled_line;
+  if (!o.upcycle.empty()) {
+    int const g = upcycle(model, world, o.upcycle);
+    upcycled_line = "; upcycled from " + o.upcycle + " (granularity " + std::to_string(g) + ")";
+  }
+  trainer<Config, Moments> trainer(groups, model, corpus, settings);
+  // Adam's moments over the job: their bytes and what their dtype saves against fp32; and with
+  // weights held as codes, the fp32 masters the optimizer keeps and the fp32 weight values the
+  // modules freed.
+  double freed = 0.0;
+  model.for_each_parameter([&](std::string_view, auto, auto grad, parameter_kind kind) {
+    if (holds_codes(kind)) freed += static_cast<double>(grad.size() * sizeof(float));
+  });
+  std::array<double, 4> moment_bytes = {
+      static_cast<double>(trainer.optimizer().state_bytes()),
+      static_cast<double>(trainer.optimizer().state_bytes_saved()),
+      static_cast<double>(trainer.optimizer().master_bytes()), freed};
+  parallel::all_reduce_sum(world, std::span<double>(moment_bytes));
+  if (o.merged_schedule)
+    parallel::check_on_every_rank(world, [&] {
+      if constexpr (transformer<Config>::parks_micro_batches)
+        trainer.template use_schedule<parallel::merged_one_f_one_b>();
+      else
+        throw o.error(
+            "--overlap-moe-expert-parallel-comm needs a model that sets micro-batches aside; "
+            "under --precision " +
+            o.precision + " the operands keep one micro-batch's codes");
+    });
+  context ctx(env.num_threads());
+  std::string resumed_line;
+  if (resume != nullptr) {
+    auto const report = load_checkpoint(trainer, world, *resume,
+                                        {.optimizer = !o.no_load_optim, .finetune = o.finetune});
+    std::ostringstream line;
+    line << (o.finetune ? "fine-tuning from" : "resumed from") << " iteration " << report.iteration
+         << " of " << resume->folder().parent_path().string() << " (" << report.bytes
+         << " bytes in " << report.seconds << " s"
+         << (o.no_load_optim && !o.finetune ? ", fresh optimizer state" : "") << ")";
+    auto const saved_moments = saved_job_setting(*resume, "moments", "fp32");
+    if (!o.no_load_optim && !o.finetune && saved_moments != o.moments)
+      line << "; Adam moments converted from " << saved_moments << " to " << o.moments;
+    if (resuming) {
+      // The saved schedule continues bit for bit; another total recomputes it.
+      auto const& s = resume->state().at("schedule");
+      optim::lr_schedule saved{s.at("peak").get<double>(), s.at("minimum").get<double>(),
+                               s.at("warmup").get<int>(), s.at("total").get<int>()};
+      if (o.steps != saved_total && o.steps > trainer.steps_done())
+        line << "; learning-rate schedule recomputed for " << o.steps << " steps (was "
+             << saved_total << ")";
+      else
+        trainer.set_schedule(saved);
+    }
+    resumed_line = line.str();
+  }
+  int const first_step = trainer.steps_done() + 1;
+  if (o.exit_signal_handler) handle_termination_signal();
+  int last_saved = resuming ? trainer.steps_done() : -1;
+  auto save = [&] {
+    if (o.save.empty() || last_saved == trainer.steps_done()) return;
+    auto const report = save_checkpoint(trainer, world, o.save, job_state(o));
+    last_saved = trainer.steps_done();
+    if (root)
+      std::fprintf(stderr, "\n  saved iteration %d to %s (%.1f MB in %.2f s)\n", report.iteration,
+                   o.save.c_str(), static_cast<double>(report.bytes) / 1e6, report.seconds);
+  };
+
+  std::filesystem::create_directories(o.out);
+  auto const out_dir = std::filesystem::absolute(o.out);
+  auto const metrics_path = out_dir / "metrics.jsonl", plot_path = out_dir / "training.svg",
+             weights_path = out_dir / "model.safetensors";
+  // Held-out evaluation: --eval-iters global batches of windows (0: every window).
+  int const global_sequences = settings.micro_batch * settings.micro_batches * dp;
+  int const eval_windows = o.eval_iters > 0 ? std::min(corpus.heldout_windows(o.seq_len),
+                                                       o.eval_iters * global_sequences)
+                                            : corpus.heldout_windows(o.seq_len);
+  double const unigram = corpus.unigram_bits_per_byte(o.seq_len, eval_windows);
+  training_history history;
+  history.unigram_bpb = unigram;
+  history.load.resize(static_cast<std::size_t>(model.moe_layer_count()));
+  metrics_log metrics(root, metrics_path, resuming ? first_step : 1, history);
+  std::string bf16_layers_note;
+  for (int i : layers_in_bf16(model.layers(), o.bf16_layers))
+    bf16_layers_note += (bf16_layers_note.empty() ? " (layers " : ", ") + std::to_string(i);
+  if (!bf16_layers_note.empty()) bf16_layers_note += " in BF16)";
+  if (root)
+    std::cerr << o.program << ": preset " << o.preset << ", precision " << o.precision
+              << bf16_layers_note << " on " << o.backend << ", " << corpus.training().size()
+              << " training bytes, " << corpus.heldout().size() << " held out (unigram " << unigram
+              << " bits/byte); " << world.size() << " rank(s), TP " << degrees.tp << ", CP "
+              << degrees.cp << ", PP " << degrees.pp
+              << (model.pipeline().vpp() > 1 ? " x V " + std::to_string(model.pipeline().vpp())
+                                             : std::string())
+              << ", EP " << degrees.ep << ", global batch " << global_sequences << " x "
+              << o.seq_len << " bytes; Adam moments " << o.moments << " ("
+              << std::lround(moment_bytes[0] / 1e3) << " kB, "
+              << std::lround(moment_bytes[1] / 1e3) << " kB saved)"
+              << (o.quantized_weights ? "; linear weights as " + o.precision + " codes (" +
+                                            std::to_string(std::lround(moment_bytes[3] / 1e3)) +
+                                            " kB of fp32 values freed, " +
+                                            std::to_string(std::lround(moment_bytes[2] / 1e3)) +
+                                            " kB of fp32 masters in the optimizer's shards)"
+                                      : std::string())
+              << (resumed_line.empty() ? std::string() : "; " + resumed_line) << upcycled_line
+              << "\n";
+  int const eval_every = o.eval_interval > 0 ? o.eval_interval : std::max(1, o.steps / 4);
+  progress_bar const bar(o.steps);
+  double const model_flops = model.flops_per_token(o.seq_len);
+  // With multi-token prediction its loss is reported beside the main head's.
+  constexpr bool has_mtp = transformer<Config>::mtp_depths > 0;
+  double heldout = 0.0;
+  if (first_step == 1) {
+    heldout = trainer.heldout_bits_per_byte(ctx, eval_windows);
+    history.heldout_bpb.emplace_back(1, heldout);
+  }
+  if (first_step > o.steps && root)
+    std::fprintf(stderr, "%s: --steps %d already reached at iteration %d\n", o.program.c_str(),
+                 o.steps, first_step - 1);
+  double tokens_per_s = 0.0, elapsed = 0.0, bubble = 0.0;
+  step_profile profiled;
+  // The bytes this rank sent on each group in the training steps (parallel/traffic.hpp).
+  using groups_type = parallel::process_groups;
+  std::array<double, groups_type::decoder_names.size()> decoder_bytes{};
+  std::array<double, groups_type::expert_names.size()> expert_bytes{};
+  auto& traffic = parallel::traffic::instance();
+  for (int step = first_step; step <= o.steps; ++step) {
+    ctx.stages.clear();
+    ctx.step_stages.clear();
+    traffic.reset();
+    auto const& m = trainer.step(ctx);
+    for (std::size_t g = 0; g < decoder_bytes.size(); ++g)
+      decoder_bytes[g] += static_cast<double>(
+          traffic.bytes(MPI_Comm(groups.get(static_cast<parallel::decoder_group>(g)))));
+    for (std::size_t g = 0; g < expert_bytes.size(); ++g)
+      expert_bytes[g] += static_cast<double>(
+          traffic.bytes(MPI_Comm(groups.get(static_cast<parallel::expert_group>(g)))));
+    profiled.add(ctx);
+    elapsed += m.seconds;
+    bubble += m.pipeline_bubble;
+    tokens_per_s =
+        static_cast<double>(trainer.global_batch_tokens()) * (step - first_step + 1) / elapsed;
+    auto line = step_line(step, m, model_flops, model.pipelined(), has_mtp, history);
+    if (m.skipped && root)
+      std::fprintf(stderr, "\nstep %d skipped: non-finite loss or gradient (first in %s)\n", step,
+                   m.nonfinite_at.empty() ? "the loss" : m.nonfinite_at.c_str());
+    std::optional<double> evaluated, evaluated_mtp;
+    if (step % eval_every == 0 || step == o.steps) {
+      heldout = trainer.heldout_bits_per_byte(ctx, eval_windows);
+      history.heldout_bpb.emplace_back(step, heldout);
+      line["heldout_bpb"] = heldout;
+      evaluated = heldout;
+      if constexpr (has_mtp) {
+        evaluated_mtp = trainer.heldout_mtp_bits_per_byte();
+        line["heldout_mtp_bpb"] = *evaluated_mtp;
+      }
+    }
+    metrics.write(line);
+    if (o.save_interval > 0 && step % o.save_interval == 0) save();
+    if (o.exit_signal_handler && termination_requested(world)) {
+      save();
+      if (root)
+        std::fprintf(stderr, "\n%s: SIGTERM: %s after step %d, exiting\n", o.program.c_str(),
+                     o.save.empty() ? "no --save, nothing saved" : "saved", step);
+      return 0;
+    }
+    if (root)
+      bar.show(step, line["train_bpb"].template get<double>(), tokens_per_s, elapsed, evaluated,
+               unigram, evaluated_mtp);
+  }
+  save();
+  if (first_step > o.steps) heldout = trainer.heldout_bits_per_byte(ctx, eval_windows);
+  int const steps_run = o.steps - first_step + 1;
+  nlohmann::ordered_json profile, traffic_report;
+  if (o.profile && elapsed > 0) {
+    profile = profiled.shares(elapsed, steps_run);
+    if (model.pipelined()) {
+      // The schedule's idle share with equal passes: (p - 1) / (m + p - 1), divided by V when
+      // interleaved.
+      double const p = model.pipeline().pp(), mb = settings.micro_batches;
+      profile["pipeline_bubble_analytical"] = (p - 1) / (mb + p - 1) / model.pipeline().vpp();
+    }
+    if (root) print_profile(o.program, profile);
+    traffic_report =
+        group_traffic(groups, model, settings, trainer.schedule(),
+                      trainer.pipeline().repeated_forwards(), decoder_bytes, expert_bytes, steps_run);
+    if (root && !traffic_report.empty()) print_traffic(o.program, traffic_report);
+  }
+  std::string const sample = generate(ctx, trainer, "The ", 200, o.seq_len, o.seed);
+  if (root) {
+    std::fprintf(stderr,
+                 "%s: %d steps run, %.0f tokens/s, %.2f effective model GFLOP/s (%.3g FLOPs per "
+                 "token, forward + backward), held-out %.3f bits/byte (unigram %.3f)\n",
+                 o.program.c_str(), std::max(0, steps_run), tokens_per_s,
+                 tokens_per_s * model_flops / 1e9, model_flops, heldout, unigram);
+    std::cout << "sample:\n" << sample << "\n" << std::flush;
+  }
+  export_whole_model(
+      world, trainer, weights_path,
+      {{"format", "pt"},
+       {"producer", o.program},
+       {"preset", o.preset},
+       {"configuration", checkpoint_configuration(model.values()).at("model").dump()}});
+  if (!root) return 0;
+  write_svg(plot_path, history);
+  nlohmann::ordered_json final;
+  final["final"] = {{"steps", std::max(o.steps, first_step - 1)},
+                    {"precision", o.precision},
+                    {"backend", o.backend},
+                    {"tokens_per_s", tokens_per_s},
+                    {"heldout_bpb", heldout},
+                    {"unigram_bpb", unigram},
+                    {"metrics_path", metrics_path.string()},
+                    {"plot_path", plot_path.string()},
+                    {"weights_path", weights_path.string()},
+                    {"optimizer_moments", o.moments},
+                    {"optimizer_state_bytes", moment_bytes[0]},
+                    {"optimizer_state_bytes_saved", moment_bytes[1]},
+                    {"bf16_layers", layers_in_bf16(model.layers(), o.bf16_layers)},
+                    {"quantized_weights", o.quantized_weights},
+                    {"weight_master_bytes", moment_bytes[2]}};
+  if (model.pipelined() && steps_run > 0) final["final"]["pipeline_bubble"] = bubble / steps_run;
+  if constexpr (has_mtp) final["final"]["heldout_mtp_bpb"] = trainer.heldout_mtp_bits_per_byte();
+  if (!profile.empty()) final["final"]["profile"] = profile;
+  if (!traffic_report.empty()) final["final"]["traffic"] = traffic_report;
+  std::cout << final.dump() << std::endl;
+  return 0;
+}
+
+/// One configuration's job: --describe, or training with Adam's moments in `o.moments` (bf16
+/// built where Bf16Moments is set; the caller refuses it elsewhere).
+template <class Config, bool Bf16Moments = true>
+int run_job(parallel::environment& env, job_options const& o, io::checkpoint_reader* resume) {
+  if (o.describe) return describe_job<Config>(env, o);
+  if constexpr (Bf16Moments)
+    if (o.moments == "bf16") return train_job<Config, optim::bf16_moments>(env, o, resume);
+  return train_job<Config, optim::master_moments<typename transformer<Config>::scalar>>(env, o,
+                                                                                        resume);
+}
+
+/// The command-line name of a recipe (--precision).
+constexpr std::string_view precision_flag_name(precision::recipe_id r) {
+  using precision::recipe_id;
+  switch (r) {
+    case recipe_id::fp8_delayed: return "fp8_delayed";
+    case recipe_id::fp8_current: return "fp8_current";
+    default: return precision::name_of(r);
+  }
+}
+
+/// Checks that the flags (and the checkpoint resumed from, whose BF16 layers are `saved`) ask for
+/// what `Config` holds: its recipe, its GEMM backend, its weights as codes or not, and moments in
+/// bf16 only where built (Bf16Moments); fills in what the type decides.
+template <class Config, bool Bf16Moments>
+void check_built_for(job_options& o, std::optional<std::array<int, 2>> saved) {
+  constexpr std::string_view recipe = precision_flag_name(Config::precision::value.recipe);
+  constexpr std::string_view backend = expert::name_of(Config::expert::value.backend);
+  constexpr bool codes = transformer<Config>::quantized_weights;
+  if (o.precision != recipe)
+    throw o.error("--precision " + o.precision + (o.precision_given ? "" : " (the checkpoint's)") +
+                  ": this program is built for --precision " + std::string(recipe));
+  if (o.backend != "auto" && o.backend != backend)
+    throw o.error("--backend " + o.backend + ": this program is built for --backend " +
+                  std::string(backend));
+  o.backend = backend;
+  settle_recipe_options(o, saved);
+  if (o.quantized_weights && !codes)
+    throw o.error(
+        "this program holds the linear weights in full precision (its memory plan has no "
+        "memory::quantized_weights)");
+  o.quantized_weights = codes;
+  if (o.moments == "bf16" && !Bf16Moments)
+    throw o.error("Adam's moments in bf16 are not built into this program (train::run<Config, "
+                  "true> builds them)");
+}
+
+/// The whole job of configuration `Config` from the command line: parse, check the flags against
+/// the type, resume or start, train, report. Bf16Moments builds Adam's moments in bf16 too (a
+/// second build of the job).
+template <class Config, bool Bf16Moments = false>
+int run(int argc, char** argv) {
+  static_assert(rules::check<Config>());
+  return parallel::run_main(argc, argv, [&](parallel::environment& env) {
+    job_options o;
+    o.program = std::filesystem::path(argc > 0 ? argv[0] : "megamoe-job").filename().string();
+    o.preset = o.program;
+    o.out = o.program + "-out";
+    o.precision = precision_flag_name(Config::precision::value.recipe);
+    command_line line(o.program + ": trains its configuration type on text", o);
+    if (auto const exit = line.parse(env.world(), argc, argv)) return *exit;
+    auto resume = open_load(env.world(), o);
+    parallel::check_on_every_rank(env.world(), [&] {
+      std::optional<std::array<int, 2>> saved;
+      if (resume) saved = take_saved_recipe(*resume, o);
+      check_built_for<Config, Bf16Moments>(o, saved);
+    });
+    return run_job<Config, Bf16Moments>(env, o, resume ? &*resume : nullptr);
+  });
+}
+
+}  // namespace megamoe::train
