@@ -206,8 +206,7 @@ int upcycle_file(boost::mpi::communicator const& world, fs::path const& file, fs
 int main(int argc, char** argv) {
   return mm::parallel::run_main(argc, argv, [&](mm::parallel::environment& env) {
     CLI::App app{"megamoe-checkpoint: inspect, export and import megamoe checkpoints"};
-    app.set_version_flag("--version", std::string("megamoe-checkpoint (megamoe ") +
-                                          mm::version_text + ")");
+    app.set_version_flag("--version", mm::version_line("megamoe-checkpoint"));
     app.require_subcommand(1);
     std::string dir, file;
     bool optimizer = false;

@@ -66,8 +66,7 @@ int main(int argc, char** argv) {
   std::optional<int> etp;
   std::optional<int> rank;
   bool json = false;
-  app.set_version_flag("--version", std::string("megamoe-layout (megamoe ") +
-                                        megamoe::version_text + ")");
+  app.set_version_flag("--version", megamoe::version_line("megamoe-layout"));
   app.add_option("--world", world, "world size (number of ranks)")->required();
   app.add_option("--tp", degrees.tp, "tensor parallel size")->capture_default_str();
   app.add_option("--cp", degrees.cp, "context parallel size")->capture_default_str();

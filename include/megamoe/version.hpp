@@ -2,6 +2,9 @@
 // megamoe/version.hpp — the library's version (CMake reads it from here).
 #pragma once
 
+#include <string>
+#include <string_view>
+
 #define MEGAMOE_VERSION_MAJOR 0
 #define MEGAMOE_VERSION_MINOR 1
 #define MEGAMOE_VERSION_PATCH 0
@@ -15,4 +18,8 @@ inline constexpr int version_patch = MEGAMOE_VERSION_PATCH;
 /// "major.minor.patch", as --version prints it.
 inline constexpr char const* version_text =
     MEGAMOE_VERSION_TEXT(MEGAMOE_VERSION_MAJOR, MEGAMOE_VERSION_MINOR, MEGAMOE_VERSION_PATCH);
+/// The line every megamoe program prints for --version: "program (megamoe major.minor.patch)".
+inline std::string version_line(std::string_view program) {
+  return std::string(program) + " (megamoe " + version_text + ")";
+}
 }  // namespace megamoe

@@ -116,11 +116,6 @@ inline bool quantized_weights_from_flags(job_options const& o) {
   return true;
 }
 
-/// The version line every megamoe program prints for --version.
-inline std::string version_line(std::string const& program) {
-  return program + " (megamoe " + version_text + ")";
-}
-
 /// The command line of a training job over `options`: construct (with the names of the models
 /// the program builds, for --preset, where it builds more than one), add the program's own
 /// options to app() where it has any, then parse().
