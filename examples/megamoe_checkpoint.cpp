@@ -20,12 +20,13 @@
 // megamoe-train --load ... --finetune starts from.
 #include "presets.hpp"
 
-#include <megamoe/io/checkpoint.hpp>
+#include <megamoe/io/checkpoint_files.hpp>
 #include <megamoe/io/safetensors.hpp>
+#include <megamoe/io/whole_tensors.hpp>
 #include <megamoe/model/transformer.hpp>
 #include <megamoe/parallel/environment.hpp>
 #include <megamoe/parallel/process_groups.hpp>
-#include <megamoe/train/checkpoint.hpp>
+#include <megamoe/train/training_state.hpp>
 #include <megamoe/train/upcycle.hpp>
 #include <megamoe/version.hpp>
 
@@ -93,17 +94,15 @@ void with_element_type(io::dtype type, std::string const& what, F&& f) {
 int export_file(boost::mpi::communicator const& world, fs::path const& dir, fs::path const& file,
                 bool optimizer) {
   io::checkpoint_reader reader(world, dir, io::checkpoint_reader::latest_iteration(world, dir));
-  std::map<std::string, std::vector<std::byte>> data;
-  std::vector<io::tensor_bytes> tensors;
+  // Each tensor under the shape its checkpoint records (an imported file's own), in its dtype.
+  io::whole_tensors whole;
   for (auto const& [name, t] : reader.tensors()) {
     if (optimizer_tensor(name) && !optimizer) continue;
-    auto& bytes = data[name];
     with_element_type(t.type, name, [&]<class T>() {
-      auto const v = reader.read_whole<T>(name);
-      bytes.resize(v.size() * sizeof(T));
-      std::memcpy(bytes.data(), v.data(), bytes.size());
+      whole.add<T>(name, t.shape, t.rows, t.cols);
+      whole.place(name, mm::global_rectangle{0, 0, 0, t.rows, t.cols},
+                  reader.read_whole<T>(name).data());
     });
-    tensors.push_back({name, t.type, t.shape, std::span<std::byte const>(bytes)});
   }
   auto state = reader.state();
   if (!optimizer) state["weights_only"] = true;
@@ -113,10 +112,9 @@ int export_file(boost::mpi::communicator const& world, fs::path const& dir, fs::
                                               {"megamoe_state", state.dump()}};
   if (state.contains("configuration") && state["configuration"].contains("model"))
     metadata["configuration"] = state["configuration"]["model"].dump();
-  io::write_safetensors(file, tensors, metadata);
-  std::cout << "exported iteration " << reader.iteration() << ": " << tensors.size()
-            << " tensors to " << file.string() << (optimizer ? " (with optimizer state)" : "")
-            << "\n";
+  whole.write(file, metadata);
+  std::cout << "exported iteration " << reader.iteration() << ": " << whole.size() << " tensors to "
+            << file.string() << (optimizer ? " (with optimizer state)" : "") << "\n";
   return 0;
 }
 

@@ -14,10 +14,10 @@
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
 
-#include <megamoe/config/error.hpp>
-#include <megamoe/config/policy.hpp>
-#include <megamoe/config/rule_ids.hpp>
-#include <megamoe/config/shape.hpp>
+#include <megamoe/policy/error.hpp>
+#include <megamoe/policy/policy.hpp>
+#include <megamoe/policy/rule_ids.hpp>
+#include <megamoe/policy/shape.hpp>
 
 #include <megamoe/dispatch/tags.hpp>
 #include <megamoe/expert/tags.hpp>

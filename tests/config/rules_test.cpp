@@ -2,8 +2,8 @@
 // Start-up rules: each value rule, fed values that break it and only it, reports exactly its id;
 // and the catalogue that both the static_asserts and the start-up check print from is consistent.
 #include <megamoe/config/config.hpp>
-#include <megamoe/config/error.hpp>
 #include <megamoe/config/rules.hpp>
+#include <megamoe/policy/error.hpp>
 
 #include <gtest/gtest.h>
 

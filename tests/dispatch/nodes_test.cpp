@@ -7,8 +7,8 @@
 // runs under mpiexec in tests/mpi/dispatch_equivalence_mpi.cpp (1, 2 and 4 emulated nodes),
 // tests/mpi/moe_layer_mpi.cpp (4 nodes of 2) and the R034 failure test
 // mpi.hierarchical.ranks_per_node_not_dividing.
-#include <megamoe/config/error.hpp>
 #include <megamoe/dispatch/nodes.hpp>
+#include <megamoe/policy/error.hpp>
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Run under mpiexec. Checkpoints of the whole training state (train/checkpoint.hpp):
+// Run under mpiexec. Checkpoints of the whole training state (train/training_state.hpp):
 //
 //   --mode resume       a run of 5 steps against 2 steps, a save, a fresh model and trainer, a load
 //                       and 3 more steps: every loss and the final state the same bits (fp32 with
@@ -41,11 +41,11 @@
 #include "support/tally.hpp"
 
 #include <megamoe/config/config.hpp>
-#include <megamoe/io/checkpoint.hpp>
+#include <megamoe/io/checkpoint_files.hpp>
 #include <megamoe/model/transformer.hpp>
 #include <megamoe/parallel/process_groups.hpp>
-#include <megamoe/train/checkpoint.hpp>
 #include <megamoe/train/trainer.hpp>
+#include <megamoe/train/training_state.hpp>
 #include <megamoe/train/upcycle.hpp>
 
 #include <boost/mpi/collectives/broadcast.hpp>

@@ -24,7 +24,7 @@
 
 #include <megamoe/config/config.hpp>
 #include <megamoe/model/transformer.hpp>
-#include <megamoe/parallel/pipeline.hpp>
+#include <megamoe/parallel/pipeline_schedule.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 #include <megamoe/parallel/watchdog.hpp>
 #include <megamoe/train/trainer.hpp>

@@ -3,8 +3,8 @@
 // `router::settings` member (score function and pre-softmax, group limits and their deprecated
 // device form, capacity, padding, dtype, jitter, the sizes), combinations the rules refuse carry
 // their rule id, and malformed, unknown or inconsistent fields are input errors.
-#include <megamoe/config/error.hpp>
 #include <megamoe/core/error.hpp>
+#include <megamoe/policy/error.hpp>
 #include <megamoe/router/megatron_config.hpp>
 
 #include <gtest/gtest.h>

@@ -2,7 +2,7 @@
 # Includes flow one way (docs/design.md, "Folders"): every megamoe header under INCLUDE_DIR may
 # include only headers of a lower level, or of its own folder at its own level or lower. Levels:
 #   0 core/, version.hpp
-#   1 config/{rule_ids,error,policy,shape}.hpp   the rule catalogue and how policies are written
+#   1 policy/                                    the rule catalogue and how policies are written
 #   2 */tags.hpp                                 each slot's policies (light)
 #   3 config/                                    concepts, assembly, values, rules, describe
 #   4 parallel/
@@ -17,7 +17,7 @@ function(megamoe_level header out_level out_folder)
   get_filename_component(name ${header} NAME)
   if(header MATCHES "^(core/|version.hpp$)")
     set(level 0)
-  elseif(header MATCHES "^config/(rule_ids|error|policy|shape)\\.hpp$")
+  elseif(folder STREQUAL "policy")
     set(level 1)
   elseif(name STREQUAL "tags.hpp")
     set(level 2)

@@ -6,13 +6,13 @@
 // exactly that, so a user's own policy of a slot works like the built-in ones.
 #pragma once
 
-#include <megamoe/config/policy.hpp>
-#include <megamoe/config/shape.hpp>
 #include <megamoe/dispatch/tags.hpp>
 #include <megamoe/expert/tags.hpp>
 #include <megamoe/memory/tags.hpp>
 #include <megamoe/model/tags.hpp>
 #include <megamoe/parallel/tags.hpp>
+#include <megamoe/policy/policy.hpp>
+#include <megamoe/policy/shape.hpp>
 #include <megamoe/precision/tags.hpp>
 #include <megamoe/router/tags.hpp>
 

@@ -18,8 +18,8 @@
 #pragma once
 
 #include <megamoe/config/concepts.hpp>
-#include <megamoe/config/policy.hpp>
-#include <megamoe/config/rule_ids.hpp>
+#include <megamoe/policy/policy.hpp>
+#include <megamoe/policy/rule_ids.hpp>
 
 #include <boost/mp11/algorithm.hpp>
 #include <boost/mp11/list.hpp>

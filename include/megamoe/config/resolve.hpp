@@ -9,10 +9,10 @@
 //   auto values = megamoe::resolve<my_config>({.ep = ep, .world_size = world.size()});
 #pragma once
 
-#include <megamoe/config/error.hpp>
 #include <megamoe/config/rules.hpp>
 #include <megamoe/config/values.hpp>
 #include <megamoe/core/error.hpp>
+#include <megamoe/policy/error.hpp>
 
 #include <optional>
 #include <string>

@@ -5,14 +5,14 @@
 // Each predicate reads `config_values` and holds vacuously when a value it needs is `dynamic`,
 // absent (run-time router, unknown world size) or already broken under another rule, so one mistake
 // gives one rule id. Rules R020-R024 are about assembling a type and live where types are assembled
-// (config/policy.hpp, config/config.hpp); R028 and R029 are about the environment
+// (policy/policy.hpp, config/config.hpp); R028 and R029 are about the environment
 // (core/thread_pool.hpp, parallel/environment.hpp).
 #pragma once
 
-#include <megamoe/config/error.hpp>
-#include <megamoe/config/rule_ids.hpp>
 #include <megamoe/config/values.hpp>
 #include <megamoe/core/error.hpp>
+#include <megamoe/policy/error.hpp>
+#include <megamoe/policy/rule_ids.hpp>
 
 #include <array>
 #include <string>

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // megamoe/core/error.hpp — the exception megamoe throws for bad run-time input. A broken
-// configuration rule is a `config_error` (config/error.hpp).
+// configuration rule is a `config_error` (policy/error.hpp).
 #pragma once
 
 #include <stdexcept>

@@ -9,9 +9,9 @@
 // expert's rows by source rank, then token. Tokens and probs travel together. combine: the exact
 // inverse; the ETP shards' partial outputs are summed by a reduce-scatter-v. With ETP = 1 (and
 // buffers MPI can address in bytes, under 2 GiB) the permutations ride in MPI datatypes (no staging
-// copies). With CodesOnWire (dispatch::fp8_wire) the forward dispatch can move rows of bytes
-// instead: the senders' FP8 codes (and block scales) in permutation-1 order, into the expert-major
-// code rows.
+// copies; dispatch/all_to_all_pieces.hpp). With CodesOnWire (dispatch::fp8_wire) the forward
+// dispatch can move rows of bytes instead: the senders' FP8 codes (and block scales) in
+// permutation-1 order, into the expert-major code rows.
 #pragma once
 
 #include <megamoe/core/buffer.hpp>
@@ -19,6 +19,7 @@
 #include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
+#include <megamoe/dispatch/all_to_all_pieces.hpp>
 #include <megamoe/dispatch/exchange.hpp>
 #include <megamoe/dispatch/expert_chunks.hpp>
 #include <megamoe/dispatch/groups.hpp>
@@ -307,23 +308,7 @@ class all_to_all_dispatcher {
   struct lane_buffers {
     buffer<T> received, gathered;
   };
-  /// The in-place exchange of local experts [first, last): datatypes and both directions' sides.
-  struct piece {
-    piece() = default;
-    piece(piece&&) noexcept = default;
-    piece& operator=(piece&&) noexcept = default;
-    piece(piece const&) = delete;  // owns its datatypes
-    piece& operator=(piece const&) = delete;
-    ~piece() = default;
-
-    int first = 0, last = 0;
-    std::vector<parallel::datatype> row_types;
-    std::array<std::vector<parallel::datatype>, 2> chunk_types;
-    std::array<parallel::typed_side, 2> forward_send, forward_recv, backward_send, backward_recv;
-    // CodesOnWire: the codes' chunks (bytes), sent contiguously in permutation-1 order.
-    std::vector<parallel::datatype> code_types;
-    parallel::typed_side code_send, code_recv;
-  };
+  using piece = detail::all_to_all_piece;
 
   /// The tokens' arrival overlapped with compute and combine, piece by piece (`arrive(piece)`
   /// starts a piece's token rows; the probs travel beside them).
@@ -395,10 +380,10 @@ class all_to_all_dispatcher {
   /// permutation 2 (and the reverse) without staging copies: per destination EP rank, its token
   /// rows where they lie in the token buffer; per source EP rank, its chunks where they belong in
   /// the expert-major rows (for tokens and for probs). Lane 0 carries tokens, lane 1 probs. One set
-  /// per piece of local experts (one piece unless the exchange overlaps with compute).
+  /// per piece of local experts (one piece unless the exchange overlaps with compute), each built
+  /// by detail::build_piece (dispatch/all_to_all_pieces.hpp).
   void build_datatypes() {
     int const EP = groups_.ep_size(), L = groups_.local_experts();
-    auto const peers = static_cast<std::size_t>(EP);
     direct_ = groups_.etp_size() == 1 &&
               most_rows() * std::max(hidden_ * std::int64_t{sizeof(T)}, code_row_bytes_) <= INT_MAX;
     if (!direct_) return;
@@ -421,78 +406,10 @@ class all_to_all_dispatcher {
                   overlap_, std::floor(bytes_per_rank / static_cast<double>(min_piece_bytes_))));
     int const count = std::clamp(std::min(overlap_, by_size), 1, std::max(1, L));
     pieces_.resize(static_cast<std::size_t>(count));
-    for (int g = 0; g < count; ++g) {
-      auto& piece = pieces_[static_cast<std::size_t>(g)];
-      piece.first = g * L / count;
-      piece.last = (g + 1) * L / count;
-      piece.row_types.resize(peers);
-      for (auto& t : piece.chunk_types) t.resize(peers);
-      for (auto* side : {&piece.forward_send[0], &piece.forward_send[1], &piece.forward_recv[0],
-                         &piece.forward_recv[1], &piece.backward_send[0], &piece.backward_send[1],
-                         &piece.backward_recv[0], &piece.backward_recv[1]})
-        side->resize(peers);
-      if constexpr (CodesOnWire) {
-        piece.code_send.resize(peers);
-        piece.code_recv.resize(peers);
-        piece.code_types.resize(peers);
-      }
-      for (int j = 0; j < EP; ++j) {
-        auto const J = static_cast<std::size_t>(j);
-        std::int64_t const begin = expert_start_[J * L + piece.first];
-        std::int64_t const n = expert_start_[J * L + piece.last] - begin;
-        offsets_.resize(static_cast<std::size_t>(n));
-        for (std::int64_t r = 0; r < n; ++r)
-          offsets_[static_cast<std::size_t>(r)] =
-              static_cast<MPI_Aint>(chunks_.send_rows().source_token(static_cast<int>(begin + r))) *
-              hidden_ * static_cast<MPI_Aint>(sizeof(T));
-        piece.row_types[J] = parallel::equal_blocks_type<T>(hidden_, offsets_);
-        std::int64_t arriving = 0;
-        for (int l = piece.first; l < piece.last; ++l) arriving += chunks_.chunk_size()[J * L + l];
-        for (int k = 0; k < 2; ++k) {
-          int const width = k == 0 ? hidden_ : 1;
-          lengths_.resize(static_cast<std::size_t>(piece.last - piece.first));
-          offsets_.resize(lengths_.size());
-          for (int l = piece.first; l < piece.last; ++l) {
-            std::size_t const c = J * L + l;
-            auto const at = static_cast<std::size_t>(l - piece.first);
-            lengths_[at] = static_cast<int>(chunks_.chunk_size()[c] * width);
-            offsets_[at] =
-                static_cast<MPI_Aint>(chunks_.target_start()[c] * width * std::int64_t{sizeof(T)});
-          }
-          piece.chunk_types[k][J] = parallel::blocks_type<T>(lengths_, offsets_);
-          // Expert side: one chunk type per peer, when it has rows.
-          for (auto* side : {&piece.forward_recv[k], &piece.backward_send[k]}) {
-            side->counts[J] = arriving > 0 ? 1 : 0;
-            side->types[J] = piece.chunk_types[k][J].get();
-          }
-          // Token side, contiguous in permutation-1 order (probs both ways, token rows coming
-          // back).
-          for (auto* side : {&piece.forward_send[k], &piece.backward_recv[k]}) {
-            side->counts[J] = static_cast<int>(n * width);
-            side->byte_offsets[J] = static_cast<int>(begin * width * std::int64_t{sizeof(T)});
-            side->types[J] = parallel::mpi_type<T>();
-          }
-        }
-        // Token rows leave straight from the token buffer.
-        piece.forward_send[0].counts[J] = n > 0 ? 1 : 0;
-        piece.forward_send[0].byte_offsets[J] = 0;
-        piece.forward_send[0].types[J] = piece.row_types[J].get();
-        if constexpr (CodesOnWire) {  // codes: contiguous rows out, chunks of bytes in
-          for (int l = piece.first; l < piece.last; ++l) {
-            std::size_t const c = J * L + l;
-            auto const at = static_cast<std::size_t>(l - piece.first);
-            lengths_[at] = static_cast<int>(chunks_.chunk_size()[c] * code_row_bytes_);
-            offsets_[at] = static_cast<MPI_Aint>(chunks_.target_start()[c] * code_row_bytes_);
-          }
-          piece.code_types[J] = parallel::blocks_type<std::uint8_t>(lengths_, offsets_);
-          piece.code_recv.counts[J] = arriving > 0 ? 1 : 0;
-          piece.code_recv.types[J] = piece.code_types[J].get();
-          piece.code_send.counts[J] = static_cast<int>(n * code_row_bytes_);
-          piece.code_send.byte_offsets[J] = static_cast<int>(begin * code_row_bytes_);
-          piece.code_send.types[J] = parallel::mpi_type<std::uint8_t>();
-        }
-      }
-    }
+    for (int g = 0; g < count; ++g)
+      detail::build_piece<T, CodesOnWire>(pieces_[static_cast<std::size_t>(g)], g * L / count,
+                                          (g + 1) * L / count, groups_, chunks_, hidden_,
+                                          code_row_bytes_, expert_start_, offsets_, lengths_);
   }
 
   /// The overlapped schedule over the pieces, the same on every rank (non-blocking collectives

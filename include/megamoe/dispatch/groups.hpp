@@ -3,9 +3,9 @@
 // communicators and where this rank sits in them.
 #pragma once
 
-#include <megamoe/config/error.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/parallel/process_groups.hpp>
+#include <megamoe/policy/error.hpp>
 
 #include <boost/mpi/communicator.hpp>
 

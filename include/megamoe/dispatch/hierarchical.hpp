@@ -29,7 +29,6 @@
 // window grows to the largest plan seen on the node (agreed by an all-reduce of the needs).
 #pragma once
 
-#include <megamoe/config/error.hpp>
 #include <megamoe/core/buffer.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/stash.hpp>
@@ -42,6 +41,7 @@
 #include <megamoe/dispatch/token_rows.hpp>
 #include <megamoe/parallel/collectives.hpp>
 #include <megamoe/parallel/environment.hpp>
+#include <megamoe/policy/error.hpp>
 
 #include <algorithm>
 #include <array>

@@ -9,11 +9,11 @@
 // peer with the same index on every other node (R034).
 #pragma once
 
-#include <megamoe/config/error.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/parallel/environment.hpp>
 #include <megamoe/parallel/shared_window.hpp>
 #include <megamoe/parallel/watchdog.hpp>
+#include <megamoe/policy/error.hpp>
 
 #include <mpi.h>
 #include <boost/mpi/communicator.hpp>

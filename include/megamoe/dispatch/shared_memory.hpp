@@ -27,7 +27,6 @@
 // alike); running out of shared memory is an agreed error.
 #pragma once
 
-#include <megamoe/config/error.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/stash.hpp>
 #include <megamoe/core/stream_copy.hpp>
@@ -40,6 +39,7 @@
 #include <megamoe/dispatch/nodes.hpp>
 #include <megamoe/dispatch/token_rows.hpp>
 #include <megamoe/parallel/environment.hpp>
+#include <megamoe/policy/error.hpp>
 
 #include <mpi.h>
 

@@ -20,7 +20,7 @@
 //                                         default)
 #pragma once
 
-#include <megamoe/config/policy.hpp>
+#include <megamoe/policy/policy.hpp>
 
 #include <concepts>
 #include <string_view>

@@ -8,7 +8,7 @@
 // Options come in any order, each kind at most once.
 #pragma once
 
-#include <megamoe/config/policy.hpp>
+#include <megamoe/policy/policy.hpp>
 
 #include <string_view>
 

@@ -11,7 +11,7 @@
 // activations (and, optionally, the primary weights) as the precision recipe's codes + scales.
 #pragma once
 
-#include <megamoe/config/policy.hpp>
+#include <megamoe/policy/policy.hpp>
 
 #include <string_view>
 

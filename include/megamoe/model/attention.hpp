@@ -27,6 +27,7 @@
 #include <megamoe/model/flash_attention.hpp>
 #include <megamoe/model/linear.hpp>
 #include <megamoe/model/norm.hpp>
+#include <megamoe/model/parameter_layout.hpp>
 #include <megamoe/parallel/collectives.hpp>
 #include <megamoe/parallel/tags.hpp>
 
@@ -180,8 +181,10 @@ class causal_attention {
   /// with QK layernorm `prefix.q_layernorm.weight` and `prefix.k_layernorm.weight`.
   template <class F>
   void for_each_parameter(std::string const& prefix, F&& f) {
-    f(prefix + ".linear_qkv.weight", view(qkv_weight_), view(qkv_grad_));
-    f(prefix + ".linear_proj.weight", view(proj_weight_), view(proj_grad_));
+    report_parameter(f, prefix + ".linear_qkv.weight", view(qkv_weight_), view(qkv_grad_),
+                     parameter_cut::rows);
+    report_parameter(f, prefix + ".linear_proj.weight", view(proj_weight_), view(proj_grad_),
+                     parameter_cut::columns);
     if constexpr (QkLayernorm) {
       qk_norm_.q.for_each_parameter(prefix + ".q_layernorm", f);
       qk_norm_.k.for_each_parameter(prefix + ".k_layernorm", f);

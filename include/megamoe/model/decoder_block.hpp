@@ -54,6 +54,28 @@ class decoder_layers {
   using linear_backend = std::conditional_t<expert::multiplies_bf16<expert_backend>, expert_backend,
                                             expert::grouped_gemm>;
 
+  /// Whether the type's layer pattern makes every layer an MoE layer: then no block holds a dense
+  /// FFN, and with_ffn has one path.
+  static constexpr bool every_layer_moe = [] {
+    auto const& pattern = Config::model::value.moe_layers;
+    if (!pattern.is_list()) return pattern.every == 1;
+    for (int i = 0; i < pattern.length; ++i)
+      if (!pattern.is_moe(i)) return false;
+    return true;
+  }();
+
+  /// Whether layer `layer` of a model of `decoder_layers` layers runs in BF16 rather than under
+  /// the recipe (the first and last `given` counts). The MTP depths' layers (past the decoder's)
+  /// do as the reference's: under an FP8 recipe always in FP8, under NVFP4 in BF16 (the reference
+  /// keeps FP4 out of MTP).
+  static bool is_bf16_layer(int decoder_layers, startup_values const& given, int layer) noexcept {
+    if constexpr (!keeps_bf16_layers) return false;
+    if (layer >= decoder_layers)
+      return Config::precision::value.recipe == precision::recipe_id::nvfp4;
+    return layer < given.bf16_layers_at_start.value_or(0) ||
+           layer >= decoder_layers - given.bf16_layers_at_end.value_or(0);
+  }
+
   /// The modules of this rank's layers that run under one configuration's recipe, each kind in
   /// layer order.
   template <class LayerConfig>
@@ -64,7 +86,7 @@ class decoder_layers {
     using attention_type = std::conditional_t<
         Config::model::value.mla.enabled(),
         latent_attention<scalar, Config::model::value.qk_layernorm, cp_comm, ops,
-                               linear_backend>,
+                               linear_backend, Config::model::value.mla.q_lora_rank>,
         causal_attention<scalar, Config::model::value.qk_layernorm, cp_comm, ops, linear_backend>>;
     using dense_type = dense_mlp<scalar, expert::activation_function::swiglu, linear_backend, ops>;
     std::vector<attention_type> attentions;
@@ -169,21 +191,22 @@ class decoder_layers {
   void with_ffn(block const& b, F&& f) {
     with_modules(b, [&](auto& m) {
       auto const at = static_cast<std::size_t>(b.ffn_index);
-      if (b.ffn == ffn_kind::moe)
+      if constexpr (every_layer_moe)
+        f(*m.moes[at]);
+      else if (b.ffn == ffn_kind::moe)
         f(*m.moes[at]);
       else
         f(m.denses[at]);
     });
   }
+  /// f(module, name) for block b's modules in the reference's order, each with its name under the
+  /// layer's: input_layernorm, self_attention, pre_mlp_layernorm, mlp (the MoE layer or dense FFN).
   template <class F>
-  void with_ffn(block const& b, F&& f) const {
-    with_modules(b, [&](auto& m) {
-      auto const at = static_cast<std::size_t>(b.ffn_index);
-      if (b.ffn == ffn_kind::moe)
-        f(std::as_const(*m.moes[at]));
-      else
-        f(m.denses[at]);
-    });
+  void for_each_named_module(block& b, F&& f) {
+    f(b.input_norm, ".input_layernorm");
+    with_attention(b, [&](auto& a) { f(a, ".self_attention"); });
+    f(b.pre_mlp_norm, ".pre_mlp_layernorm");
+    with_ffn(b, [&](auto& ffn) { f(ffn, ".mlp"); });
   }
   /// f(module) for every module of block i, in order: its norms, attention and FFN.
   template <class F>

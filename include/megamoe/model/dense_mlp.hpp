@@ -11,6 +11,7 @@
 #include <megamoe/expert/backends.hpp>
 #include <megamoe/expert/mlp.hpp>
 #include <megamoe/model/linear.hpp>
+#include <megamoe/model/parameter_layout.hpp>
 
 #include <array>
 #include <cstdint>
@@ -111,8 +112,11 @@ class dense_mlp {
   /// f(name, value, grad) for `prefix.linear_fc1.weight` and `prefix.linear_fc2.weight`.
   template <class F>
   void for_each_parameter(std::string const& prefix, F&& f) {
-    f(prefix + ".linear_fc1.weight", params_.fc1(0), params_.grad_fc1(0));
-    f(prefix + ".linear_fc2.weight", params_.fc2(0), params_.grad_fc2(0));
+    report_parameter(f, prefix + ".linear_fc1.weight", params_.fc1(0), params_.grad_fc1(0),
+                     expert::fc1_width(A, 1) == 2 ? parameter_cut::swiglu_rows
+                                                  : parameter_cut::rows);
+    report_parameter(f, prefix + ".linear_fc2.weight", params_.fc2(0), params_.grad_fc2(0),
+                     parameter_cut::columns);
   }
 
  private:

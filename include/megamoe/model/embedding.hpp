@@ -8,6 +8,7 @@
 #include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
+#include <megamoe/model/parameter_layout.hpp>
 
 #include <cstdint>
 #include <span>
@@ -15,27 +16,6 @@
 #include <vector>
 
 namespace megamoe {
-
-/// The rows of a [whole, H] vocabulary table one rank holds: ids [first, first + rows). With
-/// tensor parallelism the padded vocabulary (`padded_vocabulary`) is cut into equal parts and a
-/// rank holds the real ids of its part (fewer, or none, at the end).
-struct vocabulary_shard {
-  int first = 0, rows = 0, whole = 0;
-  int part_rows = 0;  // the padded part every rank has (rows of real ids fill it, or fewer)
-
-  /// All of a vocabulary of `size`.
-  static constexpr vocabulary_shard all(int size) noexcept { return {0, size, size, size}; }
-  /// Part `part` of `parts` of `size` ids padded to a multiple of `multiple` * `parts`.
-  static constexpr vocabulary_shard part_of(int size, int multiple, int parts, int part) noexcept {
-    int const step = multiple * parts, padded = (size + step - 1) / step * step;
-    int const first = padded / parts * part, last = padded / parts * (part + 1);
-    int const real_last = last < size ? last : size;
-    return {first, real_last > first ? real_last - first : 0, size, padded / parts};
-  }
-  [[nodiscard]] constexpr bool holds(std::int32_t id) const noexcept {
-    return id >= first && id < first + rows;
-  }
-};
 
 template <class T>
 class token_embedding {
@@ -116,8 +96,9 @@ class token_embedding {
 
   template <class F>
   void for_each_parameter(std::string const& prefix, F&& f) {
-    f(prefix + ".weight", row_matrix_map<T>(weight_.data(), shard_.rows, hidden()),
-      row_matrix_map<T>(grad_.data(), shard_.rows, hidden()));
+    report_parameter(f, prefix + ".weight", row_matrix_map<T>(weight_.data(), shard_.rows, hidden()),
+                     row_matrix_map<T>(grad_.data(), shard_.rows, hidden()),
+                     parameter_cut::vocabulary_rows);
   }
 
  private:

@@ -28,6 +28,7 @@
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
 #include <megamoe/model/embedding.hpp>
+#include <megamoe/model/parameter_layout.hpp>
 #include <megamoe/model/products.hpp>
 #include <megamoe/parallel/collectives.hpp>
 
@@ -223,8 +224,9 @@ class lm_head {
 
   template <class F>
   void for_each_parameter(std::string const& prefix, F&& f) {
-    f(prefix + ".weight", row_matrix_map<T>(weight_.data(), shard_.rows, hidden()),
-      row_matrix_map<T>(grad_.data(), shard_.rows, hidden()));
+    report_parameter(f, prefix + ".weight", row_matrix_map<T>(weight_.data(), shard_.rows, hidden()),
+                     row_matrix_map<T>(grad_.data(), shard_.rows, hidden()),
+                     parameter_cut::vocabulary_rows);
   }
 
  private:

@@ -36,6 +36,7 @@
 #include <megamoe/model/flash_attention.hpp>
 #include <megamoe/model/linear.hpp>
 #include <megamoe/model/norm.hpp>
+#include <megamoe/model/parameter_layout.hpp>
 #include <megamoe/model/tags.hpp>
 #include <megamoe/parallel/tags.hpp>
 
@@ -62,9 +63,12 @@ struct mla_operands {
   Ops down{}, up{}, proj{};
 };
 
+/// `QLoraRank`: the configuration's q_lora_rank where its type fixes one (then the dims must
+/// agree, and whether queries take the low-rank path is known at compile time), or `dynamic`.
 template <class T, bool QkLayernorm = false,
           parallel::cp_comm_type CpComm = parallel::cp_comm_type::p2p,
-          class Ops = expert::exact_operands, class Backend = expert::grouped_gemm>
+          class Ops = expert::exact_operands, class Backend = expert::grouped_gemm,
+          int QLoraRank = dynamic>
 class latent_attention {
   static constexpr auto fc1 = expert::linear::fc1;
   static constexpr auto fc2 = expert::linear::fc2;
@@ -94,6 +98,9 @@ class latent_attention {
     if (dims.q_lora_rank < 0 || dims.kv_lora_rank < 1 || dims.qk_head_dim < 1 ||
         dims.v_head_dim < 1)
       fail("q_lora_rank must be at least 0; kv_lora_rank, qk_head_dim and v_head_dim positive");
+    if (QLoraRank != dynamic && dims.q_lora_rank != QLoraRank)
+      fail("q_lora_rank " + std::to_string(dims.q_lora_rank) + ", the type's " +
+           std::to_string(QLoraRank));
     if (dims.qk_pos_emb_head_dim < 2 || dims.qk_pos_emb_head_dim % 2 != 0)
       fail("qk_pos_emb_head_dim " + std::to_string(dims.qk_pos_emb_head_dim) +
            " must be even and positive (RoPE rotates pairs)");
@@ -104,7 +111,7 @@ class latent_attention {
       w = row_matrix<T>::Zero(rows, cols);
       g = row_matrix<T>::Zero(rows, cols);
     };
-    if (rq > 0) {
+    if (low_rank_queries()) {
       zero(q_down_.value, q_down_.grad, rq, hidden);
       zero(q_up_.value, q_up_.grad, query_width(), rq);
     } else {
@@ -120,6 +127,14 @@ class latent_attention {
   }
 
   [[nodiscard]] int hidden() const noexcept { return hidden_; }
+  /// Whether queries take the low-rank path (q_lora_rank above 0): the type's QLoraRank where it
+  /// fixes one, else the dims'.
+  [[nodiscard]] bool low_rank_queries() const noexcept {
+    if constexpr (QLoraRank != dynamic)
+      return QLoraRank > 0;
+    else
+      return dims_.q_lora_rank > 0;
+  }
   /// This rank's heads (all of them without tensor parallelism).
   [[nodiscard]] int heads() const noexcept { return heads_; }
   [[nodiscard]] mla_dims const& dims() const noexcept { return dims_; }
@@ -174,7 +189,7 @@ class latent_attention {
     int const KVD = rkv + dr, KVU = latent_width(), C = context_width();
     x_ = x;
     q_.resize(N, Q);
-    if (rq > 0) {
+    if (low_rank_queries()) {
       normed_q_.resize(N, rq);
       if constexpr (QkLayernorm) {
         latent_q_.resize(N, rq);
@@ -241,7 +256,7 @@ class latent_attention {
                    x_.data(), dx.data(), static_cast<int>(dx.outerStride()), kv_down_.grad.data());
     // The queries' path, added.
     grad_x_q_.resize(N, H);
-    if (rq > 0) {
+    if (low_rank_queries()) {
       grad_latent_q_.resize(N, rq);
       up_.backward(exec, fc1, N, Q, rq, grad_q_.data(), Q, q_up_.value.data(), normed_q_.data(),
                    grad_latent_q_.data(), rq, q_up_.grad.data());
@@ -260,7 +275,7 @@ class latent_attention {
     for_each_weight(
         [](std::string_view, linears_type&, expert::linear, weight& w) { w.grad.setZero(); });
     if constexpr (QkLayernorm) {
-      if (dims_.q_lora_rank > 0) norms_.q.zero_grad();
+      if (low_rank_queries()) norms_.q.zero_grad();
       norms_.kv.zero_grad();
     }
   }
@@ -271,11 +286,17 @@ class latent_attention {
   /// kv_layernorm.weight.
   template <class F>
   void for_each_parameter(std::string const& prefix, F&& f) {
-    for_each_weight([&](std::string_view name, linears_type&, expert::linear, weight& w) {
-      f(prefix + std::string(name), view(w.value), view(w.grad));
+    for_each_weight([&](std::string_view name, linears_type& l, expert::linear, weight& w) {
+      // The down projections are whole on every TP rank; the up projections (and linear_q_proj)
+      // are cut by heads' rows, linear_proj by heads' columns.
+      parameter_cut const cut = &l == &proj_  ? parameter_cut::columns
+                                : &w == &kv_down_ || (&w == &q_down_ && low_rank_queries())
+                                    ? parameter_cut::whole
+                                    : parameter_cut::rows;
+      report_parameter(f, prefix + std::string(name), view(w.value), view(w.grad), cut);
     });
     if constexpr (QkLayernorm) {
-      if (dims_.q_lora_rank > 0) norms_.q.for_each_parameter(prefix + ".q_layernorm", f);
+      if (low_rank_queries()) norms_.q.for_each_parameter(prefix + ".q_layernorm", f);
       norms_.kv.for_each_parameter(prefix + ".kv_layernorm", f);
     }
   }
@@ -319,7 +340,7 @@ class latent_attention {
   void park(std::uint64_t key) {
     stash_.park(key, seq_, batch_, x_, normed_q_, q_, normed_kv_, kv_, keys_, context_);
     if constexpr (QkLayernorm) {
-      if (dims_.q_lora_rank > 0) norms_.q.park(key);
+      if (low_rank_queries()) norms_.q.park(key);
       norms_.kv.park(key);
     }
     core_.park(key);
@@ -327,7 +348,7 @@ class latent_attention {
   void restore(std::uint64_t key) {
     stash_.restore(key, seq_, batch_, x_, normed_q_, q_, normed_kv_, kv_, keys_, context_);
     if constexpr (QkLayernorm) {
-      if (dims_.q_lora_rank > 0) norms_.q.restore(key);
+      if (low_rank_queries()) norms_.q.restore(key);
       norms_.kv.restore(key);
     }
     core_.restore(key);
@@ -338,7 +359,7 @@ class latent_attention {
   [[nodiscard]] std::size_t saved_bytes() const noexcept {
     std::size_t norms = 0;
     if constexpr (QkLayernorm)
-      norms = (dims_.q_lora_rank > 0 ? norms_.q.saved_bytes() : 0) + norms_.kv.saved_bytes();
+      norms = (low_rank_queries() ? norms_.q.saved_bytes() : 0) + norms_.kv.saved_bytes();
     return static_cast<std::size_t>(x_.size() + normed_q_.size() + q_.size() + normed_kv_.size() +
                                     kv_.size() + keys_.size() + context_.size()) *
                sizeof(T) +
@@ -357,7 +378,7 @@ class latent_attention {
   /// f(name suffix, products, slot, weight) for the linears in forward order.
   template <class F>
   void for_each_weight(F&& f) {
-    if (dims_.q_lora_rank > 0) {
+    if (low_rank_queries()) {
       f(".linear_q_down_proj.weight", down_, fc1, q_down_);
       f(".linear_q_up_proj.weight", up_, fc1, q_up_);
     } else {

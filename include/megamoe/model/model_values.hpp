@@ -5,13 +5,13 @@
 // pipeline's virtual stages (R036).
 #pragma once
 
-#include <megamoe/config/error.hpp>
 #include <megamoe/config/resolve.hpp>
 #include <megamoe/config/rules.hpp>
 #include <megamoe/parallel/environment.hpp>
 #include <megamoe/parallel/layout.hpp>
-#include <megamoe/parallel/pipeline.hpp>
+#include <megamoe/parallel/pipeline_schedule.hpp>
 #include <megamoe/parallel/process_groups.hpp>
+#include <megamoe/policy/error.hpp>
 
 #include <string>
 
@@ -28,6 +28,19 @@ inline startup_values startup_on_one_rank(startup_values given) {
 inline startup_values startup_on_job(parallel::process_groups const& groups,
                                      startup_values const& given) {
   return parallel::with_layout(given, groups.layout());
+}
+
+/// R046 and R049 for a sequence length: throws the rule's config_error where the model's CP and TP
+/// cannot cut it (every rank is given the same length, so every rank throws alike).
+inline void check_sequence_cut(config_values const& v, int seq) {
+  int const cp = v.parallel.cp, tp = v.parallel.tp;
+  if (cp > 1 && seq % (2 * cp) != 0)
+    throw config_error(rules::id::context_chunks_divide_sequence,
+                       "sequence length " + std::to_string(seq) + ", CP " + std::to_string(cp));
+  if (tp > 1 && (seq / cp) % tp != 0)
+    throw config_error(rules::id::tp_divides_sequence_shard,
+                       "sequence length " + std::to_string(seq) + ", CP " + std::to_string(cp) +
+                           ", TP " + std::to_string(tp));
 }
 
 /// The pipeline's virtual stages of a resolved model.

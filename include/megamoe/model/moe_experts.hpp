@@ -22,9 +22,9 @@
 #include <megamoe/memory/saved.hpp>
 #include <megamoe/model/context.hpp>
 #include <megamoe/model/linear.hpp>
-#include <megamoe/model/moe_parameters.hpp>
 #include <megamoe/model/moe_setup.hpp>
 #include <megamoe/model/moe_types.hpp>
+#include <megamoe/model/parameter_layout.hpp>
 #include <megamoe/parallel/collectives.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 
@@ -100,7 +100,7 @@ class expert_stage {
       shared_replicas_ = parallel::communicator_max(groups->dp());
       first_expert_ = groups->ep().rank() * local_experts();
       if constexpr (rounds_operands) routed_ops_.number_experts_from(first_expert_);
-      ffn_offset_ = groups->expert_tp().rank() * local_ffn();
+      etp_ = {groups->expert_tp().size(), groups->expert_tp().rank()};
     }
     if (has_gate()) {
       gate_weight_ = row_matrix<scalar>::Zero(1, v.shape.hidden);
@@ -112,8 +112,15 @@ class expert_stage {
   [[nodiscard]] int local_experts() const noexcept { return experts_.sizes().experts; }
   [[nodiscard]] int local_ffn() const noexcept { return experts_.sizes().ffn; }
   [[nodiscard]] int first_expert() const noexcept { return first_expert_; }
-  [[nodiscard]] int ffn_offset() const noexcept { return ffn_offset_; }
-  [[nodiscard]] bool has_shared() const noexcept { return values_.shape.shared_ffn > 0; }
+  [[nodiscard]] int ffn_offset() const noexcept { return etp_.part * local_ffn(); }
+  /// Whether the layer has a shared expert: known at compile time unless the configuration's
+  /// shape leaves shared_ffn to start-up.
+  [[nodiscard]] bool has_shared() const noexcept {
+    if constexpr (constexpr int by_type = Types::config::shape::value.shared_ffn; by_type != dynamic)
+      return by_type > 0;
+    else
+      return values_.shape.shared_ffn > 0;
+  }
   [[nodiscard]] bool has_gate() const noexcept {
     return has_shared() && Types::expert_settings.shared_expert_gate;
   }
@@ -311,13 +318,13 @@ class expert_stage {
                      std::uint64_t index, element_numbering const& numbering) {
       f(std::string_view(names_[n++]), value, grad, k, index, numbering);
     };
-    std::int64_t const E = values_.shape.experts, H = hidden(), Ffull = values_.shape.ffn;
-    std::int64_t const Fl = local_ffn(), first = first_expert_;
-    bool const glu = expert::fc1_width(activation, 1) == 2;
+    std::int64_t const E = values_.shape.experts, H = hidden(), Fl = local_ffn();
+    std::int64_t const first = first_expert_;
+    int const fc1_width = expert::fc1_width(activation, 1);
     element_numbering const fc1 =
-        glu ? element_numbering{H, 0, Fl, ffn_offset_, Ffull + ffn_offset_, 2 * Ffull}
-            : element_numbering{H, 0, 0, ffn_offset_, 0, Ffull};
-    element_numbering const fc2{Ffull, ffn_offset_};
+        numbering_of(fc1_width == 2 ? parameter_cut::swiglu_rows : parameter_cut::rows,
+                     fc1_width * Fl, H, etp_);
+    element_numbering const fc2 = numbering_of(parameter_cut::columns, H, Fl, etp_);
     int const L = local_experts();
     constexpr parameter_kind weights =
         quantized_weights ? parameter_kind::quantized_expert : parameter_kind::expert;
@@ -462,7 +469,8 @@ class expert_stage {
   shared_operands shared_ops_;
   std::string prefix_;
   std::vector<std::string> names_;
-  int first_expert_ = 0, ffn_offset_ = 0;
+  int first_expert_ = 0;
+  cut_position etp_;  // the experts' ffn columns are cut over ETP
   row_matrix<scalar> gate_weight_, gate_weight_grad_;
   std::array<buffer<scalar>, 7> kept_;  // by memory::layer_buffer, where the policy keeps it
   scalar* shared_fc1_ = nullptr;        // the shared expert's last forward values

@@ -19,7 +19,6 @@
 // recomputed as the memory policy says (memory/saved.hpp).
 #pragma once
 
-#include <megamoe/config/error.hpp>
 #include <megamoe/config/resolve.hpp>
 #include <megamoe/config/rules.hpp>
 #include <megamoe/core/buffer.hpp>
@@ -29,13 +28,14 @@
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/model/context.hpp>
 #include <megamoe/model/moe_experts.hpp>
-#include <megamoe/model/moe_parameters.hpp>
 #include <megamoe/model/moe_routing.hpp>
 #include <megamoe/model/moe_setup.hpp>
 #include <megamoe/model/moe_types.hpp>
 #include <megamoe/model/moe_wire.hpp>
+#include <megamoe/model/parameter_layout.hpp>
 #include <megamoe/parallel/environment.hpp>
 #include <megamoe/parallel/process_groups.hpp>
+#include <megamoe/policy/error.hpp>
 
 #include <algorithm>
 #include <cstdint>

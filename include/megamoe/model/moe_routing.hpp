@@ -14,8 +14,8 @@
 #include <megamoe/expert/backends.hpp>
 #include <megamoe/expert/gemm_problem.hpp>
 #include <megamoe/model/context.hpp>
-#include <megamoe/model/moe_parameters.hpp>
 #include <megamoe/model/moe_types.hpp>
+#include <megamoe/model/parameter_layout.hpp>
 #include <megamoe/parallel/collectives.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 #include <megamoe/router/router.hpp>

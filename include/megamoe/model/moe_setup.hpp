@@ -4,7 +4,6 @@
 // stage on a job), and the sizes of this rank's experts.
 #pragma once
 
-#include <megamoe/config/error.hpp>
 #include <megamoe/config/resolve.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/dispatch/groups.hpp>
@@ -13,6 +12,7 @@
 #include <megamoe/model/moe_types.hpp>
 #include <megamoe/parallel/environment.hpp>
 #include <megamoe/parallel/process_groups.hpp>
+#include <megamoe/policy/error.hpp>
 
 #include <algorithm>
 #include <string>

@@ -10,6 +10,7 @@
 #include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
+#include <megamoe/model/parameter_layout.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -92,8 +93,8 @@ class rms_norm {
   /// f(name, value, grad) for the weight, named `prefix.weight`.
   template <class F>
   void for_each_parameter(std::string const& prefix, F&& f) {
-    f(prefix + ".weight", row_matrix_map<T>(weight_.data(), 1, hidden()),
-      row_matrix_map<T>(grad_.data(), 1, hidden()));
+    report_parameter(f, prefix + ".weight", row_matrix_map<T>(weight_.data(), 1, hidden()),
+                     row_matrix_map<T>(grad_.data(), 1, hidden()), parameter_cut::norm);
   }
 
   /// Bytes kept from forward to backward.

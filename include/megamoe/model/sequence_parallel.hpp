@@ -8,10 +8,14 @@
 //
 // sequence_parallel<T, true> holds the buffers and the TP communicator and moves nothing at
 // TP 1; sequence_parallel<T, false> (a configuration whose type fixes TP at 1) holds neither and
-// passes the rows through.
+// passes the rows through. residual_stream holds a micro-batch's rows of the stream and the
+// working rows the blocks write. context_chunks<true> keeps a rank's CP chunks of a micro-batch's
+// tokens; context_chunks<false> (a type that fixes CP at 1) keeps the micro-batch as given.
 #pragma once
 
 #include <megamoe/core/tensor.hpp>
+#include <megamoe/model/context.hpp>
+#include <megamoe/model/norm.hpp>
 #include <megamoe/parallel/collectives.hpp>
 
 #include <boost/mpi/communicator.hpp>
@@ -20,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace megamoe {
@@ -88,6 +93,56 @@ class sequence_parallel<T, false> {
   void sum_to_my_rows(row_matrix_map<T>) noexcept {}
 };
 
+/// A micro-batch's residual stream on this rank, [N / TP, H], and the working rows around it: the
+/// norm's output, a branch's (attention's or a dense FFN's) output, and in backward the stream's
+/// gradient and a norm's input gradient. An FFN's output joins the stream in the next norm's pass
+/// (`pending`), so the stream is read and written once per block.
+template <class T, bool TensorParallel>
+struct residual_stream {
+  row_matrix<T> residual, normed, branch, grad, grad_normed;
+  T const* pending = nullptr;  // an FFN's output rows, not yet added to `residual`
+  sequence_parallel<T, TensorParallel> sp;
+  std::int64_t whole_rows = 0;  // N: all TP ranks' rows together
+
+  /// A micro-batch of `whole` rows, `rows` of them this rank's, of `hidden` columns.
+  void start(std::int64_t rows, std::int64_t whole, int hidden) {
+    residual.resize(rows, hidden);
+    normed.resize(rows, hidden);
+    branch.resize(rows, hidden);
+    sp.set_rows(rows);
+    whole_rows = whole;
+    pending = nullptr;
+  }
+  /// Sizes the backward's rows.
+  void start_backward() {
+    grad.resize(residual.rows(), residual.cols());
+    grad_normed.resize(residual.rows(), residual.cols());
+  }
+  /// Where a TP-parallel module writes its part of the [N, H] output whose sum over TP is `mine`.
+  row_matrix_map<T> whole_output(row_matrix<T>& mine) {
+    return sp.whole_output(view(mine), whole_rows);
+  }
+  [[nodiscard]] const_row_matrix_map<T> pending_rows() const noexcept {
+    return {pending, residual.rows(), residual.cols()};
+  }
+  /// `norm` of the stream into `normed`, the pending FFN output added to the stream first.
+  void norm_of_residual(context& ctx, rms_norm<T>& norm) {
+    ctx.step_stages.time(step_stage::norms_residuals, [&] {
+      if (pending == nullptr)
+        norm.forward(ctx.pool(), const_view(residual), view(normed));
+      else
+        norm.add_forward(ctx.pool(), view(residual), pending_rows(), view(normed));
+      pending = nullptr;
+    });
+  }
+  /// The pending FFN output joins the stream (before the rows leave a chunk).
+  void settle() {
+    if (pending == nullptr) return;
+    residual += pending_rows();
+    pending = nullptr;
+  }
+};
+
 /// CP rank `rank`'s two chunks (r and 2 CP - 1 - r) of each sequence of `all` [S*B] into `mine`
 /// [S/CP * B].
 inline void keep_context_chunks(std::span<std::int32_t const> all, int seq, int batch, int cp,
@@ -100,5 +155,75 @@ inline void keep_context_chunks(std::span<std::int32_t const> all, int seq, int 
     std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(chunks[i] * run), run,
                 mine.begin() + static_cast<std::ptrdiff_t>(i * run));
 }
+
+template <bool ContextParallel>
+class context_chunks;
+
+/// CP may be above 1: a rank keeps its two chunks of each sequence of the micro-batch.
+template <>
+class context_chunks<true> {
+ public:
+  /// Over `cp` (null: one rank).
+  void attach(boost::mpi::communicator const* cp) noexcept { cp_ = cp; }
+  [[nodiscard]] int ranks() const noexcept { return cp_ == nullptr ? 1 : cp_->size(); }
+  [[nodiscard]] int rank() const noexcept { return cp_ == nullptr ? 0 : cp_->rank(); }
+
+  /// Keeps this rank's chunks of `tokens` and `targets` (empty, or as many) [S*B], for tokens()
+  /// and targets(); returns this rank's positions, S / CP.
+  int keep(std::span<std::int32_t const> tokens, std::span<std::int32_t const> targets, int seq,
+           int batch) {
+    tokens_ = tokens;
+    targets_ = targets;
+    int const cp = ranks();
+    if (cp == 1) return seq;
+    keep_context_chunks(tokens, seq, batch, cp, rank(), local_tokens_);
+    tokens_ = local_tokens_;
+    if (!targets.empty()) {
+      keep_context_chunks(targets, seq, batch, cp, rank(), local_targets_);
+      targets_ = local_targets_;
+    }
+    return seq / cp;
+  }
+  [[nodiscard]] std::span<std::int32_t const> tokens() const noexcept { return tokens_; }
+  [[nodiscard]] std::span<std::int32_t const> targets() const noexcept { return targets_; }
+
+  /// The CP rank that holds position `position` of a sequence of `seq`, and the position among
+  /// that rank's S / CP.
+  [[nodiscard]] std::pair<int, int> owner_of(int position, int seq) const noexcept {
+    int const cp = ranks();
+    if (cp == 1) return {0, position};
+    int const L = seq / (2 * cp), chunk = position / L;
+    return chunk < cp ? std::pair{chunk, position % L}
+                      : std::pair{2 * cp - 1 - chunk, L + position % L};
+  }
+
+ private:
+  boost::mpi::communicator const* cp_ = nullptr;
+  std::span<std::int32_t const> tokens_, targets_;
+  std::vector<std::int32_t> local_tokens_, local_targets_;
+};
+
+/// CP is 1 by the configuration's type: the micro-batch is the rank's own.
+template <>
+class context_chunks<false> {
+ public:
+  void attach(boost::mpi::communicator const*) noexcept {}
+  [[nodiscard]] static constexpr int ranks() noexcept { return 1; }
+  [[nodiscard]] static constexpr int rank() noexcept { return 0; }
+  int keep(std::span<std::int32_t const> tokens, std::span<std::int32_t const> targets, int seq,
+           int) noexcept {
+    tokens_ = tokens;
+    targets_ = targets;
+    return seq;
+  }
+  [[nodiscard]] std::span<std::int32_t const> tokens() const noexcept { return tokens_; }
+  [[nodiscard]] std::span<std::int32_t const> targets() const noexcept { return targets_; }
+  [[nodiscard]] static constexpr std::pair<int, int> owner_of(int position, int) noexcept {
+    return {0, position};
+  }
+
+ private:
+  std::span<std::int32_t const> tokens_, targets_;
+};
 
 }  // namespace megamoe

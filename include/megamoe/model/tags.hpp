@@ -15,7 +15,7 @@
 // `mtp_num_layers`, `mtp_loss_scaling_factor`).
 #pragma once
 
-#include <megamoe/config/policy.hpp>
+#include <megamoe/policy/policy.hpp>
 
 #include <array>
 #include <cstdint>

@@ -3,38 +3,30 @@
 // backward: token embedding, L pre-norm blocks (RMSNorm, causal attention with RoPE, or
 // multi-head latent attention under model::multi_latent_attention, RMSNorm, then the MoE layer of
 // `Config` or a dense SwiGLU FFN, each with a residual), a final RMSNorm and the output layer with
-// cross-entropy. With model::multi_token_prediction (MTP) D depths follow on the output layer's
-// stage: depth k (1-based) joins RMSNorm(embedding of the ids k places ahead) and RMSNorm(depth
-// k - 1's hidden state; depth 0's is the decoder's output after its final norm) through eh_proj
-// [H, 2H], runs one layer of the last decoder layer's kind (`mtp.layers.{k-1}.transformer_layer`)
-// and its own final RMSNorm, and predicts the targets k places ahead through the shared output
-// layer (the last k positions of each sequence have none). The objective adds
-// mtp_loss_scaling_factor / D times the sum of the depths' mean losses.
+// cross-entropy; with model::multi_token_prediction, D depths on the output layer's stage
+// (mtp.hpp), whose mean loss times mtp_loss_scaling_factor joins the objective.
 //
 // Every size comes from the configuration type: `Config::model` (layers, heads, vocabulary, dense
 // FFN width, the MoE layer pattern, norm epsilon, RoPE base) and `Config::shape`; what the type
 // leaves `dynamic` is given at start-up (startup_values), where the same rules run with the same
 // ids. The model runs with any TP (with sequence parallelism), CP and PP; the MoE layers may use
-// EP, ETP and EDP (the process-groups constructor). Under PP (parallel/pipeline.hpp) a rank holds
-// the layers of its chunks only (the embedding on virtual stage 0, the final norm and output
-// layer on the last), and a schedule runs them chunk by chunk (forward_chunk, backward_chunk).
-// With MTP the last stage embeds ids too: it holds a copy of the embedding's table (the same
-// vocabulary part as stage 0's at its TP rank), which is not a parameter. The pipeline's runner
-// (train/pipeline.hpp) refreshes it from stage 0's before each run and adds its gradient into
-// stage 0's after it, so the optimizer, the gradient norm and checkpoints see the table once.
-// Tokens of a micro-batch are S positions x B sequences, flattened t = s*B + b. Under context
-// parallelism every rank of a CP group is given the whole micro-batch and keeps its two of the 2 CP
-// chunks of each sequence (chunks r and 2 CP - 1 - r, the reference's load balancing): the rank's
-// rows are S / CP positions, its chunks in that order, t = s*B + b over them.
+// EP, ETP and EDP (the process-groups constructor). Under PP (parallel/pipeline_schedule.hpp) a
+// rank holds the layers of its chunks only (the embedding on virtual stage 0, the final norm and
+// output layer on the last), and the pipeline's runner (train/pipeline_runner.hpp) runs them
+// chunk by chunk. With MTP the last stage embeds ids too: it holds a copy of the embedding's
+// table (the same vocabulary part as stage 0's at its TP rank), which is not a parameter; the
+// runner refreshes it from stage 0's before each run and adds its gradient into stage 0's after
+// it, so the optimizer, the gradient norm and checkpoints see the table once. Tokens of a
+// micro-batch are S positions x B sequences, flattened t = s*B + b; under CP a rank keeps its two
+// of the 2 CP chunks of each sequence, its rows S / CP positions (sequence_parallel.hpp).
 //
-// Its parts: the layers and the choice of each one's modules (decoder_block.hpp), the rows'
-// movements under TP and CP (sequence_parallel.hpp), the MTP depths' modules and inputs
-// (mtp.hpp), the configuration resolved for a whole model (model_values.hpp); a schedule that
-// interleaves two micro-batches block by block is train/pipeline.hpp's.
+// Its parts: the layers and the one choice of each one's modules (decoder_block.hpp), the
+// residual stream and its rows' movements under TP and CP (sequence_parallel.hpp), MTP's depths
+// and passes (mtp.hpp), the parameters' names, cuts and numbering (parameter_layout.hpp), the
+// configuration resolved for a whole model (model_values.hpp).
 #pragma once
 
 #include <megamoe/config/config.hpp>
-#include <megamoe/config/error.hpp>
 #include <megamoe/config/resolve.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/parameter.hpp>
@@ -52,8 +44,9 @@
 #include <megamoe/model/norm.hpp>
 #include <megamoe/model/products.hpp>
 #include <megamoe/model/sequence_parallel.hpp>
-#include <megamoe/parallel/pipeline.hpp>
+#include <megamoe/parallel/pipeline_schedule.hpp>
 #include <megamoe/parallel/process_groups.hpp>
+#include <megamoe/policy/error.hpp>
 
 #include <boost/mpi/collectives/broadcast.hpp>
 
@@ -160,10 +153,7 @@ class transformer {
   /// BF16 layer counts are the decoder's), under NVFP4 in BF16 (the reference keeps FP4 out of
   /// MTP).
   [[nodiscard]] bool is_bf16_layer(int layer) const noexcept {
-    if (!keeps_bf16_layers) return false;
-    if (layer >= values_.model.layers)
-      return Config::precision::value.recipe == precision::recipe_id::nvfp4;
-    return layer < bf16_at_start_ || layer >= values_.model.layers - bf16_at_end_;
+    return decoder_layers<Config>::is_bf16_layer(values_.model.layers, given_, layer);
   }
 
   /// Context-parallel ranks (the CP degree; 1 without).
@@ -173,16 +163,7 @@ class transformer {
 
   /// R046 and R049 for a sequence length: throws the rule's config_error where this layout
   /// cannot cut it (every rank is given the same length, so every rank throws alike).
-  void check_sequence(int seq) const {
-    int const cp = context_parallel(), tp = tensor_parallel();
-    if (cp > 1 && seq % (2 * cp) != 0)
-      throw config_error(rules::id::context_chunks_divide_sequence,
-                         "sequence length " + std::to_string(seq) + ", CP " + std::to_string(cp));
-    if (tp > 1 && (seq / cp) % tp != 0)
-      throw config_error(rules::id::tp_divides_sequence_shard,
-                         "sequence length " + std::to_string(seq) + ", CP " + std::to_string(cp) +
-                             ", TP " + std::to_string(tp));
-  }
+  void check_sequence(int seq) const { check_sequence_cut(values_, seq); }
 
   /// Forward of one micro-batch: tokens and targets [S*B] (t = s*B + b), the whole micro-batch
   /// on every rank of a TP x CP group (2 CP must divide S, R046; TP the S / CP positions a rank's
@@ -196,7 +177,7 @@ class transformer {
     begin_micro_batch(tokens, targets, seq, batch);
     transformer_output out;
     embed(ctx);
-    run_blocks(ctx, 0, decoder_blocks(), out);
+    for (int i = 0; i < decoder_blocks(); ++i) forward_block(ctx, i, out);
     finish_with_head(ctx, out);
     return out;
   }
@@ -230,83 +211,58 @@ class transformer {
     return std::int64_t{seq / context_parallel()} * batch / tensor_parallel();
   }
 
-  /// Forward of chunk v of a micro-batch: tokens and targets as forward() takes them (every
+  // ---- a chunk's passes block by block, which the pipeline's runner (train/pipeline_runner.hpp)
+  // orders: begin_chunk, forward_block for each of its blocks, end_chunk; head_backward on the
+  // output layer's chunk, backward_block for each block, last first, embed_backward on the
+  // embedding's chunk ----
+  /// Begins chunk v's forward of a micro-batch: tokens and targets as forward() takes them (every
   /// chunk is given them; the embedding's and the output layer's chunks read them), `input` the
-  /// previous virtual stage's output rows (unused by the embedding's chunk). Returns the chunk's
-  /// router losses and, on the output layer's chunk, the cross-entropy; any other chunk leaves
-  /// its output rows in chunk_output(). `ctx.step.mode` may be recompute: the same forward again
-  /// (the MoE layers do not count it twice), for a model that does not park micro-batches.
-  transformer_output forward_chunk(context& ctx, int v, std::span<std::int32_t const> tokens,
-                                   std::span<std::int32_t const> targets, int seq, int batch,
-                                   const_row_matrix_map<scalar> input) {
-    begin_micro_batch(tokens, targets, seq, batch);
-    transformer_output out;
-    start_chunk(ctx, v, input);
-    auto const [first, last] = chunk_blocks_[static_cast<std::size_t>(v)];
-    run_blocks(ctx, first, last, out);
-    end_chunk(ctx, v, out);
-    return out;
-  }
-  // ---- a chunk's passes block by block, for a schedule that runs two micro-batches' passes
-  // in turn (train/pipeline.hpp's merged pass) ----
-  /// Begins chunk v's forward of a micro-batch, as forward_chunk takes it: the embedding, or the
-  /// previous virtual stage's rows.
+  /// previous virtual stage's output rows (unused by the embedding's chunk).
   void begin_chunk(context& ctx, int v, std::span<std::int32_t const> tokens,
                    std::span<std::int32_t const> targets, int seq, int batch,
                    const_row_matrix_map<scalar> input) {
     begin_micro_batch(tokens, targets, seq, batch);
-    start_chunk(ctx, v, input);
+    if (chunk_embeds(v)) return embed(ctx);
+    if (input.rows() != s_.residual.rows() || input.cols() != s_.residual.cols())
+      throw input_error("transformer: chunk input of " + std::to_string(input.rows()) + " x " +
+                        std::to_string(input.cols()) + " rows, expected " +
+                        std::to_string(s_.residual.rows()) + " x " +
+                        std::to_string(s_.residual.cols()));
+    s_.residual = input;
   }
   /// Chunk v's blocks, [first, last) of this rank's.
   [[nodiscard]] std::pair<int, int> chunk_blocks(int v) const {
     return chunk_blocks_[static_cast<std::size_t>(v)];
   }
-  /// Set aside under `key` and brought back: the values the embedding, block i, or the output
-  /// layer's stage (its norm, the output layer, the MTP depths) keep for their backward.
-  void park_embedding(std::uint64_t key) requires parks_micro_batches { embedding_.park(key); }
-  void restore_embedding(std::uint64_t key) requires parks_micro_batches {
-    embedding_.restore(key);
+  /// f(module) for each module that keeps values from forward to backward, which the pipeline's
+  /// runner sets aside per micro-batch (core/stash.hpp): the embedding; block i's; the output
+  /// layer's stage's (its norm, the output layer, each MTP depth's own and its layer's).
+  template <class F>
+  void for_each_embedding_module(F&& f) {
+    f(embedding_);
   }
-  void park_block(int i, std::uint64_t key) requires parks_micro_batches {
-    decoder_.for_each_block_module(i, [&](auto& m) { m.park(key); });
+  template <class F>
+  void for_each_block_module(int i, F&& f) {
+    decoder_.for_each_block_module(i, f);
   }
-  void restore_block(int i, std::uint64_t key) requires parks_micro_batches {
-    decoder_.for_each_block_module(i, [&](auto& m) { m.restore(key); });
+  template <class F>
+  void for_each_head_module(F&& f) {
+    f(final_norm_);
+    f(head_);
+    mtp_.for_each_depth([&](auto& d) {
+      f(d);
+      decoder_.for_each_block_module(d.block, f);
+    });
   }
-  void park_head(std::uint64_t key) requires parks_micro_batches {
-    for_each_head_module([&](auto& m) { m.park(key); });
-  }
-  void restore_head(std::uint64_t key) requires parks_micro_batches {
-    for_each_head_module([&](auto& m) { m.restore(key); });
-  }
-  /// The rows the last forward_chunk of a chunk without the output layer produced.
-  [[nodiscard]] row_matrix<scalar>& chunk_output() noexcept { return residual_; }
-  /// Where the gradient of a chunk's output rows is received before backward_chunk.
+  /// The rows the last forward of a chunk without the output layer produced.
+  [[nodiscard]] row_matrix<scalar>& chunk_output() noexcept { return s_.residual; }
+  /// Where the gradient of a chunk's output rows is received before its backward.
   row_matrix<scalar>& chunk_output_gradient(std::int64_t rows) {
-    grad_.resize(rows, hidden_size());
-    return grad_;
+    s_.grad.resize(rows, hidden_size());
+    return s_.grad;
   }
-  /// Backward of chunk v's last forward (or of the one restore_chunk brought back): from the
-  /// cross-entropy (times `scale`) on the output layer's chunk, otherwise from
-  /// chunk_output_gradient(). Leaves the gradient of the chunk's input rows in
-  /// chunk_input_gradient() (the embedding's chunk: in the embedding's weights).
-  void backward_chunk(context& ctx, int v, scalar scale) {
-    if (chunk_has_head(v)) head_backward(ctx, scale);
-    auto const [first, last] = chunk_blocks_[static_cast<std::size_t>(v)];
-    backward_blocks(ctx, first, last);
-    if (chunk_embeds(v)) embed_backward(ctx);
-  }
-  [[nodiscard]] row_matrix<scalar>& chunk_input_gradient() noexcept { return grad_; }
-  /// Sets what chunk v's last training forward keeps for its backward aside under `key` (a
-  /// micro-batch; core/stash.hpp), so other micro-batches may run through the chunk first;
-  /// restore_chunk(v, key) brings it back before that micro-batch's backward_chunk. The
-  /// micro-batch's shape is the same for every micro-batch of a schedule's run.
-  void park_chunk(int v, std::uint64_t key) requires parks_micro_batches {
-    for_each_saving_module(v, [&](auto& m) { m.park(key); });
-  }
-  void restore_chunk(int v, std::uint64_t key) requires parks_micro_batches {
-    for_each_saving_module(v, [&](auto& m) { m.restore(key); });
-  }
+  /// The gradient of a chunk's input rows its backward leaves (the embedding's chunk: none).
+  [[nodiscard]] row_matrix<scalar>& chunk_input_gradient() noexcept { return s_.grad; }
   /// Model FLOPs of one token's forward + backward in a sequence of `seq` (megamoe::
   /// flops_per_token).
   [[nodiscard]] double flops_per_token(int seq) const {
@@ -322,10 +278,10 @@ class transformer {
   /// MTP depth k's (1-based) tokens' cross-entropy (nats; 0 where the target is ignored) and
   /// targets in the last forward with targets, as token_losses() orders them.
   [[nodiscard]] std::span<double const> mtp_token_losses(int k) const {
-    return mtp_.at(static_cast<std::size_t>(k - 1)).pass.token_loss;
+    return mtp_.depth(k).pass.token_loss;
   }
   [[nodiscard]] std::span<std::int32_t const> mtp_targets(int k) const {
-    return mtp_.at(static_cast<std::size_t>(k - 1)).pass.targets;
+    return mtp_.depth(k).pass.targets;
   }
 
   /// Logits [rows, V / TP] of the last forward's final hidden states: every row of this rank's
@@ -338,30 +294,23 @@ class transformer {
   /// (collective over the TP x CP group: the TP ranks gather their vocabulary parts, the CP rank
   /// that holds the row sends it).
   std::vector<double> logits_at(int position, int b) {
-    int const cp = context_parallel(), tp = tensor_parallel(), B = batch_;
-    int const L = seq_ / (cp > 1 ? 2 : 1), chunk = position / L;
-    int owner = 0, row = position;
-    if (cp > 1) {
-      owner = chunk < cp ? chunk : 2 * cp - 1 - chunk;
-      row = (chunk < cp ? 0 : L) + position % L;
-    }
-    auto const V = static_cast<std::size_t>(values_.model.vocabulary);
-    std::vector<double> out(V);
-    if (cp == 1 || groups_->cp().rank() == owner) {
+    int const tp = tensor_parallel();
+    auto const [owner, row] = chunks_.owner_of(position, seq_ * chunks_.ranks());
+    std::vector<double> out(static_cast<std::size_t>(values_.model.vocabulary));
+    if (chunks_.rank() == owner) {
       auto const& l = logits();
       std::vector<double> mine(static_cast<std::size_t>(l.cols()));
       for (Eigen::Index v = 0; v < l.cols(); ++v)
-        mine[static_cast<std::size_t>(v)] = static_cast<double>(l(std::int64_t(row) * B + b, v));
-      if (tp > 1) {
-        std::vector<std::int64_t> parts(static_cast<std::size_t>(tp));
-        for (int k = 0; k < tp; ++k) parts[static_cast<std::size_t>(k)] = vocabulary_part(k).rows;
+        mine[static_cast<std::size_t>(v)] = static_cast<double>(l(std::int64_t(row) * batch_ + b, v));
+      std::vector<std::int64_t> parts(static_cast<std::size_t>(tp));
+      for (int k = 0; k < tp; ++k) parts[static_cast<std::size_t>(k)] = vocabulary_part(k).rows;
+      if (tp > 1)
         parallel::all_gather_v(groups_->tp(), mine.data(), out.data(),
                                std::span<std::int64_t const>(parts), 1);
-      } else {
+      else
         out = mine;
-      }
     }
-    if (cp > 1)
+    if (chunks_.ranks() > 1)
       boost::mpi::broadcast(groups_->cp(), out.data(), static_cast<int>(out.size()), owner);
     return out;
   }
@@ -397,71 +346,41 @@ class transformer {
     decoder_.zero_grad();
     final_norm_.zero_grad();
     head_.zero_grad();
-    for (auto& d : mtp_) d.zero_grad();
+    mtp_.for_each_depth([](auto& d) { d.zero_grad(); });
   }
 
   /// f(name, value, grad, kind) for every parameter this rank holds, named as the reference
   /// names them (`embedding.word_embeddings.weight`, `decoder.layers.{i}....`,
-  /// `decoder.final_layernorm.weight`, `output_layer.weight`).
+  /// `decoder.final_layernorm.weight`, `output_layer.weight`); the kind follows from each
+  /// parameter's cut (model/parameter_layout.hpp) and its module holding codes or not.
   template <class F>
   void for_each_parameter(F&& f) {
-    auto dense = [&](std::string const& name, row_matrix_map<scalar> value,
-                     row_matrix_map<scalar> grad) {
-      f(std::string_view(name), value, grad, parameter_kind::dense);
-    };
-    // Attention's, the dense FFN's, the embedding's and the output layer's weights: TP shards
-    // (QK layernorm's weights stay whole).
-    auto split = [&](std::string const& name, row_matrix_map<scalar> value,
-                     row_matrix_map<scalar> grad) {
-      f(std::string_view(name), value, grad, kind_of(name));
-    };
-    // A module's linear weights held as codes (memory::quantized_weights): their quantized kind.
-    auto split_of = [&]<class Module>(Module const&) {
-      return
-          [&](std::string const& name, row_matrix_map<scalar> value, row_matrix_map<scalar> grad) {
-            parameter_kind kind = kind_of(name);
-            if constexpr (Module::quantized_weights)
-              if (!name.ends_with("layernorm.weight")) kind = quantized_kind_of(kind);
-            f(std::string_view(name), value, grad, kind);
-          };
-    };
-    if (holds_embedding_) embedding_.for_each_parameter("embedding.word_embeddings", split);
-    for (auto& b : decoder_.blocks()) {
-      std::string const prefix = layer_prefix(b.layer);
-      b.input_norm.for_each_parameter(prefix + ".input_layernorm", dense);
-      decoder_.with_attention(
-          b, [&](auto& a) { a.for_each_parameter(prefix + ".self_attention", split_of(a)); });
-      b.pre_mlp_norm.for_each_parameter(prefix + ".pre_mlp_layernorm", dense);
-      decoder_.with_ffn(b, [&](auto& ffn) {
-        if constexpr (is_moe_layer_v<std::remove_cvref_t<decltype(ffn)>>)
-          ffn.for_each_parameter(f);
-        else
-          ffn.for_each_parameter(prefix + ".mlp", split_of(ffn));
-      });
-    }
-    if (!holds_head_) return;
-    final_norm_.for_each_parameter("decoder.final_layernorm", dense);
-    head_.for_each_parameter("output_layer", split);
-    for (std::size_t k = 0; k < mtp_.size(); ++k)
-      mtp_[k].for_each_parameter("mtp.layers." + std::to_string(k), dense);
+    walk_parameters(
+        [&](std::string const& name, auto value, auto grad, parameter_cut cut, bool codes) {
+          f(std::string_view(name), value, grad, kind_of(cut, tp_position(), codes));
+        },
+        [&](auto& moe) { moe.for_each_parameter(f); });
   }
 
   /// f(name, value, grad, kind, numbering) for every parameter this rank holds, with where its
-  /// elements lie in the whole parameter (the dense ones are whole copies).
+  /// elements lie in the whole parameter: those of the experts last.
   template <class F>
   void for_each_numbered_parameter(F&& f) {
-    for_each_parameter([&](std::string_view name, row_matrix_map<scalar> value,
-                           row_matrix_map<scalar> grad, parameter_kind kind) {
-      if (reduced_as(kind) == parameter_kind::tensor_parallel)
-        f(name, value, grad, kind, numbering_of(name, grad.rows(), grad.cols()));
-      else if (reduced_as(kind) == parameter_kind::dense)
-        f(name, value, grad, kind, element_numbering{grad.cols()});
-    });
+    walk_parameters(
+        [&](std::string const& name, auto value, auto grad, parameter_cut cut, bool codes) {
+          f(std::string_view(name), value, grad, kind_of(cut, tp_position(), codes),
+            numbering_of(cut, grad.rows(), grad.cols(), tp_position()));
+        },
+        [&](auto& moe) {
+          moe.for_each_numbered_parameter([&](std::string_view name, auto value, auto grad,
+                                              parameter_kind kind, element_numbering const& n) {
+            if (kind == parameter_kind::dense) f(name, value, grad, kind, n);
+          });
+        });
     for_each_moe_layer([&](auto& m, int) {
-      m.for_each_numbered_parameter([&](std::string_view name, row_matrix_map<scalar> value,
-                                        row_matrix_map<scalar> grad, parameter_kind kind,
-                                        element_numbering const& numbering) {
-        if (kind != parameter_kind::dense) f(name, value, grad, kind, numbering);
+      m.for_each_numbered_parameter([&](std::string_view name, auto value, auto grad,
+                                        parameter_kind kind, element_numbering const& n) {
+        if (kind != parameter_kind::dense) f(name, value, grad, kind, n);
       });
     });
   }
@@ -472,8 +391,8 @@ class transformer {
   template <class F>
   void for_each_persistent_state(F&& f) {
     for_each_moe_layer([&](auto& m, int) { m.for_each_persistent_state(f); });
-    for (auto& b : decoder_.blocks()) {
-      std::string const prefix = layer_prefix(b.layer);
+    for (auto const& b : decoder_.blocks()) {
+      std::string const prefix = layer_prefix(b.layer, layers());
       auto visit = [&](auto& ops, std::string const& name) {
         visit_operand_state(ops, prefix + name, 1, 0, state_owner::attention_grid_first, f);
       };
@@ -492,13 +411,13 @@ class transformer {
   [[nodiscard]] std::uint64_t operand_steps() const noexcept { return decoder_.operand_steps(); }
   void set_operand_steps(std::uint64_t steps) noexcept { decoder_.set_operand_steps(steps); }
 
-  /// Weights from N(0, std^2) as a function of (seed, parameter name, element), norms at 1 (QK
-  /// layernorm's too, which take no number), so
-  /// every mapping starts from the same model. Parameter n of the model draws from seed + n, or
-  /// from layer_seed + n inside layer i (layer_seed = seed + 1000003 (i + 1)); an MoE layer numbers
-  /// its own from layer_seed + 500000, far from any n, so no two parameters share a seed.
+  /// Weights from N(0, std^2) as a function of (seed, parameter number, element of the whole
+  /// parameter), norms at 1, so every mapping starts from the same model. Parameter n of the model
+  /// draws from seed + n, or from layer_seed + n inside layer i (layer_seed = seed + 1000003 (i +
+  /// 1)); an MoE layer numbers its own from layer_seed + 500000, far from any n, so no two
+  /// parameters share a seed.
   void initialize(std::uint64_t seed, double std = 0.02) {
-    // n counts the tensors drawn before, in the whole model's order (embedding; per layer
+    // n counts the linear weights drawn before, in the whole model's order (embedding; per layer
     // attention's linears (linear_qkv, linear_proj, or MLA's five or four) and a dense FFN's fc1,
     // fc2; output layer), whichever stage holds them.
     auto const& mla = values_.model.mla;
@@ -508,61 +427,42 @@ class transformer {
       for (int j = 0; j < layer; ++j) n += attention_tensors + (is_moe(j) ? 0 : 2);
       return n;
     };
+    auto layer_seed = [&](int layer) {
+      return seed + 1000003ULL * static_cast<std::uint64_t>(layer + 1);
+    };
     std::uint64_t index = 0;
-    auto fill_whole = [&](std::string const& name, row_matrix_map<scalar> value,
-                          std::uint64_t from) {
-      fill(value, numbering_of(name, value.rows(), value.cols()), from, ++index, std);
+    // A module's linear weights each draw from `from` + their number; a module holding its
+    // weights as codes quantizes them once drawn.
+    auto draw = [&]<class Module>(Module& module, std::string const& prefix, std::uint64_t from) {
+      module.for_each_parameter(prefix, [&](std::string const&, row_matrix_map<scalar> value, auto,
+                                            parameter_cut cut) {
+        if (!is_linear_weight(cut))
+          value.setOnes();
+        else
+          draw_parameter(value, from, ++index,
+                         numbering_of(cut, value.rows(), value.cols(), tp_position()), std);
+      });
+      if constexpr (holds_codes_v<Module>) module.refresh_weight_codes();
     };
     // The last stage's copy (MTP under PP) is drawn as stage 0's table is.
-    if (holds_embedding_ || embedding_copy_)
-      embedding_.for_each_parameter(
-          "embedding.word_embeddings",
-          [&](std::string const& name, auto value, auto) { fill_whole(name, value, seed); });
+    if (holds_embedding_ || embedding_copy_) draw(embedding_, "embedding.word_embeddings", seed);
     for (auto& b : decoder_.blocks()) {
       index = drawn_before(b.layer);
-      std::uint64_t const layer_seed = seed + 1000003ULL * static_cast<std::uint64_t>(b.layer + 1);
-      // A module holding its weights as codes quantizes them once drawn.
-      auto codes_follow = [](auto& module) {
-        if constexpr (std::remove_reference_t<decltype(module)>::quantized_weights)
-          module.refresh_weight_codes();
-      };
-      decoder_.with_attention(b, [&](auto& a) {
-        a.for_each_parameter("self_attention", [&](std::string const& name, auto value, auto) {
-          if (name.ends_with("layernorm.weight"))
-            value.setOnes();
-          else
-            fill_whole(name, value, layer_seed);
-        });
-        codes_follow(a);
-      });
+      decoder_.with_attention(b, [&](auto& a) { draw(a, "self_attention", layer_seed(b.layer)); });
       decoder_.with_ffn(b, [&](auto& ffn) {
-        if constexpr (is_moe_layer_v<std::remove_cvref_t<decltype(ffn)>>) {
-          ffn.initialize(layer_seed + 500000, std);
-        } else {
-          ffn.for_each_parameter("mlp", [&](std::string const& name, auto value, auto) {
-            fill_whole(name, value, layer_seed);
-          });
-          codes_follow(ffn);
-        }
+        if constexpr (is_moe_layer_v<std::remove_cvref_t<decltype(ffn)>>)
+          ffn.initialize(layer_seed(b.layer) + 500000, std);
+        else
+          draw(ffn, "mlp", layer_seed(b.layer));
       });
     }
     index = drawn_before(layers());
-    if (holds_head_)
-      head_.for_each_parameter("output_layer", [&](std::string const& name, auto value, auto) {
-        fill_whole(name, value, seed);
-      });
+    if (holds_head_) draw(head_, "output_layer", seed);
     // An MTP depth's eh_proj draws past its layer's tensors, from its layer's seed.
-    for (std::size_t k = 0; k < mtp_.size(); ++k) {
-      int const layer = layers() + static_cast<int>(k);
+    for (int k = 1; k <= mtp_.size(); ++k) {
+      int const layer = layers() + k - 1;
       index = drawn_before(layer + 1);
-      std::uint64_t const layer_seed = seed + 1000003ULL * static_cast<std::uint64_t>(layer + 1);
-      mtp_[k].for_each_parameter("mtp.layers." + std::to_string(k),
-                                 [&](std::string const& name, auto value, auto) {
-                                   if (name.ends_with("norm.weight"))
-                                     value.setOnes();
-                                   else
-                                     fill_whole(name, value, layer_seed);
-                                 });
+      draw(mtp_.depth(k), "mtp.layers." + std::to_string(k - 1), layer_seed(layer));
     }
   }
 
@@ -590,18 +490,49 @@ class transformer {
   }
 
  private:
+  template <class Module>
+  static constexpr bool holds_codes_v = requires { requires Module::quantized_weights; };
+
+  /// Where this rank stands in the TP group its modules' parameters are cut over.
+  [[nodiscard]] cut_position tp_position() const noexcept {
+    int const part = tensor_parallel() > 1 ? groups_->tp().rank() : 0;
+    return {tensor_parallel(), part, vocabulary_part(part)};
+  }
+  /// own(name, value, grad, cut, held_as_codes) for the parameters of this rank's own modules in
+  /// the model's order, and moe(layer) in its place for each MoE layer.
+  template <class Own, class Moe>
+  void walk_parameters(Own&& own, Moe&& moe) {
+    auto of = [&]<class Module>(Module& module, std::string const& prefix) {
+      module.for_each_parameter(prefix, [&](std::string const& name, row_matrix_map<scalar> value,
+                                            row_matrix_map<scalar> grad, parameter_cut cut) {
+        own(name, value, grad, cut, holds_codes_v<Module>);
+      });
+    };
+    if (holds_embedding_) of(embedding_, "embedding.word_embeddings");
+    for (auto& b : decoder_.blocks()) {
+      std::string const prefix = layer_prefix(b.layer, layers());
+      decoder_.for_each_named_module(b, [&]<class Module>(Module& m, char const* name) {
+        if constexpr (is_moe_layer_v<Module>)
+          moe(m);
+        else
+          of(m, prefix + name);
+      });
+    }
+    if (!holds_head_) return;
+    of(final_norm_, "decoder.final_layernorm");
+    of(head_, "output_layer");
+    for (int k = 1; k <= mtp_.size(); ++k) of(mtp_.depth(k), "mtp.layers." + std::to_string(k - 1));
+  }
   /// f(module, prefix) for the modules whose weights are held as codes, in for_each_parameter's
   /// order: each recipe layer's attention (prefix `decoder.layers.{i}.self_attention`), then its
   /// MoE layer or dense FFN (`decoder.layers.{i}.mlp`).
   template <class F>
   void for_each_code_module(F&& f) {
-    for (auto const& b : decoder_.blocks()) {
-      std::string const prefix = layer_prefix(b.layer);
-      auto visit = [&](auto& m, char const* name) {
-        if constexpr (std::remove_reference_t<decltype(m)>::quantized_weights) f(m, prefix + name);
-      };
-      decoder_.with_attention(b, [&](auto& a) { visit(a, ".self_attention"); });
-      decoder_.with_ffn(b, [&](auto& ffn) { visit(ffn, ".mlp"); });
+    for (auto& b : decoder_.blocks()) {
+      std::string const prefix = layer_prefix(b.layer, layers());
+      decoder_.for_each_named_module(b, [&]<class Module>(Module& m, char const* name) {
+        if constexpr (holds_codes_v<Module>) f(m, prefix + name);
+      });
     }
   }
 
@@ -610,27 +541,28 @@ class transformer {
   /// Forward of this rank's block i in the micro-batch begun: each FFN's output joins the
   /// residual stream in the next norm's pass (add_forward), so the last one's is left pending.
   void forward_block(context& ctx, int i, transformer_output& out) {
-    int const seq = seq_, batch = batch_, N = seq * batch;
+    int const seq = seq_, batch = batch_;
     auto& times = ctx.step_stages;
     using stage = step_stage;
     auto& b = decoder_[i];
-    norm_of_residual(ctx, b.input_norm);
+    s_.norm_of_residual(ctx, b.input_norm);
     times.time(stage::attention, [&] {
       auto f = ctx.scratch<scalar>().open();
       decoder_.with_attention(b, [&](auto& a) {
         a.for_each_linears([&](std::string_view, auto& l) { l.bind(ctx, f); });
-        a.forward(ctx.executor<scalar>(), sp_.all_rows(const_view(normed_)), seq, batch,
-                  sp_.whole_output(view(branch_), N));
+        a.forward(ctx.executor<scalar>(), s_.sp.all_rows(const_view(s_.normed)), seq, batch,
+                  s_.whole_output(s_.branch));
       });
-      sp_.sum_to_my_rows(view(branch_));
+      s_.sp.sum_to_my_rows(view(s_.branch));
     });
     times.time(stage::norms_residuals, [&] {
-      b.pre_mlp_norm.add_forward(ctx.pool(), view(residual_), const_view(branch_), view(normed_));
+      b.pre_mlp_norm.add_forward(ctx.pool(), view(s_.residual), const_view(s_.branch),
+                                 view(s_.normed));
     });
     decoder_.with_ffn(b, [&](auto& ffn) {
       if constexpr (is_moe_layer_v<std::remove_cvref_t<decltype(ffn)>>) {
-        auto const result = ffn.forward(ctx, normed_, seq / tensor_parallel(), batch);
-        pending_ = result.y.data();
+        auto const result = ffn.forward(ctx, s_.normed, seq / tensor_parallel(), batch);
+        s_.pending = result.y.data();
         for (auto const& l :
              {result.losses.aux_loss, result.losses.seq_aux_loss, result.losses.global_aux_loss})
           if (l) out.aux_loss += static_cast<double>(l->value);
@@ -640,11 +572,11 @@ class transformer {
         times.time(stage::dense_ffn, [&] {
           auto f = ctx.scratch<scalar>().open();
           ffn.bind_operands(ctx, f);
-          ffn.forward(ctx.executor<scalar>(), sp_.all_rows(const_view(normed_)),
-                      sp_.whole_output(view(branch_), N));
-          sp_.sum_to_my_rows(view(branch_));
+          ffn.forward(ctx.executor<scalar>(), s_.sp.all_rows(const_view(s_.normed)),
+                      s_.whole_output(s_.branch));
+          s_.sp.sum_to_my_rows(view(s_.branch));
         });
-        pending_ = branch_.data();
+        s_.pending = s_.branch.data();
       }
     });
   }
@@ -652,26 +584,25 @@ class transformer {
   /// norms' input gradients add into it.
   void backward_block(context& ctx, int i) {
     auto& pool = ctx.pool();
-    int const N = seq_ * batch_;
-    grad_normed_.resize(grad_.rows(), grad_.cols());
+    s_.grad_normed.resize(s_.grad.rows(), s_.grad.cols());
     auto& times = ctx.step_stages;
     using stage = step_stage;
     auto& b = decoder_[i];
     decoder_.with_ffn(b, [&](auto& ffn) {
       if constexpr (is_moe_layer_v<std::remove_cvref_t<decltype(ffn)>>) {
-        auto const dx = ffn.backward(ctx, grad_);
+        auto const dx = ffn.backward(ctx, s_.grad);
         times.time(stage::norms_residuals,
-                   [&] { b.pre_mlp_norm.backward(pool, dx, view(grad_), true); });
+                   [&] { b.pre_mlp_norm.backward(pool, dx, view(s_.grad), true); });
       } else {
         times.time(stage::dense_ffn, [&] {
           auto f = ctx.scratch<scalar>().open();
           ffn.bind_operands(ctx, f);
-          ffn.backward(ctx.executor<scalar>(), sp_.all_gradient_rows(const_view(grad_)),
-                       sp_.whole_output(view(grad_normed_), N));
-          sp_.sum_to_my_rows(view(grad_normed_));
+          ffn.backward(ctx.executor<scalar>(), s_.sp.all_gradient_rows(const_view(s_.grad)),
+                       s_.whole_output(s_.grad_normed));
+          s_.sp.sum_to_my_rows(view(s_.grad_normed));
         });
         times.time(stage::norms_residuals, [&] {
-          b.pre_mlp_norm.backward(pool, const_view(grad_normed_), view(grad_), true);
+          b.pre_mlp_norm.backward(pool, const_view(s_.grad_normed), view(s_.grad), true);
         });
       }
     });
@@ -679,81 +610,49 @@ class transformer {
       auto f = ctx.scratch<scalar>().open();
       decoder_.with_attention(b, [&](auto& a) {
         a.for_each_linears([&](std::string_view, auto& l) { l.bind(ctx, f); });
-        a.backward(ctx.executor<scalar>(), sp_.all_gradient_rows(const_view(grad_)),
-                   sp_.whole_output(view(grad_normed_), N));
+        a.backward(ctx.executor<scalar>(), s_.sp.all_gradient_rows(const_view(s_.grad)),
+                   s_.whole_output(s_.grad_normed));
       });
-      sp_.sum_to_my_rows(view(grad_normed_));
+      s_.sp.sum_to_my_rows(view(s_.grad_normed));
     });
-    times.time(stage::norms_residuals,
-               [&] { b.input_norm.backward(pool, const_view(grad_normed_), view(grad_), true); });
+    times.time(stage::norms_residuals, [&] {
+      b.input_norm.backward(pool, const_view(s_.grad_normed), view(s_.grad), true);
+    });
   }
   /// Ends chunk v's forward: the output layer, or the last FFN's output joins the stream before
   /// it leaves.
   void end_chunk(context& ctx, int v, transformer_output& out) {
-    if (chunk_has_head(v)) {
+    if (chunk_has_head(v))
       finish_with_head(ctx, out);
-    } else if (pending_ != nullptr) {
-      residual_ += const_row_matrix_map<scalar>(pending_, residual_.rows(), residual_.cols());
-      pending_ = nullptr;
-    }
+    else
+      s_.settle();
   }
   /// The output layer's stage's backward (its MTP depths', the output layer's and the final
   /// norm's) into the residual stream's gradient, from the cross-entropy times `scale`.
   void head_backward(context& ctx, scalar scale) {
-    int const N = seq_ * batch_, rows = N / tensor_parallel(), H = hidden_size();
-    grad_.resize(rows, H);
-    grad_normed_.resize(rows, H);
-    if constexpr (mtp_depths > 0) mtp_backward(ctx, scale);
+    s_.start_backward();
+    if constexpr (mtp_depths > 0) {
+      auto const weight = static_cast<scalar>(static_cast<double>(scale) *
+                                              values_.model.mtp_loss_scaling_factor / mtp_depths);
+      mtp_.backward(ctx, s_, embedding_, head_, weight, [&](int i) { backward_block(ctx, i); });
+    }
     ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
-      head_.backward(ctx.executor<scalar>(), scale, sp_.whole_output(view(grad_normed_), N));
-      sp_.sum_to_my_rows(view(grad_normed_));
-      if constexpr (mtp_depths > 0) grad_normed_ += mtp_carry_;
+      head_.backward(ctx.executor<scalar>(), scale, s_.whole_output(s_.grad_normed));
+      s_.sp.sum_to_my_rows(view(s_.grad_normed));
+      if constexpr (mtp_depths > 0) s_.grad_normed += mtp_.carry();
     });
     ctx.step_stages.time(step_stage::norms_residuals, [&] {
-      final_norm_.backward(ctx.pool(), const_view(grad_normed_), view(grad_));
+      final_norm_.backward(ctx.pool(), const_view(s_.grad_normed), view(s_.grad));
     });
   }
   /// The embedding's backward from the residual stream's gradient, into its weights.
   void embed_backward(context& ctx) {
     ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
-      embedding_.backward(ctx.pool(), sp_.all_gradient_rows(const_view(grad_)));
+      embedding_.backward(ctx.pool(), s_.sp.all_gradient_rows(const_view(s_.grad)));
     });
   }
 
  private:
-  /// f(module) for every module of chunk v that keeps values from forward to backward.
-  template <class F>
-  void for_each_saving_module(int v, F&& f) {
-    if (chunk_embeds(v)) f(embedding_);
-    auto const [first, last] = chunk_blocks_[static_cast<std::size_t>(v)];
-    for (int i = first; i < last; ++i) decoder_.for_each_block_module(i, f);
-    if (chunk_has_head(v)) for_each_head_module(f);
-  }
-  /// f(module) for the output layer's stage's modules that keep values: the final norm, the
-  /// output layer and each MTP depth's own (its norms, eh_proj's inputs, its pass of the output
-  /// layer) and its layer's.
-  template <class F>
-  void for_each_head_module(F&& f) {
-    f(final_norm_);
-    f(head_);
-    for (auto& d : mtp_) {
-      f(d);
-      decoder_.for_each_block_module(d.block, f);
-    }
-  }
-  /// A chunk's first step: the embedding, or the previous virtual stage's rows.
-  void start_chunk(context& ctx, int v, const_row_matrix_map<scalar> input) {
-    if (chunk_embeds(v)) {
-      embed(ctx);
-      return;
-    }
-    if (input.rows() != residual_.rows() || input.cols() != residual_.cols())
-      throw input_error("transformer: chunk input of " + std::to_string(input.rows()) + " x " +
-                        std::to_string(input.cols()) + " rows, expected " +
-                        std::to_string(residual_.rows()) + " x " +
-                        std::to_string(residual_.cols()));
-    residual_ = input;
-  }
   /// Checks the micro-batch, keeps this rank's CP chunks of it and sizes the residual stream.
   void begin_micro_batch(std::span<std::int32_t const> tokens,
                          std::span<std::int32_t const> targets, int seq, int batch) {
@@ -763,179 +662,51 @@ class transformer {
                         std::to_string(targets.size()) + " targets for S = " + std::to_string(seq) +
                         ", B = " + std::to_string(batch));
     check_sequence(seq);
-    int const cp = context_parallel(), cp_rank = cp > 1 ? groups_->cp().rank() : 0;
     if constexpr (mtp_depths > 0)
       if (holds_head_ && !targets.empty())
-        mtp_inputs_.shift(tokens, targets, seq, batch, cp, cp_rank);
-    if (cp > 1) {
-      keep_context_chunks(tokens, seq, batch, cp, cp_rank, local_tokens_);
-      tokens = local_tokens_;
-      if (!targets.empty()) {
-        keep_context_chunks(targets, seq, batch, cp, cp_rank, local_targets_);
-        targets = local_targets_;
-      }
-      seq /= cp;
-    }
-    tokens_ = tokens;
-    targets_ = targets;
+        mtp_.inputs().shift(tokens, targets, seq, batch, chunks_.ranks(), chunks_.rank());
+    seq = chunks_.keep(tokens, targets, seq, batch);
     // This rank's rows: its CP chunks' N = S/CP * B tokens, of which it keeps N / TP in the
     // residual stream (sequence parallelism); attention, the dense FFN and the output layer see
     // all N, gathered over TP.
-    int const rows = seq * batch / tensor_parallel(), H = hidden_size();
     seq_ = seq;
     batch_ = batch;
-    residual_.resize(rows, H);
-    normed_.resize(rows, H);
-    branch_.resize(rows, H);
-    sp_.set_rows(rows);
-    pending_ = nullptr;
+    s_.start(seq * batch / tensor_parallel(), seq * batch, hidden_size());
   }
 
   void embed(context& ctx) {
-    int const N = seq_ * batch_;
     ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
-      embedding_.forward(ctx.pool(), tokens_, sp_.whole_output(view(residual_), N));
-      sp_.sum_to_my_rows(view(residual_));
+      embedding_.forward(ctx.pool(), chunks_.tokens(), s_.whole_output(s_.residual));
+      s_.sp.sum_to_my_rows(view(s_.residual));
     });
-  }
-
-  /// The norm of the residual stream, to which the last FFN's output (pending_) is added first.
-  void norm_of_residual(context& ctx, rms_norm<scalar>& norm) {
-    ctx.step_stages.time(step_stage::norms_residuals, [&] {
-      if (pending_ == nullptr)
-        norm.forward(ctx.pool(), const_view(residual_), view(normed_));
-      else
-        norm.add_forward(ctx.pool(), view(residual_),
-                         const_row_matrix_map<scalar>(pending_, residual_.rows(), residual_.cols()),
-                         view(normed_));
-      pending_ = nullptr;
-    });
-  }
-
-  /// Forward of blocks [first, last).
-  void run_blocks(context& ctx, int first, int last, transformer_output& out) {
-    for (int i = first; i < last; ++i) forward_block(ctx, i, out);
   }
 
   void finish_with_head(context& ctx, transformer_output& out) {
-    norm_of_residual(ctx, final_norm_);
+    s_.norm_of_residual(ctx, final_norm_);
     ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
-      auto const hidden = sp_.all_rows(const_view(normed_));
+      auto const hidden = s_.sp.all_rows(const_view(s_.normed));
       final_hidden_ = hidden.data();  // for logits()
-      if (!targets_.empty())
-        out.cross_entropy = head_.forward(ctx.executor<scalar>(), hidden, targets_);
-      if constexpr (mtp_depths > 0) {  // the depths write over the gathered rows and normed_
+      if (!chunks_.targets().empty())
+        out.cross_entropy = head_.forward(ctx.executor<scalar>(), hidden, chunks_.targets());
+      if constexpr (mtp_depths > 0) {  // the depths write over the gathered rows and s_.normed
         final_rows_ = hidden;
         final_hidden_ = final_rows_.data();
       }
     });
     if constexpr (mtp_depths > 0)
-      if (!targets_.empty()) mtp_forward(ctx, out);
+      if (!chunks_.targets().empty())
+        out.mtp_loss += mtp_.forward(ctx, s_, embedding_, head_, context_parallel(),
+                                     [&](int i) { forward_block(ctx, i, out); });
   }
 
-  /// The MTP depths' forward from the decoder's normed output (normed_, this rank's rows): each
-  /// depth's loss is its valid targets' summed cross-entropy over the whole micro-batch's valid
-  /// shifted targets per CP rank (B (S - k) / CP without ignored targets), so the mean over CP
-  /// ranks is one rank's.
-  void mtp_forward(context& ctx, transformer_output& out) {
-    auto& pool = ctx.pool();
-    int const N = seq_ * batch_, H = hidden_size(), rows = N / tensor_parallel();
-    int const cp = context_parallel();
-    for (int k = 1; k <= mtp_depths; ++k) {
-      auto& d = mtp_[static_cast<std::size_t>(k - 1)];
-      d.ids = mtp_inputs_.ids(k);
-      ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
-        mtp_embedding_.resize(rows, H);
-        embedding_.lookup(pool, d.ids, sp_.whole_output(view(mtp_embedding_), N));
-        sp_.sum_to_my_rows(view(mtp_embedding_));
-      });
-      ctx.step_stages.time(step_stage::norms_residuals, [&] {
-        d.normed_embedding.resize(rows, H);
-        d.normed_hidden.resize(rows, H);
-        d.enorm.forward(pool, const_view(mtp_embedding_), view(d.normed_embedding));
-        d.hnorm.forward(pool, const_view(normed_), view(d.normed_hidden));
-        // eh_proj: the embedding's half of its columns, then the hidden state's, added.
-        auto& exec = ctx.executor<scalar>();
-        residual_.resize(rows, H);
-        threaded_product<expert::gemm_op::nt>(exec, rows, H, H, d.normed_embedding.data(), H,
-                                              d.eh_weight.data(), 2 * H, residual_.data(), H);
-        threaded_product<expert::gemm_op::nt>(exec, rows, H, H, d.normed_hidden.data(), H,
-                                              d.eh_weight.data() + H, 2 * H, residual_.data(), H,
-                                              true);
-      });
-      pending_ = nullptr;
-      forward_block(ctx, d.block, out);
-      norm_of_residual(ctx, d.final_norm);
-      ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
-        double const divisor = std::max(1.0, mtp_inputs_.valid(k)) / cp;
-        out.mtp_loss += head_.forward(ctx.executor<scalar>(), d.pass,
-                                      sp_.all_rows(const_view(normed_)), mtp_inputs_.targets(k),
-                                      divisor) /
-                        mtp_depths;
-      });
-    }
-  }
-
-  /// The MTP depths' backward, the last depth first, each from its loss times `scale` x
-  /// mtp_loss_scaling_factor / D: leaves the gradient of the decoder's normed output in
-  /// mtp_carry_ and adds into the embedding's and every MTP weight's gradient.
-  void mtp_backward(context& ctx, scalar scale) {
-    auto& pool = ctx.pool();
-    int const N = seq_ * batch_, H = hidden_size(), rows = N / tensor_parallel();
-    auto const weight = static_cast<scalar>(static_cast<double>(scale) *
-                                            values_.model.mtp_loss_scaling_factor / mtp_depths);
-    mtp_carry_.resize(rows, H);
-    mtp_grad_embedding_.resize(rows, H);
-    mtp_grad_hidden_.resize(rows, H);
-    for (int k = mtp_depths; k >= 1; --k) {
-      auto& d = mtp_[static_cast<std::size_t>(k - 1)];
-      ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
-        head_.backward(ctx.executor<scalar>(), d.pass, weight,
-                       sp_.whole_output(view(grad_normed_), N));
-        sp_.sum_to_my_rows(view(grad_normed_));
-      });
-      ctx.step_stages.time(step_stage::norms_residuals, [&] {
-        if (k < mtp_depths) grad_normed_ += mtp_carry_;  // from depth k + 1's hnorm
-        d.final_norm.backward(pool, const_view(grad_normed_), view(grad_));
-      });
-      backward_block(ctx, d.block);  // grad_: the gradient of eh_proj's output
-      ctx.step_stages.time(step_stage::norms_residuals, [&] {
-        auto& exec = ctx.executor<scalar>();
-        using expert::gemm_op;
-        scalar* const w = d.eh_weight.data();
-        scalar* const g = d.eh_grad.data();
-        threaded_product<gemm_op::nn>(exec, rows, H, H, grad_.data(), H, w, 2 * H,
-                                      mtp_grad_embedding_.data(), H);
-        threaded_product<gemm_op::nn>(exec, rows, H, H, grad_.data(), H, w + H, 2 * H,
-                                      mtp_grad_hidden_.data(), H);
-        threaded_product<gemm_op::tn>(exec, H, H, rows, grad_.data(), H, d.normed_embedding.data(),
-                                      H, g, 2 * H, true);
-        threaded_product<gemm_op::tn>(exec, H, H, rows, grad_.data(), H, d.normed_hidden.data(), H,
-                                      g + H, 2 * H, true);
-        d.enorm.backward(pool, const_view(mtp_grad_embedding_), view(mtp_grad_embedding_));
-        d.hnorm.backward(pool, const_view(mtp_grad_hidden_), view(mtp_carry_));
-      });
-      ctx.step_stages.time(step_stage::embedding_output_loss, [&] {
-        embedding_.add_gradient(pool, d.ids, sp_.all_gradient_rows(const_view(mtp_grad_embedding_)));
-      });
-    }
-  }
-
-  /// Backward of blocks [first, last) from grad_, last first.
+  /// Backward of blocks [first, last) from s_.grad, last first.
   void backward_blocks(context& ctx, int first, int last) {
     for (int i = last - 1; i >= first; --i) backward_block(ctx, i);
   }
 
   /// This rank's decoder layers (the decoder's blocks hold the MTP depths' after them).
   [[nodiscard]] int decoder_blocks() const noexcept {
-    return decoder_.size() - static_cast<int>(mtp_.size());
-  }
-  /// The reference's name of layer i: `decoder.layers.{i}`, or an MTP depth's
-  /// `mtp.layers.{k}.transformer_layer` past num_layers.
-  [[nodiscard]] std::string layer_prefix(int layer) const {
-    int const L = layers();
-    return layer < L ? "decoder.layers." + std::to_string(layer)
-                     : "mtp.layers." + std::to_string(layer - L) + ".transformer_layer";
+    return decoder_.size() - mtp_.size();
   }
   /// Of all the model's MoE layers, how many come before layer i.
   [[nodiscard]] int moe_ordinal(int layer) const {
@@ -944,53 +715,6 @@ class transformer {
     return n;
   }
 
-  /// N(0, std^2) by (seed + index, element of the whole tensor): every TP layout draws the same.
-  static void fill(row_matrix_map<scalar> value, element_numbering const& numbering,
-                   std::uint64_t seed, std::uint64_t index, double std) {
-    for (Eigen::Index r = 0; r < value.rows(); ++r)
-      for (Eigen::Index c = 0; c < value.cols(); ++c)
-        value(r, c) =
-            static_cast<scalar>(std * standard_normal(seed + index, numbering.global(r, c)));
-  }
-
-  /// Which of the names for_each_parameter gives are TP shards (with TP above 1).
-  /// The norms, MLA's down projections and MTP's eh_proj are whole on every TP rank.
-  [[nodiscard]] parameter_kind kind_of(std::string_view name) const noexcept {
-    bool const replicated =
-        name.ends_with("layernorm.weight") || name.ends_with(".linear_q_down_proj.weight") ||
-        name.ends_with(".linear_kv_down_proj.weight") || name.ends_with(".eh_proj.weight");
-    return tensor_parallel() > 1 && !replicated ? parameter_kind::tensor_parallel
-                                                : parameter_kind::dense;
-  }
-  /// Where a parameter of the transformer's own modules (not the MoE layers') lies in the whole
-  /// one: linear_qkv (MLA's up projections and linear_q_proj) and the dense FFN's fc1 by rows
-  /// (fc1's gate and linear halves each),
-  /// linear_proj and fc2 by columns, the embedding and output layer by vocabulary rows; the rest
-  /// whole.
-  [[nodiscard]] element_numbering numbering_of(std::string_view name, std::int64_t rows,
-                                               std::int64_t cols) const {
-    int const tp = tensor_parallel(), part = tp > 1 ? groups_->tp().rank() : 0;
-    element_numbering n{cols};
-    if (kind_of(name) != parameter_kind::tensor_parallel) return n;
-    if (name.ends_with("linear_qkv.weight") || name.ends_with(".linear_q_up_proj.weight") ||
-        name.ends_with(".linear_kv_up_proj.weight") || name.ends_with(".linear_q_proj.weight")) {
-      n.first_row = part * rows;
-      n.global_rows = rows * tp;
-    } else if (name.ends_with("linear_proj.weight") || name.ends_with("mlp.linear_fc2.weight")) {
-      n.global_cols = cols * tp;
-      n.col_offset = part * cols;
-    } else if (name.ends_with("mlp.linear_fc1.weight")) {  // SwiGLU: gate rows, then linear rows
-      std::int64_t const half = rows / 2, ffn = half * tp;
-      n.half_rows = half;
-      n.first_row = part * half;
-      n.second_row = ffn + part * half;
-      n.global_rows = 2 * ffn;
-    } else {  // embedding, output layer
-      n.first_row = vocabulary_part(part).first;
-      n.global_rows = values_.model.vocabulary;
-    }
-    return n;
-  }
   /// TP rank `part`'s ids of the vocabulary.
   [[nodiscard]] vocabulary_shard vocabulary_part(int part) const noexcept {
     auto const& m = values_.model;
@@ -1001,8 +725,6 @@ class transformer {
 
   void build(parallel::process_groups const* groups) {
     groups_ = groups;
-    bf16_at_start_ = given_.bf16_layers_at_start.value_or(0);
-    bf16_at_end_ = given_.bf16_layers_at_end.value_or(0);
     // A layer's modules run one recipe: the counts are the model's, not theirs (R053).
     startup_values layer_given = given_;
     layer_given.bf16_layers_at_start = layer_given.bf16_layers_at_end = std::nullopt;
@@ -1033,31 +755,31 @@ class transformer {
     for (int k = 0; k < mtp_layers; ++k) mine.push_back(m.layers + k);
     decoder_.reserve(mine.size());
     for (int i : mine) {
-      if (i >= m.layers) mtp_.emplace_back(H, m.norm_epsilon, decoder_.size());
+      if (i >= m.layers) mtp_.add_depth(H, m.norm_epsilon, decoder_.size());
       decoder_.add(i, is_bf16_layer(i), is_moe(i), values_, groups, layer_given);
     }
-    if (groups != nullptr) sp_.attach(&groups->tp());
+    if (groups != nullptr) {
+      s_.sp.attach(&groups->tp());
+      chunks_.attach(&groups->cp());
+    }
   }
 
   startup_values given_;
   config_values values_;
   token_embedding<scalar> embedding_{1, 1};
   decoder_layers<Config> decoder_;
-  int bf16_at_start_ = 0, bf16_at_end_ = 0;  // layers kept in BF16 (keeps_bf16_layers)
   rms_norm<scalar> final_norm_{1};
   lm_head<scalar> head_{1, 1};
   parallel::process_groups const* groups_ = nullptr;        // kept by reference; null on one rank
   int seq_ = 0, batch_ = 0;                                 // this rank's positions, sequences
-  std::vector<std::int32_t> local_tokens_, local_targets_;  // this rank's chunks under CP
-  // Under TP, the residual stream's rows gathered and reduced (none where the type fixes TP 1).
-  sequence_parallel<scalar, Config::parallel::value.tp != 1> sp_;
+  // The micro-batch run: under CP this rank's chunks of it (no CP buffers where the type fixes CP 1).
+  context_chunks<Config::parallel::value.cp != 1> chunks_;
+  // The micro-batch's residual stream and working rows; under TP, its rows gathered and reduced
+  // (no TP buffers where the type fixes TP 1).
+  residual_stream<scalar, Config::parallel::value.tp != 1> s_;
   scalar const* final_hidden_ = nullptr;  // the last forward's final hidden states, all N rows
   row_matrix<scalar> final_rows_;         // a copy of them with MTP (its depths reuse the buffers)
-  // Multi-token prediction: the depths, each depth's shifted ids and targets of this micro-batch
-  // (this rank's CP chunks), and working rows.
-  std::vector<mtp_depth<scalar>> mtp_;
-  mtp_inputs<mtp_depths> mtp_inputs_;
-  row_matrix<scalar> mtp_embedding_, mtp_grad_embedding_, mtp_grad_hidden_, mtp_carry_;
+  mtp_stack<scalar, mtp_depths> mtp_;  // multi-token prediction's depths (none without)
   // The pipeline: the layout, this rank's place, its chunks' blocks [first, last), and which ends
   // of the model it holds.
   parallel::pipeline_layout pipeline_;
@@ -1065,10 +787,6 @@ class transformer {
   std::vector<std::pair<int, int>> chunk_blocks_;
   bool holds_embedding_ = true, holds_head_ = true;
   bool embedding_copy_ = false;  // the last stage's copy of the table (MTP under PP)
-  // The micro-batch being run (this rank's CP chunks) and the last FFN output not yet added.
-  std::span<std::int32_t const> tokens_, targets_;
-  scalar const* pending_ = nullptr;
-  row_matrix<scalar> residual_, normed_, branch_, grad_, grad_normed_;
 };
 
 }  // namespace megamoe

@@ -8,10 +8,10 @@
 // rank left waiting in a collective.
 #pragma once
 
-#include <megamoe/config/error.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/parallel/threads.hpp>
 #include <megamoe/parallel/watchdog.hpp>
+#include <megamoe/policy/error.hpp>
 
 #include <mpi.h>
 #include <boost/mpi/collectives/all_reduce.hpp>

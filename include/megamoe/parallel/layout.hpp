@@ -4,12 +4,12 @@
 // No MPI needed; parallel/process_groups.hpp turns a layout into communicators.
 #pragma once
 
-#include <megamoe/config/error.hpp>
 #include <megamoe/config/resolve.hpp>
 #include <megamoe/config/rules.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/parallel/rank_generator.hpp>
 #include <megamoe/parallel/tags.hpp>
+#include <megamoe/policy/error.hpp>
 
 #include <array>
 #include <string>

@@ -11,7 +11,7 @@
 // world. DP and EDP are never in the type; they follow from the world size.
 #pragma once
 
-#include <megamoe/config/policy.hpp>
+#include <megamoe/policy/policy.hpp>
 
 #include <string_view>
 

@@ -3,7 +3,7 @@
 // or the cores this process may run on divided by the ranks sharing the machine.
 #pragma once
 
-#include <megamoe/config/error.hpp>
+#include <megamoe/policy/error.hpp>
 
 #include <sched.h>
 

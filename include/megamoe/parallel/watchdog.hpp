@@ -11,8 +11,8 @@
 // Off, recording costs one relaxed atomic load per collective; on, a lock and a clock read.
 #pragma once
 
-#include <megamoe/config/error.hpp>
 #include <megamoe/core/error.hpp>
+#include <megamoe/policy/error.hpp>
 
 #include <mpi.h>
 

@@ -4,7 +4,8 @@
 // two experts), the codes kept, and the values the GEMMs read dequantized into shared workspaces.
 //
 //   grouped_operands<Recipe>    the hooks expert::grouped_mlp calls before each of its six GEMMs
-//                               (each matrix through precision::quantize<F>, quantize.hpp)
+//                               (each matrix through precision::quantize<F>, quantize.hpp), over
+//                               grouped_operand_state: what is kept (operand_state.hpp)
 //
 // Why dequantize: the fp32 kernels multiply fp32 values, and every dequantized value (code times
 // scale, one fp32 multiply) is exactly what the reference's GEMM multiplies; so "dequantize, then
@@ -23,6 +24,7 @@
 #include <megamoe/core/thread_pool.hpp>
 #include <megamoe/expert/tags.hpp>
 #include <megamoe/precision/formats.hpp>
+#include <megamoe/precision/operand_state.hpp>
 #include <megamoe/precision/quantize.hpp>
 #include <megamoe/precision/recipe.hpp>
 #include <megamoe/precision/scaling.hpp>
@@ -42,11 +44,6 @@
 
 namespace megamoe::precision {
 
-/// The amax reduction of a rank alone (see grouped_operands).
-struct no_amax_reduction {
-  void operator()(std::span<float>) const noexcept {}
-};
-
 /// A recipe's operands for E grouped experts (rows grouped by expert, weights [E, out, in]). The
 /// hooks are the ones expert::grouped_mlp calls; each returns what its GEMM reads. Per-tensor
 /// scales come from each expert's amax after `AmaxReduction` (called on the calling thread with
@@ -61,7 +58,9 @@ struct no_amax_reduction {
 /// over the codes (and, per-tensor, each expert's amax).
 template <class Recipe, class AmaxReduction = no_amax_reduction, bool QuantizedActivations = false,
           bool QuantizedWeights = false, bool CodesOnWire = false>
-class grouped_operands {
+class grouped_operands : public grouped_operand_state<Recipe, QuantizedActivations> {
+  using kept = grouped_operand_state<Recipe, QuantizedActivations>;
+
  public:
   static constexpr settings recipe = Recipe::value;
   static_assert(rounds_operands(recipe), "grouped_operands: fp32 and fp64 keep their operands");
@@ -106,30 +105,13 @@ class grouped_operands {
   /// `experts` experts; `seed` drives stochastic rounding.
   explicit grouped_operands(int experts, std::uint64_t seed = 0,
                             AmaxReduction reduction = AmaxReduction{})
-      : experts_(experts),
-        seed_(seed),
+      : kept(experts, seed),
         reduction_(reduction),
         scales_(static_cast<std::size_t>(experts), 1.0F),
         amax_(static_cast<std::size_t>(experts), 0.0F),
         padded_offsets_(static_cast<std::size_t>(experts) + 1, 0) {
-    for (auto& per_linear : codes_)
-      for (auto& per_role : per_linear)
-        for (auto& per_usage : per_role) per_usage.resize(static_cast<std::size_t>(experts));
-    fc1_output_codes_.resize(static_cast<std::size_t>(experts));
     for (auto& u : units_) u.assign(static_cast<std::size_t>(experts), 1.0F);
-    for (auto& per_linear : delayed_)
-      for (auto& per_role : per_linear)
-        per_role.assign(static_cast<std::size_t>(experts), delayed_scaling_state::of(recipe));
   }
-
-  /// Whether forwards record their amaxes for delayed scaling (on by default): an evaluation's
-  /// forward quantizes with the current scales and records nothing, so that evaluating does not
-  /// change training.
-  void record_amaxes(bool on) noexcept { recording_ = on; }
-
-  /// Numbers the experts from `first` (the global number of local expert 0), so that stochastic
-  /// rounding draws the same numbers for an expert on whichever rank holds it.
-  void number_experts_from(int first) noexcept { first_expert_ = first; }
 
   /// The workspaces the dequantized operands go to (shared by the layers of a model): two of
   /// rows x columns, one of weights. Call before every forward and backward.
@@ -241,16 +223,6 @@ class grouped_operands {
     return units_[static_cast<std::size_t>(b)][static_cast<std::size_t>(e)];
   }
 
-  /// Whether every expert's rowwise copy of both layers' weights holds codes of that shape.
-  [[nodiscard]] bool holds_weights(int fc1_rows, int hidden, int ffn) const {
-    for (int e = 0; e < experts_; ++e) {
-      auto const& a = codes_of(expert::linear::fc1, role::weight, usage::rowwise, e);
-      auto const& b = codes_of(expert::linear::fc2, role::weight, usage::rowwise, e);
-      if (a.rows != fc1_rows || a.cols != hidden || b.rows != hidden || b.cols != ffn) return false;
-    }
-    return true;
-  }
-
   /// fc1's output [N, cols] after its bias: rounded to BF16 in place (what the reference's BF16
   /// GEMM output holds) and kept for backward, as BF16 or (QuantizedActivations) as codes.
   void fc1_output(float* h, int cols, std::span<std::int64_t const> offsets, int first, int last) {
@@ -354,135 +326,18 @@ class grouped_operands {
     return {grad_out, input_out, rows};
   }
 
-  /// End of a training step (after backward): delayed scaling derives the next scales from the
-  /// recorded amaxes, after `replicas` (called with every recorded amax) took the largest over
-  /// the ranks holding replicas of these experts, so that every replica keeps the same history,
-  /// as one rank seeing all their tokens would; stochastic rounding moves to fresh random numbers.
-  template <class ReplicaReduction = no_amax_reduction>
-  void end_of_step(ReplicaReduction const& replicas = {}) {
-    ++step_;
-    if constexpr (recipe.recipe == recipe_id::fp8_delayed) {
-      replica_amax_.clear();
-      for (auto const& per_slot : delayed_)
-        for (auto const& per_role : per_slot)
-          for (auto const& state : per_role) replica_amax_.push_back(state.amax_history[0]);
-      replicas(std::span<float>(replica_amax_));
-      std::size_t at = 0;
-      for (auto& per_slot : delayed_)
-        for (auto& per_role : per_slot)
-          for (auto& state : per_role) state.amax_history[0] = replica_amax_[at++];
-      for (std::size_t l = 0; l < delayed_.size(); ++l)
-        for (auto r : {role::input, role::weight, role::grad}) {
-          float const fp8_max = max_of(format_of(recipe, r, usage::rowwise).element);
-          for (auto& state : delayed_[static_cast<std::size_t>(l)][static_cast<std::size_t>(r)])
-            state.update(fp8_max);
-        }
-    }
-  }
-
-  // --- What was kept -----------------------------------------------------------------------------
-
-  /// Keeps every copy's codes of the last step for codes_of(), the transient ones too (the
-  /// gradients' and, where a separate wgrad copy is kept, the inputs' rowwise copies); off by
-  /// default, when those live in one per-thread scratch shared by all layers.
-  void keep_all_codes(bool on) noexcept { keep_all_ = on; }
-
-  /// The codes and scales of expert e's `usage` copy of `r` in `layer` from the last call (the
-  /// rowwise copy stands for both where the recipe's copies are the same). Transient copies are
-  /// there only under keep_all_codes(true).
-  [[nodiscard]] quantized_matrix const& codes_of(expert::linear layer, role r, usage u,
-                                                 int e) const {
-    auto const use = same_copies(recipe, r) ? usage::rowwise : u;
-    return codes_[index(layer)][static_cast<std::size_t>(r)][static_cast<std::size_t>(use)]
-                 [static_cast<std::size_t>(e)];
-  }
-  /// fc1's output as kept for backward: BF16 bits of the last forward's rows, or (with
-  /// QuantizedActivations) expert e's codes in the rowwise input format.
-  [[nodiscard]] std::span<std::uint16_t const> fc1_output_kept() const noexcept
-      requires(!QuantizedActivations) {
-    return fc1_bf16_;
-  }
-  [[nodiscard]] quantized_matrix const& fc1_output_codes(int e) const requires
-      QuantizedActivations {
-    return fc1_output_codes_[static_cast<std::size_t>(e)];
-  }
-  // --- State that lives across steps (checkpoints) ----------------------------------------------
-
-  [[nodiscard]] int experts() const noexcept { return experts_; }
-  /// Training steps ended (end_of_step calls): stochastic rounding's draws follow it.
-  [[nodiscard]] std::uint64_t steps_taken() const noexcept { return step_; }
-  void set_steps_taken(std::uint64_t steps) noexcept { step_ = steps; }
-  /// Floats of one expert's persistent state: under delayed scaling every amax history and scale
-  /// ([slot][role]: history, then scale), otherwise none.
-  [[nodiscard]] int persistent_floats() const noexcept {
-    std::size_t n = 0;
-    if (experts_ == 0) return 0;
-    if constexpr (recipe.recipe == recipe_id::fp8_delayed)
-      for (auto const& per_slot : delayed_)
-        for (auto const& per_role : per_slot) n += per_role.front().amax_history.size() + 1;
-    return static_cast<int>(n);
-  }
-  /// Every local expert's persistent state, [experts, persistent_floats()] row-major.
-  [[nodiscard]] std::vector<float> persistent_state() const {
-    std::vector<float> out;
-    out.reserve(static_cast<std::size_t>(experts_) * static_cast<std::size_t>(persistent_floats()));
-    for (int e = 0; e < experts_; ++e)
-      for (auto const& per_slot : delayed_)
-        for (auto const& per_role : per_slot) {
-          auto const& s = per_role[static_cast<std::size_t>(e)];
-          out.insert(out.end(), s.amax_history.begin(), s.amax_history.end());
-          out.push_back(s.scale);
-        }
-    return out;
-  }
-  /// Sets the state persistent_state() gave (a checkpoint load); `state` holds as many floats.
-  void set_persistent_state(std::span<float const> state) {
-    auto at = state.begin();
-    for (int e = 0; e < experts_; ++e)
-      for (auto& per_slot : delayed_)
-        for (auto& per_role : per_slot) {
-          auto& s = per_role[static_cast<std::size_t>(e)];
-          std::copy_n(at, s.amax_history.size(), s.amax_history.begin());
-          at += static_cast<std::ptrdiff_t>(s.amax_history.size());
-          s.scale = *at++;
-        }
-  }
-
-  /// The delayed-scaling state of expert e's `r` in `layer`.
-  [[nodiscard]] delayed_scaling_state const& delayed_state(expert::linear layer, role r,
-                                                           int e) const {
-    return delayed_[index(layer)][static_cast<std::size_t>(r)][static_cast<std::size_t>(e)];
-  }
-  /// Bytes kept from forward to backward: the wgrad copies of both inputs and fc1's BF16 output.
-  /// `rows` is the number of rows of the last forward.
-  [[nodiscard]] std::size_t saved_bytes(std::int64_t rows, int fc1_cols) const {
-    std::size_t bytes = 0;
-    for (int l = 0; l < 2; ++l)
-      for (int e = 0; e < experts_; ++e)
-        bytes +=
-            codes_of(static_cast<expert::linear>(l), role::input, usage::columnwise, e).bytes();
-    if constexpr (QuantizedActivations) {
-      for (auto const& q : fc1_output_codes_) bytes += q.bytes();
-      return bytes;
-    } else {
-      return bytes + static_cast<std::size_t>(rows) * static_cast<std::size_t>(fc1_cols) *
-                         sizeof(std::uint16_t);
-    }
-  }
-  /// Bytes of the weights' quantized copies.
-  [[nodiscard]] std::size_t weight_code_bytes() const {
-    std::size_t bytes = 0;
-    for (auto const& per_linear : codes_)
-      for (auto const& q : per_linear[static_cast<std::size_t>(role::weight)][0])
-        bytes += q.bytes();
-    if constexpr (!same_copies(recipe, role::weight))
-      for (auto const& per_linear : codes_)
-        for (auto const& q : per_linear[static_cast<std::size_t>(role::weight)][1])
-          bytes += q.bytes();
-    return bytes;
-  }
-
  private:
+  using kept::codes;
+  using kept::delayed_;
+  using kept::experts_;
+  using kept::fc1_bf16_;
+  using kept::fc1_output_codes_;
+  using kept::fc1_output_slot;
+  using kept::index;
+  using kept::keep_all_;
+  using kept::recording_;
+  using kept::seed_of;
+
   /// store_weights on the bound pool, also writing the rowwise copy's values at `out` (expert e at
   /// e * rows * cols) where given.
   void store_weights_into(expert::linear layer, float const* w, int rows, int cols, int first,
@@ -504,8 +359,6 @@ class grouped_operands {
     });
   }
 
-  static std::size_t index(expert::linear l) { return static_cast<std::size_t>(l); }
-
   using slot = expert::operand_buffer;
   /// Expert e's values in workspace b from q (rowwise / columnwise), and their per-tensor factor
   /// for unit(b, e): the factor always comes with the values it divides.
@@ -518,11 +371,6 @@ class grouped_operands {
   void dequantize_columnwise_into(slot b, int e, quantized_matrix const& q, int rows, float* out) {
     dequantize_columnwise<F>(q, rows, out);
     units_[static_cast<std::size_t>(b)][static_cast<std::size_t>(e)] = tensor_factor<F>(q);
-  }
-
-  quantized_matrix& codes(std::size_t l, role r, usage u, int e) {
-    return codes_[l][static_cast<std::size_t>(r)][static_cast<std::size_t>(u)]
-                 [static_cast<std::size_t>(e)];
   }
 
   /// Where a copy goes: the layer's own storage for what backward needs (the weights' copies, the
@@ -567,13 +415,6 @@ class grouped_operands {
       return;
     }
     pool_->run(last - first, [&](int i) { body(first + i); });
-  }
-
-  std::uint64_t seed_of(std::size_t l, int e, int copy) const {
-    return splitmix64(
-        seed_ ^
-        splitmix64(step_ * 0x9e3779b97f4a7c15ULL + l * 4 + static_cast<std::uint64_t>(copy)) ^
-        static_cast<std::uint64_t>(first_expert_ + e) * 0xd1b54a32d192ed03ULL);
   }
 
   /// Expert e's rows of a grouped [N, cols] tensor.
@@ -690,28 +531,14 @@ class grouped_operands {
     detail::transpose_into(values.data(), cols, rows, q.cols, out, cols);
   }
 
-  int experts_;
-  std::uint64_t seed_;
-  std::uint64_t step_ = 0;
-  bool keep_all_ = false;
-  bool recording_ = true;
-  int first_expert_ = 0;
   AmaxReduction reduction_;
   std::vector<float> scales_, amax_;               // [E]: of the tensor being quantized
-  std::vector<float> replica_amax_;                // end_of_step: every recorded amax
   std::array<std::vector<float>, 2> grad_scales_;  // [linear][E]: from grad(), for wgrad()
   thread_pool* pool_ = nullptr;
   buffer<float>* rows_a_ = nullptr;
   buffer<float>* rows_b_ = nullptr;
   buffer<float>* weights_ = nullptr;
-  // [linear][role][usage][expert]
-  std::array<std::array<std::array<std::vector<quantized_matrix>, 2>, 3>, 2> codes_;
-  // [linear or fc1_output_slot][role][expert]
-  static constexpr std::size_t fc1_output_slot = 2;
-  std::array<std::array<std::vector<delayed_scaling_state>, 3>, 3> delayed_;
-  std::vector<quantized_matrix> fc1_output_codes_;  // [E], with QuantizedActivations
   std::array<std::vector<float>, 3> units_;  // [operand_buffer][E]: tensor_factor of the values
-  std::vector<std::uint16_t> fc1_bf16_;
   std::vector<std::int64_t> padded_offsets_;
   std::uint8_t const* wire_codes_ = nullptr;  // CodesOnWire: fc1's input codes of the forward
   std::span<float const> wire_amax_;          // and each local expert's amax

@@ -15,8 +15,8 @@
 // Bit-exact definitions: docs/spec/precision.md of the design documents.
 #pragma once
 
-#include <megamoe/config/policy.hpp>
-#include <megamoe/config/rule_ids.hpp>
+#include <megamoe/policy/policy.hpp>
+#include <megamoe/policy/rule_ids.hpp>
 
 #include <string_view>
 

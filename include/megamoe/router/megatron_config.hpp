@@ -10,8 +10,8 @@
 //   megamoe::router::topk_router<float> router(router_config.settings, router_config.num_experts);
 #pragma once
 
-#include <megamoe/config/error.hpp>
 #include <megamoe/core/error.hpp>
+#include <megamoe/policy/error.hpp>
 #include <megamoe/router/router.hpp>
 #include <megamoe/router/tags.hpp>
 

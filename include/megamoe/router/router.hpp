@@ -16,12 +16,12 @@
 // across calls: nothing is allocated per token.
 #pragma once
 
-#include <megamoe/config/error.hpp>
 #include <megamoe/config/rules.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/random.hpp>
 #include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
+#include <megamoe/policy/error.hpp>
 #include <megamoe/router/capacity.hpp>
 #include <megamoe/router/expert_bias.hpp>
 #include <megamoe/router/gating.hpp>

@@ -13,7 +13,7 @@
 // routers.
 #pragma once
 
-#include <megamoe/config/policy.hpp>
+#include <megamoe/policy/policy.hpp>
 
 #include <concepts>
 #include <optional>

@@ -6,10 +6,10 @@
 // into job_options' recipe, moments, BF16 layers and weight codes.
 #pragma once
 
-#include <megamoe/config/error.hpp>
-#include <megamoe/config/rule_ids.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/parallel/environment.hpp>
+#include <megamoe/policy/error.hpp>
+#include <megamoe/policy/rule_ids.hpp>
 #include <megamoe/train/job_options.hpp>
 #include <megamoe/version.hpp>
 

@@ -2,13 +2,13 @@
 // megamoe/train/export.hpp — a trained model as one safetensors file of whole fp32 tensors under
 // the reference's names: every rank's pieces of each tensor (experts on their EP ranks, TP and
 // ETP shards on theirs, weights held as codes in the optimizer's fp32 shards) gathered to rank 0
-// and placed there by their numbering.
+// and placed there by their numbering into io::whole_tensors, which megamoe-checkpoint export
+// writes a checkpoint's tensors with too.
 #pragma once
 
 #include <megamoe/core/parameter.hpp>
-#include <megamoe/io/checkpoint.hpp>
-#include <megamoe/io/safetensors.hpp>
-#include <megamoe/train/checkpoint.hpp>
+#include <megamoe/io/whole_tensors.hpp>
+#include <megamoe/train/training_state.hpp>
 #include <megamoe/train/upcycle.hpp>
 
 #include <boost/mpi/collectives/gather.hpp>
@@ -16,12 +16,13 @@
 #include <boost/serialization/string.hpp>
 #include <boost/serialization/vector.hpp>
 
-#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -91,28 +92,21 @@ void export_whole_model(boost::mpi::communicator const& world, Trainer& trainer,
   boost::mpi::gather(world, mine.rectangles, all_rectangles, 0);
   boost::mpi::gather(world, mine.values, all_values, 0);
   if (world.rank() != 0) return;
-  std::map<std::string, std::pair<std::vector<std::int64_t>, std::vector<float>>> whole;
+  io::whole_tensors whole;
   for (std::size_t r = 0; r < all_names.size(); ++r)
     for (std::size_t i = 0; i < all_names[r].size(); ++i) {
+      auto const& name = all_names[r][i];
       auto const& shape = all_shapes[r][i];
-      auto& [dims, data] = whole[all_names[r][i]];
-      if (dims.empty()) {
-        dims = shape;
-        data.assign(static_cast<std::size_t>(shape[0] * shape[1]), 0.0f);
-      }
+      whole.add<float>(name, shape[0], shape[1]);
       auto const& pieces = all_rectangles[r][i];
-      auto from = all_values[r][i].begin();
-      for (std::size_t k = 0; k + 3 < pieces.size(); k += 4)
-        for (std::int64_t row = 0; row < pieces[k + 2]; ++row) {
-          auto const at = (pieces[k] + row) * shape[1] + pieces[k + 1];
-          std::copy_n(from, pieces[k + 3], data.begin() + at);
-          from += pieces[k + 3];
-        }
+      float const* from = all_values[r][i].data();
+      for (std::size_t k = 0; k + 3 < pieces.size(); k += 4) {
+        global_rectangle const rect{0, pieces[k], pieces[k + 1], pieces[k + 2], pieces[k + 3]};
+        whole.place(name, rect, from);
+        from += rect.rows * rect.cols;
+      }
     }
-  std::vector<io::tensor_view> tensors;
-  for (auto const& [name, t] : whole)
-    tensors.push_back({name, io::reference_shape(name, t.first[0], t.first[1]), t.second});
-  io::write_safetensors(path, tensors, metadata);
+  whole.write(path, metadata);
 }
 
 }  // namespace megamoe::train

@@ -5,7 +5,7 @@
 // where the command line did not give it; a flag that contradicts the checkpoint is an error.
 #pragma once
 
-#include <megamoe/io/checkpoint.hpp>
+#include <megamoe/io/checkpoint_files.hpp>
 #include <megamoe/train/command_line.hpp>
 #include <megamoe/train/job_options.hpp>
 

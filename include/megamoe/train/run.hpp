@@ -17,14 +17,13 @@
 #include <megamoe/config/resolve.hpp>
 #include <megamoe/config/rules.hpp>
 #include <megamoe/expert/tags.hpp>
-#include <megamoe/io/checkpoint.hpp>
+#include <megamoe/io/checkpoint_files.hpp>
 #include <megamoe/model/counts.hpp>
 #include <megamoe/model/transformer.hpp>
 #include <megamoe/parallel/environment.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 #include <megamoe/parallel/traffic.hpp>
 #include <megamoe/precision/tags.hpp>
-#include <megamoe/train/checkpoint.hpp>
 #include <megamoe/train/command_line.hpp>
 #include <megamoe/train/corpus.hpp>
 #include <megamoe/train/export.hpp>
@@ -36,6 +35,7 @@
 #include <megamoe/train/signals.hpp>
 #include <megamoe/train/traffic_estimate.hpp>
 #include <megamoe/train/trainer.hpp>
+#include <megamoe/train/training_state.hpp>
 #include <megamoe/train/upcycle.hpp>
 
 #include <nlohmann/json.hpp>

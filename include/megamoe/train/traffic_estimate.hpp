@@ -5,7 +5,7 @@
 #pragma once
 
 #include <megamoe/core/parameter.hpp>
-#include <megamoe/parallel/pipeline.hpp>
+#include <megamoe/parallel/pipeline_schedule.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 #include <megamoe/train/trainer.hpp>
 

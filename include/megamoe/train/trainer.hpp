@@ -2,7 +2,7 @@
 // megamoe/train/trainer.hpp — the training loop: global batches of micro-batches over DP ranks,
 // gradient accumulation, the aux-loss backward scale, gradient reduction, the optimizer step,
 // the expert-bias update once per global batch, non-finite detection, held-out evaluation. The
-// micro-batches' passes run in a pipeline schedule's order (train/pipeline.hpp; one stage
+// micro-batches' passes run in a pipeline schedule's order (train/pipeline_runner.hpp; one stage
 // without PP: forward then backward of each in turn).
 //
 // Global batch = micro_batch x micro_batches x DP sequences; sequence g of step k is the corpus
@@ -17,11 +17,11 @@
 #include <megamoe/optim/adamw.hpp>
 #include <megamoe/parallel/collectives.hpp>
 #include <megamoe/parallel/gradients.hpp>
-#include <megamoe/parallel/pipeline.hpp>
+#include <megamoe/parallel/pipeline_schedule.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 #include <megamoe/parallel/watchdog.hpp>
 #include <megamoe/train/corpus.hpp>
-#include <megamoe/train/pipeline.hpp>
+#include <megamoe/train/pipeline_runner.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -287,7 +287,7 @@ class trainer {
   /// places ahead (0 without MTP).
   [[nodiscard]] double heldout_mtp_bits_per_byte() const noexcept { return heldout_mtp_bpb_; }
 
-  /// The schedule of every step from now on (the pipeline's, parallel/pipeline.hpp): by default
+  /// The schedule of every step from now on (the pipeline's, parallel/pipeline_schedule.hpp): by default
   /// interleaved 1F1B with V chunks per rank, 1F1B otherwise (one stage: forward then backward of
   /// each micro-batch in turn).
   template <class Schedule>

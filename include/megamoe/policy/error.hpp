@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// megamoe/config/error.hpp — the error for a broken configuration rule found at run time.
+// megamoe/policy/error.hpp — the error for a broken configuration rule found at run time.
 #pragma once
 
-#include <megamoe/config/rule_ids.hpp>
+#include <megamoe/policy/rule_ids.hpp>
 
 #include <stdexcept>
 #include <string>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// megamoe/config/rule_ids.hpp — the one list of configuration rules and their messages.
+// megamoe/policy/rule_ids.hpp — the one list of configuration rules and their messages.
 //
 // Every configuration error megamoe reports, whether a static_assert at compile time or an
 // exception at start-up, starts with `megamoe[Rnnn]:`. A static_assert needs a string literal, so

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// megamoe/train/checkpoint.hpp — the whole training state as a sharded checkpoint
-// (io/checkpoint.hpp), saved on one layout and loaded on any.
+// megamoe/train/training_state.hpp — the whole training state as a sharded checkpoint
+// (io/checkpoint_files.hpp), saved on one layout and loaded on any.
 //
 // What a rank saves is what its optimizer owns: for every parameter piece of its AdamW shard
 // (dense parameters sharded over TP x DP x CP, expert ones over EDP) the values (the fp32 masters
@@ -23,7 +23,7 @@
 #include <megamoe/config/describe.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/parameter.hpp>
-#include <megamoe/io/checkpoint.hpp>
+#include <megamoe/io/checkpoint_files.hpp>
 #include <megamoe/parallel/environment.hpp>
 #include <megamoe/train/trainer.hpp>
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// megamoe/config/policy.hpp — what makes a type a megamoe policy, and how policies read their
+// megamoe/policy/policy.hpp — what makes a type a megamoe policy, and how policies read their
 // options.
 //
 // A policy is an empty type that names its kind (`using policy_kind = router::kind;`),
@@ -9,7 +9,7 @@
 // This header is light on purpose: no Eigen, Boost.MPI or range-v3.
 #pragma once
 
-#include <megamoe/config/rule_ids.hpp>
+#include <megamoe/policy/rule_ids.hpp>
 
 #include <boost/mp11/algorithm.hpp>
 #include <boost/mp11/list.hpp>

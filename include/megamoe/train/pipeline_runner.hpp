@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// megamoe/train/pipeline.hpp — runs a pipeline schedule (parallel/pipeline.hpp) on a transformer:
+// megamoe/train/pipeline_runner.hpp — runs a pipeline schedule (parallel/pipeline_schedule.hpp) on a transformer:
 // the passes of one rank in the schedule's order, activations forward and gradients backward
 // between virtual stages by point-to-point messages on the PP communicator.
 //
@@ -28,7 +28,7 @@
 #include <megamoe/core/error.hpp>
 #include <megamoe/model/context.hpp>
 #include <megamoe/model/transformer.hpp>
-#include <megamoe/parallel/pipeline.hpp>
+#include <megamoe/parallel/pipeline_schedule.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 #include <megamoe/parallel/progress.hpp>
 #include <megamoe/parallel/traffic.hpp>
@@ -117,19 +117,19 @@ class pipeline_runner {
                        forward(ctx, op.micro_batch, op.chunk, tokens, targets, seq, batch_size)};
         on_forward(std::as_const(r));
         if constexpr (Model::parks_micro_batches)
-          model_.park_chunk(op.chunk, ctx.step.micro_batch_key);
+          park(ctx.step.micro_batch_key, chunk_modules(op.chunk));
         continue;
       }
       int const m = op.micro_batch, v = op.chunk;
       receive(op);
       if (repeats_[i] != 0) {
         ctx.step.mode = router::pass::recompute;
-        model_.forward_chunk(ctx, v, tokens, targets, seq, batch_size, input_of(m, v));
+        forward_chunk(ctx, v, tokens, targets, seq, batch_size, input_of(m, v));
       }
       ctx.step.mode = router::pass::training;
-      if constexpr (Model::parks_micro_batches) model_.restore_chunk(v, ctx.step.micro_batch_key);
+      if constexpr (Model::parks_micro_batches) restore(ctx.step.micro_batch_key, chunk_modules(v));
       note(parallel::pipeline_event::backward, m, v);
-      model_.backward_chunk(ctx, v, scale);
+      backward_chunk(ctx, v, scale);
       send_input_gradient(m, v);
     }
     watch.set_pass(-1, -1);
@@ -208,7 +208,7 @@ class pipeline_runner {
                              std::span<std::int32_t const> targets, int seq, int batch_size) {
     receive({parallel::pipeline_op::forward, m, v});
     note(parallel::pipeline_event::forward, m, v);
-    auto out = model_.forward_chunk(ctx, v, tokens, targets, seq, batch_size, input_of(m, v));
+    auto out = forward_chunk(ctx, v, tokens, targets, seq, batch_size, input_of(m, v));
     send_output(m, v);
     return out;
   }
@@ -238,7 +238,7 @@ class pipeline_runner {
   /// forward values are set aside right after its forward, the other micro-batch's brought back
   /// right before its backward. The model keeps the two in separate buffers (the residual stream,
   /// its gradient), so each gives what forward_chunk and backward_chunk give; the forward's
-  /// values stay set aside, the backward leaves chunk_input_gradient().
+  /// values stay set aside, the backward leaves the model's chunk_input_gradient().
   transformer_output merged_pass(context& ctx, int v, std::span<std::int32_t const> tokens,
                                  std::span<std::int32_t const> targets, int seq, int batch_size,
                                  const_row_matrix_map<scalar> input, int backward_v,
@@ -247,10 +247,10 @@ class pipeline_runner {
     auto as = [&](std::uint64_t key) { ctx.step.micro_batch_key = key; };
     transformer_output out;
     model_.begin_chunk(ctx, v, tokens, targets, seq, batch_size, input);
-    if (model_.chunk_embeds(v)) model_.park_embedding(forward_key);
+    if (model_.chunk_embeds(v)) park(forward_key, embedding_modules());
     as(backward_key);
     if (model_.chunk_has_head(backward_v)) {
-      model_.restore_head(backward_key);
+      restore(backward_key, head_modules());
       model_.head_backward(ctx, scale);
     }
     auto const [first, last] = model_.chunk_blocks(v);
@@ -259,23 +259,78 @@ class pipeline_runner {
       if (first + k < last) {
         as(forward_key);
         model_.forward_block(ctx, first + k, out);
-        model_.park_block(first + k, forward_key);
+        park(forward_key, block_modules(first + k));
       }
       if (back_last - 1 - k >= back_first) {
         as(backward_key);
-        model_.restore_block(back_last - 1 - k, backward_key);
+        restore(backward_key, block_modules(back_last - 1 - k));
         model_.backward_block(ctx, back_last - 1 - k);
       }
     }
     as(forward_key);
     model_.end_chunk(ctx, v, out);
-    if (model_.chunk_has_head(v)) model_.park_head(forward_key);
+    if (model_.chunk_has_head(v)) park(forward_key, head_modules());
     if (model_.chunk_embeds(backward_v)) {
-      model_.restore_embedding(backward_key);
+      restore(backward_key, embedding_modules());
       model_.embed_backward(ctx);
     }
     return out;
   }
+  /// Forward of chunk v of a micro-batch (`input`: the previous virtual stage's rows): its router
+  /// losses and, on the output layer's chunk, the cross-entropy; any other chunk leaves its rows in
+  /// chunk_output(). `ctx.step.mode` may be recompute: the same forward again (the MoE layers do
+  /// not count it twice), for a model that does not park micro-batches.
+  transformer_output forward_chunk(context& ctx, int v, std::span<std::int32_t const> tokens,
+                                   std::span<std::int32_t const> targets, int seq, int batch_size,
+                                   const_row_matrix_map<scalar> input) {
+    transformer_output out;
+    model_.begin_chunk(ctx, v, tokens, targets, seq, batch_size, input);
+    auto const [first, last] = model_.chunk_blocks(v);
+    for (int i = first; i < last; ++i) model_.forward_block(ctx, i, out);
+    model_.end_chunk(ctx, v, out);
+    return out;
+  }
+  /// Backward of chunk v's last forward (or of the one restored): from the cross-entropy (times
+  /// `scale`) on the output layer's chunk, otherwise from chunk_output_gradient(); leaves the
+  /// gradient of the chunk's input rows in chunk_input_gradient() (the embedding's chunk: in the
+  /// embedding's weights).
+  void backward_chunk(context& ctx, int v, scalar scale) {
+    if (model_.chunk_has_head(v)) model_.head_backward(ctx, scale);
+    auto const [first, last] = model_.chunk_blocks(v);
+    for (int i = last - 1; i >= first; --i) model_.backward_block(ctx, i);
+    if (model_.chunk_embeds(v)) model_.embed_backward(ctx);
+  }
+
+  // What a chunk's modules keep from forward to backward is set aside per micro-batch
+  // (core/stash.hpp) and brought back before that micro-batch's backward; park and restore take
+  // a visitor of the modules: the embedding's, block i's, the output layer's stage's, or all of
+  // chunk v's.
+  template <class Visit>
+  static void park(std::uint64_t key, Visit&& visit) {
+    visit([&](auto& m) { m.park(key); });
+  }
+  template <class Visit>
+  static void restore(std::uint64_t key, Visit&& visit) {
+    visit([&](auto& m) { m.restore(key); });
+  }
+  auto embedding_modules() {
+    return [this](auto&& f) { model_.for_each_embedding_module(f); };
+  }
+  auto block_modules(int i) {
+    return [this, i](auto&& f) { model_.for_each_block_module(i, f); };
+  }
+  auto head_modules() {
+    return [this](auto&& f) { model_.for_each_head_module(f); };
+  }
+  auto chunk_modules(int v) {
+    return [this, v](auto&& f) {
+      if (model_.chunk_embeds(v)) model_.for_each_embedding_module(f);
+      auto const [first, last] = model_.chunk_blocks(v);
+      for (int i = first; i < last; ++i) model_.for_each_block_module(i, f);
+      if (model_.chunk_has_head(v)) model_.for_each_head_module(f);
+    };
+  }
+
   /// After chunk v's forward of micro-batch m: its output rows to the next virtual stage.
   void send_output(int m, int v) {
     if (!model_.chunk_has_head(v))

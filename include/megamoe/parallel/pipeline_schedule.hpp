@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// megamoe/parallel/pipeline.hpp — the pipeline's stages and schedules.
+// megamoe/parallel/pipeline_schedule.hpp — the pipeline's stages and schedules.
 //
 // PP ranks each hold V model chunks (virtual stages): virtual stage j = v * PP + p is chunk v of
 // pipeline rank p, so a micro-batch's activations visit ranks 0, 1, ..., PP - 1, 0, 1, ... (the
@@ -12,8 +12,8 @@
 // are exactly the receives its neighbours' lists imply.
 #pragma once
 
-#include <megamoe/config/error.hpp>
 #include <megamoe/core/error.hpp>
+#include <megamoe/policy/error.hpp>
 
 #include <algorithm>
 #include <cstdint>

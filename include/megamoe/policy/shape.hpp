@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// megamoe/config/shape.hpp — the `shape` slot: model sizes given by named parameters.
+// megamoe/policy/shape.hpp — the `shape` slot: model sizes given by named parameters.
 //
 //   using s = megamoe::shape<megamoe::hidden<1024>, megamoe::ffn<2816>, megamoe::experts<8>>;
 //
@@ -7,7 +7,7 @@
 // R001); shared_ffn defaults to 0 (no shared expert). Any size may be `dynamic`, left to start-up.
 #pragma once
 
-#include <megamoe/config/policy.hpp>
+#include <megamoe/policy/policy.hpp>
 
 namespace megamoe {
 
