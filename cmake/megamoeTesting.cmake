@@ -76,8 +76,13 @@ function(megamoe_add_header_tests target include_dir)
       "// Generated: <${header}> compiles on its own, and its include guard works.\n#include <${header}>\n#include <${header}>\n")
     list(APPEND sources ${source})
   endforeach()
-  add_library(${target} OBJECT ${sources})
-  target_link_libraries(${target} PRIVATE megamoe::megamoe megamoe_warnings)
+  # Linked into one program in header-only mode (megamoe::headers): a definition that is not
+  # inline where every unit includes it fails the link.
+  set(main ${CMAKE_CURRENT_BINARY_DIR}/header_tests/main.cpp)
+  file(CONFIGURE OUTPUT ${main} CONTENT
+    "// Generated: the program every header's unit is linked into.\nint main() { return 0; }\n")
+  add_executable(${target} ${sources} ${main})
+  target_link_libraries(${target} PRIVATE megamoe::headers megamoe_warnings)
   target_compile_options(${target} PRIVATE -O0)
 endfunction()
 

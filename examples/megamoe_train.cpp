@@ -12,6 +12,8 @@
 #include <megamoe/train/command_line.hpp>
 #include <megamoe/train/resume.hpp>
 
+#include <CLI/CLI.hpp>
+
 #include <boost/mpi/collectives/all_reduce.hpp>
 
 #include <array>

@@ -2,17 +2,18 @@
 // my-moe — megamoe in your own project: compose a configuration type, check it at compile time,
 // print what it means, and train a model built on it for a few steps.
 //
-//   ./build/examples/my-moe --data tests/data/corpus_sample.txt [--steps 20]
-//   mpiexec -n 2 ./build/examples/my-moe --data tests/data/corpus_sample.txt   # EP 2
+//   ./build/examples/my-moe [CORPUS [STEPS]]     # default tests/data/corpus_sample.txt, 20 steps
+//   mpiexec -n 2 ./build/examples/my-moe tests/data/corpus_sample.txt   # EP 2
+// (A program with flags of its own, all of megamoe-train's among them, is train::run's: see
+// my_model.cpp.)
 #include <megamoe/config/config.hpp>
 #include <megamoe/config/describe.hpp>
 #include <megamoe/config/rules.hpp>
 #include <megamoe/model/transformer.hpp>
 #include <megamoe/train/trainer.hpp>
 
-#include <CLI/CLI.hpp>
-
 #include <iostream>
+#include <sstream>
 #include <string>
 
 namespace mm = megamoe;
@@ -39,13 +40,12 @@ static_assert(mm::values_of<my_moe>().shape.experts % 2 == 0, "EP 2 must divide 
 
 int main(int argc, char** argv) {
   return mm::parallel::run_main(argc, argv, [&](mm::parallel::environment& env) {
-    std::string data = "tests/data/corpus_sample.txt";
+    std::string const data = argc > 1 ? argv[1] : "tests/data/corpus_sample.txt";
     int steps = 20;
-    CLI::App app{"my-moe: a configuration type of your own, checked, described and trained"};
-    app.add_option("--data", data, "corpus: a text file or a folder of them")
-        ->capture_default_str();
-    app.add_option("--steps", steps, "training steps")->capture_default_str();
-    CLI11_PARSE(app, argc, argv);
+    mm::parallel::check_on_every_rank(env.world(), [&] {
+      if (argc > 2 && !(std::istringstream(argv[2]) >> steps && steps > 0))
+        throw mm::input_error(std::string("my-moe: STEPS must be a positive count, not ") + argv[2]);
+    });
     bool const root = env.world().rank() == 0;
     if (root) std::cout << mm::describe<my_moe>().text << "\n";
 

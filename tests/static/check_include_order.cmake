@@ -44,7 +44,8 @@ function(megamoe_level header out_level out_folder)
   set(${out_folder} "${folder}" PARENT_SCOPE)
 endfunction()
 
-file(GLOB_RECURSE headers RELATIVE ${INCLUDE_DIR}/megamoe ${INCLUDE_DIR}/megamoe/*.hpp)
+file(GLOB_RECURSE headers RELATIVE ${INCLUDE_DIR}/megamoe ${INCLUDE_DIR}/megamoe/*.hpp
+     ${INCLUDE_DIR}/megamoe/*.ipp)
 set(failed)
 set(edges 0)
 foreach(header IN LISTS headers)

@@ -6,14 +6,9 @@
 // once, at start-up. The answer is cached, so a training step never asks again.
 #pragma once
 
-#include <cstdlib>
-#include <string>
-#include <string_view>
+#include <megamoe/core/compiled_once.hpp>
 
-#if defined(__linux__) && defined(__x86_64__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
+#include <string>
 
 namespace megamoe {
 
@@ -40,67 +35,21 @@ struct cpu_features {
   /// Whether megamoe's AVX512-BF16 kernels may run (MEGAMOE_DISABLE_AVX512 turns them off too).
   [[nodiscard]] bool use_avx512_bf16() const noexcept { return use_avx512() && avx512_bf16; }
   /// Why they may not (empty when they may), naming what to use instead.
-  [[nodiscard]] std::string avx512_bf16_unavailable_reason() const {
-    std::string why;
-    if (avx512_disabled_by_environment)
-      why = "MEGAMOE_DISABLE_AVX512 is set";
-    else if (!avx512f || !avx512_bf16)
-      why = "this CPU has no AVX512-BF16 dot products (CPUID lists no avx512_bf16)";
-    else
-      return {};
-    return with_fallback(why);
-  }
+  [[nodiscard]] std::string avx512_bf16_unavailable_reason() const;
   /// Whether megamoe's AMX tile kernels may run.
   [[nodiscard]] bool use_amx() const noexcept {
     return amx_tile && amx_bf16 && amx_permitted && !amx_disabled_by_environment;
   }
   /// Why they may not (empty when they may), naming what to use instead.
-  [[nodiscard]] std::string amx_unavailable_reason() const {
-    std::string why;
-    if (amx_disabled_by_environment)
-      why = "MEGAMOE_DISABLE_AMX is set";
-    else if (!amx_tile || !amx_bf16)
-      why = "this CPU has no AMX tile unit with BF16 products (CPUID lists no amx_tile/amx_bf16)";
-    else if (!amx_permitted)
-      why = "the OS refused the tile state (arch_prctl ARCH_REQ_XCOMP_PERM failed)";
-    else
-      return {};
-    return with_fallback(why);
-  }
+  [[nodiscard]] std::string amx_unavailable_reason() const;
 
  private:
   /// A reason a BF16 unit cannot run, with what runs instead.
-  static std::string with_fallback(std::string const& why) {
-    return why + "; the fp32 expert backends (per_expert, grouped, tensor) run everywhere";
-  }
+  static std::string with_fallback(std::string const& why);
 };
 
 namespace detail {
-inline cpu_features detect_cpu_features() {
-  cpu_features f;
-#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
-  __builtin_cpu_init();
-  f.avx512f = __builtin_cpu_supports("avx512f") != 0;
-  f.avx512_bf16 = __builtin_cpu_supports("avx512bf16") != 0;
-#endif
-  auto set = [](char const* name) {
-    char const* value = std::getenv(name);
-    return value != nullptr && std::string_view(value) != "" && std::string_view(value) != "0";
-  };
-  f.avx512_disabled_by_environment = set("MEGAMOE_DISABLE_AVX512");
-  f.amx_disabled_by_environment = set("MEGAMOE_DISABLE_AMX");
-#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
-  f.amx_tile = __builtin_cpu_supports("amx-tile") != 0;
-  f.amx_bf16 = __builtin_cpu_supports("amx-bf16") != 0;
-#if defined(__linux__)
-  // 0x1023: ARCH_REQ_XCOMP_PERM; 18: XFEATURE_XTILEDATA. Asked only where the CPU has tiles and
-  // AMX is not disabled, once per process.
-  if (f.amx_tile && f.amx_bf16 && !f.amx_disabled_by_environment)
-    f.amx_permitted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-#endif
-#endif
-  return f;
-}
+MEGAMOE_DECL cpu_features detect_cpu_features();
 }  // namespace detail
 
 /// This process's CPU features; detected on the first call (thread-safe), the same ever after.
@@ -110,3 +59,7 @@ inline cpu_features const& cpu() {
 }
 
 }  // namespace megamoe
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/core/cpu_features.ipp>
+#endif

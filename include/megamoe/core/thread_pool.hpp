@@ -8,6 +8,7 @@
 // parallel/threads.hpp's business.
 #pragma once
 
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/tensor.hpp>
 
 #include <algorithm>
@@ -30,8 +31,8 @@ struct wait_hook {
 /// A fixed set of worker threads with an Eigen device for Tensor expressions.
 class thread_pool {
  public:
-  explicit thread_pool(int num_threads)
-      : pool_(std::max(1, num_threads)), device_(&pool_, std::max(1, num_threads)) {}
+  explicit thread_pool(int num_threads);
+  ~thread_pool();
 
   thread_pool(thread_pool const&) = delete;
   thread_pool& operator=(thread_pool const&) = delete;
@@ -137,3 +138,7 @@ void parallel_rows(thread_pool& pool, int count, Body const& body) {
 }
 
 }  // namespace megamoe
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/core/thread_pool.ipp>
+#endif

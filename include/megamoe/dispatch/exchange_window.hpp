@@ -9,6 +9,7 @@
 // never shrunk, when a plan needs more; every rank of the communicator must decide alike.
 #pragma once
 
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/parallel/shared_window.hpp>
 
 #include <boost/mpi/communicator.hpp>
@@ -34,32 +35,17 @@ class exchange_window {
 
   /// Collective over `comm`: a new window of `bytes` per segment, once nobody reads the old one.
   /// An agreed error (no shared memory, no space) leaves none.
-  void allocate(boost::mpi::communicator const& comm, std::size_t bytes) {
-    if (window_.allocated()) {
-      window_.fence();
-      window_.free();
-    }
-    window_ = parallel::shared_window(comm, bytes);
-    last_ = region::none;
-    ++allocations_;
-  }
+  void allocate(boost::mpi::communicator const& comm, std::size_t bytes);
 
   /// Collective: every store before it is visible to every rank's loads after it.
   void fence() { window_.fence(); }
 
   /// Before writing into region `r`: a fence when the last exchange used it too (a rank may still
   /// read it); none when it used the other region.
-  void enter(region r) {
-    if (last_ == r) window_.fence();
-    last_ = r;
-  }
+  void enter(region r);
   /// Before writing into region `r` outside an exchange: a fence when the last exchange used it,
   /// and then none is needed by the next exchange.
-  void settle(region r) {
-    if (last_ != r) return;
-    window_.fence();
-    last_ = region::none;
-  }
+  void settle(region r);
 
   /// Rank `rank`'s segment at `offset`, as Elem.
   template <class Elem>
@@ -74,3 +60,7 @@ class exchange_window {
 };
 
 }  // namespace megamoe::dispatch
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/dispatch/exchange_window.ipp>
+#endif

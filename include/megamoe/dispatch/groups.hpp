@@ -3,6 +3,7 @@
 // communicators and where this rank sits in them.
 #pragma once
 
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 #include <megamoe/policy/error.hpp>
@@ -18,17 +19,7 @@ namespace megamoe::dispatch {
 /// live on this rank's EP index; every ETP rank of it holds 1/ETP of each of them.
 class expert_groups {
  public:
-  expert_groups(parallel::process_groups const& groups, int num_experts)
-      : tp_ep_(&groups.tp_ep()),
-        ep_(&groups.ep()),
-        etp_(&groups.expert_tp()),
-        stage_(&groups.tp_dp_cp()),
-        experts_(num_experts) {
-    if (num_experts % ep_->size() != 0)
-      throw config_error(
-          rules::id::ep_divides_experts,
-          std::to_string(num_experts) + " experts over EP " + std::to_string(ep_->size()));
-  }
+  expert_groups(parallel::process_groups const& groups, int num_experts);
 
   [[nodiscard]] boost::mpi::communicator const& tp_ep() const noexcept { return *tp_ep_; }
   [[nodiscard]] boost::mpi::communicator const& ep() const noexcept { return *ep_; }
@@ -53,3 +44,7 @@ class expert_groups {
 };
 
 }  // namespace megamoe::dispatch
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/dispatch/groups.ipp>
+#endif

@@ -5,6 +5,7 @@
 // tokens.
 #pragma once
 
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
 #include <megamoe/dispatch/permute.hpp>
@@ -93,20 +94,14 @@ class token_rows {
   }
 
  private:
-  void index() {
-    int const N = rows(), T = tokens();
-    start_.assign(static_cast<std::size_t>(T) + 1, 0);
-    for (int j = 0; j < N; ++j) ++start_[static_cast<std::size_t>(source_token(j)) + 1];
-    for (int t = 0; t < T; ++t)
-      start_[static_cast<std::size_t>(t) + 1] += start_[static_cast<std::size_t>(t)];
-    order_.resize(static_cast<std::size_t>(N));
-    fill_.assign(start_.begin(), start_.end() - 1);
-    for (int j = 0; j < N; ++j)
-      order_[static_cast<std::size_t>(fill_[static_cast<std::size_t>(source_token(j))]++)] = j;
-  }
+  void index();
 
   dispatch::permutation perm_;
   std::vector<int> start_, order_, fill_;
 };
 
 }  // namespace megamoe::dispatch
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/dispatch/token_rows.ipp>
+#endif

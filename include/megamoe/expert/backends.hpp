@@ -18,6 +18,7 @@
 //                    exactly; the product is scaled by a_unit * b_unit (R037: no fp32 / fp64).
 #pragma once
 
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/cpu_features.hpp>
 #include <megamoe/core/thread_pool.hpp>
 #include <megamoe/expert/gemm.hpp>
@@ -310,10 +311,10 @@ using backend_t = typename detail::backend_for<B>::type;
 
 /// Why backend `b` cannot run in this process (its BF16 unit missing or turned off), naming the
 /// fp32 backends; empty where it can (every fp32 backend runs everywhere).
-inline std::string unavailable_reason(gemm_backend b) {
-  if (b == gemm_backend::amx) return cpu().amx_unavailable_reason();
-  if (b == gemm_backend::avx512_bf16) return cpu().avx512_bf16_unavailable_reason();
-  return {};
-}
+MEGAMOE_DECL std::string unavailable_reason(gemm_backend b);
 
 }  // namespace megamoe::expert
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/expert/backends.ipp>
+#endif

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <megamoe/core/bf16.hpp>
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/cpu_features.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/vector_math.hpp>
@@ -64,13 +65,7 @@ struct packed_a {
   std::vector<std::uint16_t> bits;
 
   /// Sized for M x K and zeroed (the buffer only grows).
-  void reset(int m, int k) {
-    rows = m;
-    depth = k;
-    rows_padded = round_up(std::max(m, 1), tile_rows);
-    depth_padded = round_up(std::max(k, 1), tile_depth);
-    bits.assign(static_cast<std::size_t>(rows_padded) * static_cast<std::size_t>(depth_padded), 0);
-  }
+  void reset(int m, int k);
   void set(int m, int k, float v) {
     bits[static_cast<std::size_t>(m) * static_cast<std::size_t>(depth_padded) +
          static_cast<std::size_t>(k)] = to_bf16_bits(v);
@@ -82,13 +77,7 @@ struct packed_b {
   int depth = 0, cols = 0, depth_padded = 0, cols_padded = 0;
   std::vector<std::uint16_t> bits;
 
-  void reset(int k, int n) {
-    depth = k;
-    cols = n;
-    depth_padded = round_up(std::max(k, 1), tile_depth);
-    cols_padded = round_up(std::max(n, 1), tile_columns);
-    bits.assign(static_cast<std::size_t>(depth_padded) * static_cast<std::size_t>(cols_padded), 0);
-  }
+  void reset(int k, int n);
   /// Where the tile of column block `n_block` and depth step `k_step` starts.
   [[nodiscard]] std::size_t tile_offset(int n_block, int k_step) const {
     return (static_cast<std::size_t>(n_block) *
@@ -167,90 +156,22 @@ MEGAMOE_TARGET_AVX512 inline void transpose_16x16(__m512i (&rows)[16]) {
   for (int i = 0; i < 16; ++i) rows[i] = _mm512_castps_si512(f[i]);
 }
 
-MEGAMOE_TARGET_AVX512 inline void pack_a_avx512(operand_view const& v, int m, int k,
-                                                packed_a& out) {
-  out.reset(m, k);
-  auto row_of = [&](int r) {
-    return out.bits.data() +
-           static_cast<std::size_t>(r) * static_cast<std::size_t>(out.depth_padded);
-  };
-  if (!v.transposed) {
-    for (int r = 0; r < m; ++r)
-      for (int c = 0; c < k; c += 16)
-        _mm512_mask_cvtepi32_storeu_epi16(row_of(r) + c, lanes(k - c),
-                                          bf16_lanes(v.data + r * v.ld + c, k - c, v.unit));
-    return;
-  }
-  // Stored [K, M]: pairs of stored rows give 16 rows of A a pair each; a 16 x 16 transpose of
-  // those pairs makes 16 pairs of each of 16 rows.
-  __m512i block[16];
-  for (int r0 = 0; r0 < m; r0 += 16)
-    for (int c0 = 0; c0 < k; c0 += 32) {
-      for (int p = 0; p < 16; ++p) {
-        int const c = c0 + 2 * p;
-        block[p] =
-            c < k ? vnni_pairs(v, c, std::min(2, k - c), r0, m - r0) : _mm512_setzero_si512();
-      }
-      transpose_16x16(block);
-      for (int i = 0; i < 16 && r0 + i < m; ++i) _mm512_storeu_si512(row_of(r0 + i) + c0, block[i]);
-    }
-}
-
-MEGAMOE_TARGET_AVX512 inline void pack_b_avx512(operand_view const& v, int k, int n,
-                                                packed_b& out) {
-  out.reset(k, n);
-  auto tile_row = [&](int n_block, int pair) {
-    return out.bits.data() + out.tile_offset(n_block, (2 * pair) / tile_depth) +
-           static_cast<std::size_t>(pair % (tile_depth / 2)) * tile_depth;
-  };
-  if (!v.transposed) {
-    // Stored [K, N]: two stored rows make one tile row per 16 columns.
-    for (int pair = 0; 2 * pair < k; ++pair)
-      for (int c = 0; c < n; c += tile_columns)
-        _mm512_storeu_si512(tile_row(c / tile_columns, pair),
-                            vnni_pairs(v, 2 * pair, std::min(2, k - 2 * pair), c, n - c));
-    return;
-  }
-  // Stored [N, K]: 32 values of each of 16 stored rows are 16 pairs of 16 columns; a 16 x 16
-  // transpose makes the tile's rows.
-  __m512i block[16];
-  for (int c0 = 0; c0 < n; c0 += tile_columns)
-    for (int k0 = 0; k0 < k; k0 += tile_depth) {
-      for (int i = 0; i < 16; ++i)
-        block[i] = c0 + i < n ? row_pairs(v.data + (c0 + i) * v.ld + k0, k - k0, v.unit)
-                              : _mm512_setzero_si512();
-      transpose_16x16(block);
-      for (int p = 0; p < 16; ++p)
-        _mm512_storeu_si512(tile_row(c0 / tile_columns, k0 / 2 + p), block[p]);
-    }
-}
+MEGAMOE_DECL MEGAMOE_TARGET_AVX512 void pack_a_avx512(operand_view const& v, int m, int k,
+                                                      packed_a& out);
+MEGAMOE_DECL MEGAMOE_TARGET_AVX512 void pack_b_avx512(operand_view const& v, int k, int n,
+                                                      packed_b& out);
 }  // namespace detail
 #pragma GCC diagnostic pop
 #endif
 
 /// Packs A [M, K] from `v` (AVX-512 where the CPU runs it, else element by element; the same
 /// bits either way).
-inline void pack_a(operand_view const& v, int m, int k, packed_a& out) {
-#if MEGAMOE_HAS_AVX512_KERNELS
-  if (cpu().use_avx512()) return detail::pack_a_avx512(v, m, k, out);
-#endif
-  pack_a(
-      m, k, [&](int r, int c) { return v.at(r, c); }, out);
-}
+MEGAMOE_DECL void pack_a(operand_view const& v, int m, int k, packed_a& out);
 /// Packs B [K, N] from `v`, as pack_a.
-inline void pack_b(operand_view const& v, int k, int n, packed_b& out) {
-#if MEGAMOE_HAS_AVX512_KERNELS
-  if (cpu().use_avx512()) return detail::pack_b_avx512(v, k, n, out);
-#endif
-  pack_b(
-      k, n, [&](int r, int c) { return v.at(r, c); }, out);
-}
+MEGAMOE_DECL void pack_b(operand_view const& v, int k, int n, packed_b& out);
 
 /// Tile products issued by this process (every Tiles unit counts its own; gemm adds them here).
-inline std::atomic<std::uint64_t>& products_issued() {
-  static std::atomic<std::uint64_t> count{0};
-  return count;
-}
+MEGAMOE_DECL std::atomic<std::uint64_t>& products_issued();
 
 /// The tile operations in software, with TDPBF16PS's numerics.
 class emulated_tiles {
@@ -490,3 +411,7 @@ MEGAMOE_AMX_TARGET void gemm(Tiles& tiles, packed_a const& a, packed_b const& b,
 }
 
 }  // namespace megamoe::expert::tiles
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/expert/tile_gemm.ipp>
+#endif

@@ -4,6 +4,7 @@
 // gather) and a checkpoint (megamoe-checkpoint export) become a single file of whole tensors.
 #pragma once
 
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/parameter.hpp>
 #include <megamoe/io/safetensors.hpp>
@@ -23,14 +24,8 @@ namespace megamoe::io {
 
 /// The reference's shape of a parameter held as [rows, cols]: norms' weights, biases and the
 /// expert bias are vectors.
-inline std::vector<std::int64_t> reference_shape(std::string_view name, std::int64_t rows,
-                                                 std::int64_t cols) {
-  bool const vector = rows == 1 && (name.find("norm") != std::string_view::npos ||
-                                    name.find(".bias") != std::string_view::npos ||
-                                    name.find("expert_bias") != std::string_view::npos);
-  if (vector) return {cols};
-  return {rows, cols};
-}
+MEGAMOE_DECL std::vector<std::int64_t> reference_shape(std::string_view name, std::int64_t rows,
+                                                       std::int64_t cols);
 
 /// Whole tensors by name, each a row-major [rows, cols] matrix of one dtype with the shape it is
 /// written under; filled rectangle by rectangle, written in name order.
@@ -88,13 +83,7 @@ class whole_tensors {
 
   /// Writes every tensor, in name order, and `metadata` to `path`, replacing it whole.
   void write(std::filesystem::path const& path,
-             std::map<std::string, std::string> const& metadata) const {
-    std::vector<tensor_bytes> tensors;
-    tensors.reserve(tensors_.size());
-    for (auto const& [name, t] : tensors_)
-      tensors.push_back({name, t.type, t.shape, std::span<std::byte const>(t.bytes)});
-    write_safetensors(path, tensors, metadata);
-  }
+             std::map<std::string, std::string> const& metadata) const;
 
  private:
   struct whole_tensor {
@@ -108,3 +97,7 @@ class whole_tensors {
 };
 
 }  // namespace megamoe::io
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/io/whole_tensors.ipp>
+#endif

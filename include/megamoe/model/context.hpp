@@ -13,6 +13,7 @@
 // the layers of a model share one copy.
 #pragma once
 
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/scratch.hpp>
 #include <megamoe/core/stage_times.hpp>
 #include <megamoe/core/thread_pool.hpp>
@@ -39,8 +40,7 @@ struct step_settings {
 
 class context {
  public:
-  explicit context(int num_threads = num_threads_from_environment())
-      : pool_(num_threads), float_exec_(pool_), double_exec_(pool_) {}
+  explicit context(int num_threads = num_threads_from_environment());
 
   context(context const&) = delete;
   context& operator=(context const&) = delete;
@@ -71,10 +71,7 @@ class context {
   }
 
   /// Bytes of scratch and GEMM workspaces held (they grow to the largest step and stay).
-  [[nodiscard]] std::size_t scratch_bytes() const noexcept {
-    return float_exec_.workspace_bytes() + double_exec_.workspace_bytes() +
-           float_scratch_.capacity_bytes() + double_scratch_.capacity_bytes();
-  }
+  [[nodiscard]] std::size_t scratch_bytes() const noexcept;
 
   step_settings step;
   stage_times stages;
@@ -90,3 +87,7 @@ class context {
 };
 
 }  // namespace megamoe
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/model/context.ipp>
+#endif

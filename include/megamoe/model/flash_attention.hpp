@@ -32,6 +32,7 @@
 #pragma once
 
 #include <megamoe/core/bf16.hpp>
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/cpu_features.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/thread_pool.hpp>
@@ -92,16 +93,7 @@ struct attention_shape {
     return scale > 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(qk_head));
   }
   /// Throws input_error naming the first size that cannot work.
-  void check(bool rope) const {
-    auto fail = [](std::string const& what) { throw input_error("flash attention: " + what); };
-    if (seq < 1 || keys() < 1 || batch < 1 || heads < 1 || qk_head < 1 || value_head() < 1)
-      fail("sizes must be positive");
-    if (groups() < 1 || heads % groups() != 0)
-      fail(std::to_string(groups()) + " query groups do not divide " + std::to_string(heads) +
-           " heads");
-    if (rope && qk_head % 2 != 0) fail("RoPE needs an even query/key head size");
-    if (query_offset < 0 || key_offset < 0) fail("negative position offset");
-  }
+  void check(bool rope) const;
 };
 
 /// cos and sin of RoPE's angles, position s and pair i < head/2: s * base^(-2i/head).
@@ -450,3 +442,7 @@ void merge_partial(thread_pool& pool, attention_shape const& s, token_view<T> ou
 }
 
 }  // namespace megamoe::attention
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/model/flash_attention.ipp>
+#endif

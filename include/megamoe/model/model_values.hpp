@@ -7,6 +7,7 @@
 
 #include <megamoe/config/resolve.hpp>
 #include <megamoe/config/rules.hpp>
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/parallel/environment.hpp>
 #include <megamoe/parallel/layout.hpp>
 #include <megamoe/parallel/pipeline_schedule.hpp>
@@ -18,38 +19,18 @@
 namespace megamoe {
 
 /// `given` on one rank: the degrees it leaves empty are 1.
-inline startup_values startup_on_one_rank(startup_values given) {
-  given.world_size = 1;
-  for (auto* d : {&given.tp, &given.cp, &given.pp, &given.etp, &given.ep})
-    if (!*d) *d = 1;
-  return given;
-}
+MEGAMOE_DECL startup_values startup_on_one_rank(startup_values given);
 /// `given` on a job: the degrees are its groups' layout's.
-inline startup_values startup_on_job(parallel::process_groups const& groups,
-                                     startup_values const& given) {
-  return parallel::with_layout(given, groups.layout());
-}
+MEGAMOE_DECL startup_values startup_on_job(parallel::process_groups const& groups,
+                                           startup_values const& given);
 
 /// R046 and R049 for a sequence length: throws the rule's config_error where the model's CP and TP
 /// cannot cut it (every rank is given the same length, so every rank throws alike).
-inline void check_sequence_cut(config_values const& v, int seq) {
-  int const cp = v.parallel.cp, tp = v.parallel.tp;
-  if (cp > 1 && seq % (2 * cp) != 0)
-    throw config_error(rules::id::context_chunks_divide_sequence,
-                       "sequence length " + std::to_string(seq) + ", CP " + std::to_string(cp));
-  if (tp > 1 && (seq / cp) % tp != 0)
-    throw config_error(rules::id::tp_divides_sequence_shard,
-                       "sequence length " + std::to_string(seq) + ", CP " + std::to_string(cp) +
-                           ", TP " + std::to_string(tp));
-}
+MEGAMOE_DECL void check_sequence_cut(config_values const& v, int seq);
 
 /// The pipeline's virtual stages of a resolved model.
-inline parallel::pipeline_layout model_pipeline(config_values const& v,
-                                                startup_values const& given) {
-  return parallel::pipeline_layout::of(v.model.layers, v.parallel.pp, given.pipeline_layout,
-                                       given.vpp, given.first_stage_layers,
-                                       given.last_stage_layers);
-}
+MEGAMOE_DECL parallel::pipeline_layout model_pipeline(config_values const& v,
+                                                      startup_values const& given);
 
 /// Config resolved with `given` as a whole model needs it; a broken rule throws its
 /// config_error.
@@ -84,3 +65,7 @@ config_values resolve_model_on_job(parallel::process_groups const& groups,
 }
 
 }  // namespace megamoe
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/model/model_values.ipp>
+#endif

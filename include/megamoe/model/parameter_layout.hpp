@@ -8,6 +8,7 @@
 // weights, saves the same rectangles and exports the same whole tensors as one rank.
 #pragma once
 
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/parameter.hpp>
 #include <megamoe/core/random.hpp>
 #include <megamoe/core/tensor.hpp>
@@ -52,7 +53,9 @@ enum class parameter_cut {
 
 /// Whether the parameter is a linear weight (what a module under memory::quantized_weights holds as
 /// codes, and what initialization draws).
-constexpr bool is_linear_weight(parameter_cut cut) noexcept { return cut != parameter_cut::norm; }
+constexpr bool is_linear_weight(parameter_cut cut) noexcept {
+  return cut != parameter_cut::norm;
+}
 
 /// A module reports each parameter as f(name, value, grad, cut); a visitor that does not take the
 /// cut (a test reading values) is called as f(name, value, grad).
@@ -75,7 +78,8 @@ struct cut_position {
 /// not; an expert's (ETP) is parameter_kind::expert whatever its cut.
 constexpr parameter_kind kind_of(parameter_cut cut, cut_position const& position,
                                  bool held_as_codes) noexcept {
-  bool const sharded = position.parts > 1 && cut != parameter_cut::norm && cut != parameter_cut::whole;
+  bool const sharded =
+      position.parts > 1 && cut != parameter_cut::norm && cut != parameter_cut::whole;
   parameter_kind const kind = sharded ? parameter_kind::tensor_parallel : parameter_kind::dense;
   return held_as_codes && is_linear_weight(cut) ? quantized_kind_of(kind) : kind;
 }
@@ -117,15 +121,9 @@ constexpr element_numbering numbering_of(parameter_cut cut, std::int64_t rows, s
 /// The reference's name of layer `layer`: `decoder.layers.{layer}`, or past the decoder's
 /// `decoder_layers` (a model with multi-token prediction; -1: none) depth k's
 /// `mtp.layers.{k}.transformer_layer` (layer decoder_layers + k).
-inline std::string layer_prefix(int layer, int decoder_layers = -1) {
-  if (decoder_layers > 0 && layer >= decoder_layers)
-    return "mtp.layers." + std::to_string(layer - decoder_layers) + ".transformer_layer";
-  return "decoder.layers." + std::to_string(layer);
-}
+MEGAMOE_DECL std::string layer_prefix(int layer, int decoder_layers = -1);
 /// The prefix of an MoE layer's parameters: `<layer_prefix>.mlp.`.
-inline std::string moe_parameter_prefix(int layer, int decoder_layers = -1) {
-  return layer_prefix(layer, decoder_layers) + ".mlp.";
-}
+MEGAMOE_DECL std::string moe_parameter_prefix(int layer, int decoder_layers = -1);
 
 /// Draws `value` from N(0, std^2) as a function of (seed + the parameter's number, the element's
 /// number in the whole parameter), so every mapping draws the same; a bias is 0.
@@ -139,3 +137,7 @@ void draw_parameter(row_matrix_map<T> value, std::uint64_t seed, std::uint64_t i
 }
 
 }  // namespace megamoe
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/model/parameter_layout.ipp>
+#endif

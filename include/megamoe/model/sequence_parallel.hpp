@@ -13,6 +13,7 @@
 // tokens; context_chunks<false> (a type that fixes CP at 1) keeps the micro-batch as given.
 #pragma once
 
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/model/context.hpp>
 #include <megamoe/model/norm.hpp>
@@ -145,16 +146,8 @@ struct residual_stream {
 
 /// CP rank `rank`'s two chunks (r and 2 CP - 1 - r) of each sequence of `all` [S*B] into `mine`
 /// [S/CP * B].
-inline void keep_context_chunks(std::span<std::int32_t const> all, int seq, int batch, int cp,
-                                int rank, std::vector<std::int32_t>& mine) {
-  int const L = seq / (2 * cp);
-  auto const run = static_cast<std::size_t>(L) * static_cast<std::size_t>(batch);
-  mine.resize(2 * run);
-  int const chunks[2] = {rank, 2 * cp - 1 - rank};
-  for (int i = 0; i < 2; ++i)
-    std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(chunks[i] * run), run,
-                mine.begin() + static_cast<std::ptrdiff_t>(i * run));
-}
+MEGAMOE_DECL void keep_context_chunks(std::span<std::int32_t const> all, int seq, int batch, int cp,
+                                      int rank, std::vector<std::int32_t>& mine);
 
 template <bool ContextParallel>
 class context_chunks;
@@ -171,19 +164,7 @@ class context_chunks<true> {
   /// Keeps this rank's chunks of `tokens` and `targets` (empty, or as many) [S*B], for tokens()
   /// and targets(); returns this rank's positions, S / CP.
   int keep(std::span<std::int32_t const> tokens, std::span<std::int32_t const> targets, int seq,
-           int batch) {
-    tokens_ = tokens;
-    targets_ = targets;
-    int const cp = ranks();
-    if (cp == 1) return seq;
-    keep_context_chunks(tokens, seq, batch, cp, rank(), local_tokens_);
-    tokens_ = local_tokens_;
-    if (!targets.empty()) {
-      keep_context_chunks(targets, seq, batch, cp, rank(), local_targets_);
-      targets_ = local_targets_;
-    }
-    return seq / cp;
-  }
+           int batch);
   [[nodiscard]] std::span<std::int32_t const> tokens() const noexcept { return tokens_; }
   [[nodiscard]] std::span<std::int32_t const> targets() const noexcept { return targets_; }
 
@@ -227,3 +208,7 @@ class context_chunks<false> {
 };
 
 }  // namespace megamoe
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/model/sequence_parallel.ipp>
+#endif

@@ -30,6 +30,7 @@
 #pragma once
 
 #include <megamoe/core/bf16.hpp>
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/parameter.hpp>
 #include <megamoe/core/tensor.hpp>
@@ -64,20 +65,11 @@ struct lr_schedule {
   double peak = 1e-3, minimum = 1e-4;
   int warmup = 0, total = 1;
   /// The learning rate of step `step` (1-based).
-  [[nodiscard]] double at(int step) const {
-    if (warmup > 0 && step <= warmup) return peak * step / warmup;
-    if (step >= total) return minimum;
-    double const progress =
-        static_cast<double>(step - warmup) / static_cast<double>(std::max(1, total - warmup));
-    return minimum + 0.5 * (peak - minimum) * (1.0 + std::cos(std::numbers::pi * progress));
-  }
+  [[nodiscard]] double at(int step) const;
 };
 
 /// Whether AdamW's decoupled weight decay applies: matrices, not norms, biases or vectors.
-inline bool decays(std::string_view name, Eigen::Index rows) {
-  return rows > 1 && name.find("norm") == std::string_view::npos &&
-         name.find(".bias") == std::string_view::npos;
-}
+MEGAMOE_DECL bool decays(std::string_view name, Eigen::Index rows);
 
 /// Models whose weights of a quantized kind an optimizer holds the fp32 masters of: they free
 /// their fp32 values and take whole updated tensors back, in the order for_each_parameter gives
@@ -531,3 +523,7 @@ class distributed_adamw {
 };
 
 }  // namespace megamoe::optim
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/optim/adamw.ipp>
+#endif

@@ -15,6 +15,7 @@
 // from that validated table.
 #pragma once
 
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/parallel/environment.hpp>
 #include <megamoe/parallel/traffic.hpp>
@@ -44,12 +45,7 @@ class communicator_sum {
 
   [[nodiscard]] int size() const { return comm_ == nullptr ? 1 : comm_->size(); }
 
-  void sum(std::span<double> values) const {
-    if (values.empty() || size() == 1) return;
-    watched_collective const watch(MPI_Comm(*comm_), "sum", std::ssize(values));
-    MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE, MPI_SUM,
-                  MPI_Comm(*comm_));
-  }
+  void sum(std::span<double> values) const;
 
  private:
   boost::mpi::communicator const* comm_ = nullptr;
@@ -63,12 +59,7 @@ class communicator_max {
   communicator_max() = default;
   explicit communicator_max(boost::mpi::communicator const& comm) : comm_(&comm) {}
 
-  void operator()(std::span<float> values) const {
-    if (values.empty() || comm_ == nullptr || comm_->size() == 1) return;
-    watched_collective const watch(MPI_Comm(*comm_), "max", std::ssize(values));
-    MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_FLOAT, MPI_MAX,
-                  MPI_Comm(*comm_));
-  }
+  void operator()(std::span<float> values) const;
 
  private:
   boost::mpi::communicator const* comm_ = nullptr;
@@ -98,22 +89,7 @@ struct element_layout {
   std::vector<int> counts, displs;
 
   /// Throws `input_error` when a count is negative or an element count does not fit an int.
-  void assign(std::span<std::int64_t const> rows, int width) {
-    counts.resize(rows.size());
-    displs.resize(rows.size());
-    std::int64_t offset = 0;
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      std::int64_t const n = rows[i] * width;
-      if (rows[i] < 0)
-        throw input_error("collective: negative row count " + std::to_string(rows[i]));
-      if (n > INT_MAX || offset > INT_MAX)
-        throw input_error("collective: " + std::to_string(offset + n) +
-                          " elements exceed what one MPI call can address");
-      counts[i] = static_cast<int>(n);
-      displs[i] = static_cast<int>(offset);
-      offset += n;
-    }
-  }
+  void assign(std::span<std::int64_t const> rows, int width);
   [[nodiscard]] std::int64_t total() const {
     return counts.empty() ? 0 : std::int64_t{displs.back()} + counts.back();
   }
@@ -125,33 +101,13 @@ class request {
  public:
   request() = default;
   request(request&& other) noexcept { *this = std::move(other); }
-  request& operator=(request&& other) noexcept {
-    if (this != &other) {
-      wait();
-      handle_ = std::exchange(other.handle_, MPI_REQUEST_NULL);
-      watched_ = std::exchange(other.watched_, 0);
-      send_ = std::move(other.send_);
-      recv_ = std::move(other.recv_);
-    }
-    return *this;
-  }
+  request& operator=(request&& other) noexcept;
   request(request const&) = delete;
   request& operator=(request const&) = delete;
   ~request() { wait(); }
 
-  void wait() {
-    if (handle_ != MPI_REQUEST_NULL) MPI_Wait(&handle_, MPI_STATUS_IGNORE);
-    watchdog::instance().end(std::exchange(watched_, 0));
-  }
-  [[nodiscard]] bool done() {
-    if (handle_ != MPI_REQUEST_NULL) {
-      int flag = 0;
-      MPI_Test(&handle_, &flag, MPI_STATUS_IGNORE);
-      if (flag == 0) return false;
-    }
-    watchdog::instance().end(std::exchange(watched_, 0));
-    return true;
-  }
+  void wait();
+  [[nodiscard]] bool done();
   /// Hands the watchdog's record of the collective to this request (ended when it completes).
   void watch(watched_collective&& record) noexcept { watched_ = record.release(); }
 
@@ -178,11 +134,7 @@ inline MPI_Comm raw(boost::mpi::communicator const& comm) {
   return MPI_Comm(comm);
 }
 
-inline void require_size(std::size_t have, std::int64_t need, char const* what) {
-  if (static_cast<std::int64_t>(have) < need)
-    throw input_error(std::string("collective: ") + what + " holds " + std::to_string(have) +
-                      " elements, the counts need " + std::to_string(need));
-}
+MEGAMOE_DECL void require_size(std::size_t have, std::int64_t need, char const* what);
 
 }  // namespace detail
 
@@ -399,22 +351,14 @@ class datatype {
  public:
   datatype() = default;
   /// Takes a freshly created type and commits it.
-  explicit datatype(MPI_Datatype created) : type_(created) { MPI_Type_commit(&type_); }
+  explicit datatype(MPI_Datatype created);
   datatype(datatype&& other) noexcept : type_(std::exchange(other.type_, MPI_DATATYPE_NULL)) {}
-  datatype& operator=(datatype&& other) noexcept {
-    if (this != &other) {
-      reset();
-      type_ = std::exchange(other.type_, MPI_DATATYPE_NULL);
-    }
-    return *this;
-  }
+  datatype& operator=(datatype&& other) noexcept;
   datatype(datatype const&) = delete;
   datatype& operator=(datatype const&) = delete;
   ~datatype() { reset(); }
 
-  void reset() {
-    if (type_ != MPI_DATATYPE_NULL) MPI_Type_free(&type_);
-  }
+  void reset();
   [[nodiscard]] MPI_Datatype get() const noexcept { return type_; }
 
  private:
@@ -445,38 +389,14 @@ struct typed_side {
   std::vector<int> counts, byte_offsets;
   std::vector<MPI_Datatype> types;
 
-  void resize(std::size_t peers) {
-    counts.assign(peers, 0);
-    byte_offsets.assign(peers, 0);
-    types.assign(peers, MPI_BYTE);
-  }
+  void resize(std::size_t peers);
 };
 
 /// MPI_Ialltoallw: the buffers' layouts are entirely in the two sides' datatypes and offsets,
 /// which must stay alive until the request completes.
-inline request all_to_all_w_start(boost::mpi::communicator const& comm, void const* send,
-                                  typed_side const& send_side, void* recv,
-                                  typed_side const& recv_side) {
-  request r;
-  std::int64_t elements = 0;
-  for (int c : send_side.counts) elements += c;
-  watched_collective record(detail::raw(comm), "all_to_all_w", elements);
-  std::int64_t bytes = 0;
-  for (int j = 0; j < comm.size(); ++j) {
-    auto const jj = static_cast<std::size_t>(j);
-    if (j == comm.rank() || send_side.counts[jj] == 0) continue;
-    int type_bytes = 0;
-    MPI_Type_size(send_side.types[jj], &type_bytes);
-    bytes += std::int64_t(send_side.counts[jj]) * type_bytes;
-  }
-  detail::count_traffic(comm, bytes);
-  MPI_Ialltoallw(send, send_side.counts.data(), send_side.byte_offsets.data(),
-                 send_side.types.data(), recv, recv_side.counts.data(),
-                 recv_side.byte_offsets.data(), recv_side.types.data(), detail::raw(comm),
-                 &r.handle_);
-  r.watch(std::move(record));
-  return r;
-}
+MEGAMOE_DECL request all_to_all_w_start(boost::mpi::communicator const& comm, void const* send,
+                                        typed_side const& send_side, void* recv,
+                                        typed_side const& recv_side);
 
 // ---- all-reduce --------------------------------------------------------------------------------
 
@@ -522,3 +442,7 @@ void ring_exchange(boost::mpi::communicator const& comm, T const* send, T* recv,
 }
 
 }  // namespace megamoe::parallel
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/parallel/collectives.ipp>
+#endif

@@ -6,6 +6,7 @@
 
 #include <megamoe/config/resolve.hpp>
 #include <megamoe/config/rules.hpp>
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/parallel/rank_generator.hpp>
 #include <megamoe/parallel/tags.hpp>
@@ -49,30 +50,7 @@ struct layout {
   /// Checks the degrees against the world size (R016, R027, R017, R018) and derives DP and EDP.
   /// Every rank computes the same answer from the same values, so on an error each rank throws the
   /// same `config_error` and none waits on another.
-  static layout resolve(int world_size, degrees const& d) {
-    if (!rules::degrees_positive(d))
-      throw config_error(rules::id::degrees_positive, describe(d, world_size));
-    if (!rules::degrees_resolved(d))
-      throw config_error(rules::id::values_resolved, describe(d, world_size));
-    if (!rules::world_fits_attention_grid(d, world_size))
-      throw config_error(rules::id::world_fits_attention_grid,
-                         "world size " + std::to_string(world_size) +
-                             ", tp*cp*pp = " + std::to_string(d.tp * d.cp * d.pp));
-    if (!rules::world_fits_expert_grid(d, world_size))
-      throw config_error(rules::id::world_fits_expert_grid,
-                         "world size " + std::to_string(world_size) +
-                             ", etp*ep*pp = " + std::to_string(d.etp * d.ep * d.pp));
-    layout l;
-    l.world_size = world_size;
-    l.tp = d.tp;
-    l.cp = d.cp;
-    l.pp = d.pp;
-    l.dp = world_size / (d.tp * d.cp * d.pp);
-    l.etp = d.etp;
-    l.ep = d.ep;
-    l.edp = world_size / (d.etp * d.ep * d.pp);
-    return l;
-  }
+  static layout resolve(int world_size, degrees const& d);
 
   /// The attention grid: ep = 1.
   [[nodiscard]] rank_generator decoder_grid() const { return {tp, cp, 1, dp, pp}; }
@@ -82,23 +60,15 @@ struct layout {
   friend constexpr bool operator==(layout const&, layout const&) = default;
 
  private:
-  static std::string describe(degrees const& d, int world_size) {
-    return "world size " + std::to_string(world_size) + ", tp " + std::to_string(d.tp) + ", cp " +
-           std::to_string(d.cp) + ", pp " + std::to_string(d.pp) + ", etp " +
-           std::to_string(d.etp) + ", ep " + std::to_string(d.ep);
-  }
+  static std::string describe(degrees const& d, int world_size);
 };
 
 /// `given` with the world size and every degree of the layout `l`: what a layer or model built on
 /// a job's process groups completes its configuration with.
-inline startup_values with_layout(startup_values given, layout const& l) {
-  given.world_size = l.world_size;
-  given.tp = l.tp;
-  given.cp = l.cp;
-  given.pp = l.pp;
-  given.etp = l.etp;
-  given.ep = l.ep;
-  return given;
-}
+MEGAMOE_DECL startup_values with_layout(startup_values given, layout const& l);
 
 }  // namespace megamoe::parallel
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/parallel/layout.ipp>
+#endif

@@ -6,6 +6,7 @@
 // `ep` communicator is the i-th rank of its group in the reference's list.
 #pragma once
 
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/parallel/environment.hpp>
 #include <megamoe/parallel/layout.hpp>
 #include <megamoe/parallel/watchdog.hpp>
@@ -35,21 +36,7 @@ class process_groups {
 
   /// Collective over `world`. Checks the layout on every rank (R016, R017, R018, R027; the same
   /// error on every rank) and then splits `world` once per group type, in a fixed order.
-  process_groups(boost::mpi::communicator const& world, degrees const& d) {
-    check_on_every_rank(world, [&] { layout_ = parallel::layout::resolve(world.size(), d); });
-    rank_generator const decoder = layout_.decoder_grid();
-    rank_generator const expert = layout_.expert_grid();
-    watched_collective const watch(MPI_Comm(world), "create_process_groups",
-                                   std::ssize(decoder_names) + std::ssize(expert_names));
-    for (std::size_t i = 0; i < decoder_group_types.size(); ++i) {
-      decoder_[i] = split(world, decoder.groups(decoder_group_types[i]));
-      MPI_Comm_set_name(MPI_Comm(decoder_[i]), decoder_names[i]);
-    }
-    for (std::size_t i = 0; i < expert_group_types.size(); ++i) {
-      expert_[i] = split(world, expert.groups(expert_group_types[i]));
-      MPI_Comm_set_name(MPI_Comm(expert_[i]), expert_names[i]);
-    }
-  }
+  process_groups(boost::mpi::communicator const& world, degrees const& d);
 
   [[nodiscard]] parallel::layout const& layout() const noexcept { return layout_; }
 
@@ -86,17 +73,7 @@ class process_groups {
  private:
   /// The communicator of the group holding this rank; its rank order is the group's list order.
   static boost::mpi::communicator split(boost::mpi::communicator const& world,
-                                        rank_groups const& groups) {
-    int const me = world.rank();
-    for (std::size_t g = 0; g < groups.size(); ++g) {
-      auto const& members = groups[g];
-      auto const it = std::find(members.begin(), members.end(), me);
-      if (it != members.end())
-        return world.split(static_cast<int>(g), static_cast<int>(it - members.begin()));
-    }
-    // Every rank is in exactly one group of each type; reaching here means a broken generator.
-    throw input_error("process_groups: rank " + std::to_string(me) + " is in no group");
-  }
+                                        rank_groups const& groups);
 
   parallel::layout layout_;
   std::array<boost::mpi::communicator, decoder_group_types.size()> decoder_;
@@ -104,3 +81,7 @@ class process_groups {
 };
 
 }  // namespace megamoe::parallel
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/parallel/process_groups.ipp>
+#endif

@@ -5,6 +5,7 @@
 // tests the requests registered here, until they have all completed.
 #pragma once
 
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/thread_pool.hpp>
 
 #include <mpi.h>
@@ -25,17 +26,7 @@ class exchange_progress {
 
   /// Tests every pending request once (main thread only); counts the rounds. Returns whether any
   /// is still pending.
-  bool poll() {
-    ++polls_;
-    bool pending = false;
-    for (MPI_Request* r : requests_)
-      if (*r != MPI_REQUEST_NULL) {
-        int flag = 0;
-        MPI_Test(r, &flag, MPI_STATUS_IGNORE);
-        pending = pending || flag == 0;
-      }
-    return pending;
-  }
+  bool poll();
   /// Rounds of tests so far (for tests and benchmarks).
   [[nodiscard]] std::uint64_t polls() const noexcept { return polls_; }
 
@@ -56,3 +47,7 @@ class exchange_progress {
 };
 
 }  // namespace megamoe::parallel
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/parallel/progress.ipp>
+#endif

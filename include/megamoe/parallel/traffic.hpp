@@ -11,6 +11,8 @@
 // the thread that drives MPI (funneled), which is the only one that counts.
 #pragma once
 
+#include <megamoe/core/compiled_once.hpp>
+
 #include <mpi.h>
 
 #include <cstdint>
@@ -21,29 +23,13 @@ namespace megamoe::parallel {
 class traffic {
  public:
   /// The process's tally.
-  static traffic& instance() {
-    static traffic tally;
-    return tally;
-  }
+  static traffic& instance();
 
-  void add(MPI_Comm comm, std::int64_t bytes) {
-    for (auto& e : entries_)
-      if (e.comm == comm) {
-        e.bytes += bytes;
-        return;
-      }
-    entries_.push_back({comm, bytes});
-  }
+  void add(MPI_Comm comm, std::int64_t bytes);
   /// Bytes counted on `comm` since the last reset.
-  [[nodiscard]] std::int64_t bytes(MPI_Comm comm) const {
-    for (auto const& e : entries_)
-      if (e.comm == comm) return e.bytes;
-    return 0;
-  }
+  [[nodiscard]] std::int64_t bytes(MPI_Comm comm) const;
   /// Every count back to zero (the communicators stay known: no allocation afterwards).
-  void reset() {
-    for (auto& e : entries_) e.bytes = 0;
-  }
+  void reset();
 
  private:
   struct entry {
@@ -54,3 +40,7 @@ class traffic {
 };
 
 }  // namespace megamoe::parallel
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/parallel/traffic.ipp>
+#endif

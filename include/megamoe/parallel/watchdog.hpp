@@ -11,6 +11,7 @@
 // Off, recording costs one relaxed atomic load per collective; on, a lock and a clock read.
 #pragma once
 
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/policy/error.hpp>
 
@@ -50,10 +51,7 @@ class watchdog {
   static constexpr int exit_status = 124;
 
   /// The process's watchdog (one per rank).
-  static watchdog& instance() {
-    static watchdog dog;
-    return dog;
-  }
+  static watchdog& instance();
 
   watchdog(watchdog const&) = delete;
   watchdog& operator=(watchdog const&) = delete;
@@ -61,82 +59,26 @@ class watchdog {
 
   /// Starts watching: a collective still running after `seconds` ends the job. `rank` and `size`
   /// name this rank in what it prints.
-  void start(double seconds, int rank, int size) {
-    stop();
-    std::lock_guard lock(mutex_);
-    limit_ = std::chrono::duration<double>(seconds);
-    rank_ = rank;
-    size_ = size;
-    stopping_ = false;
-    on_.store(true, std::memory_order_relaxed);
-    thread_ = std::thread([this] { watch(); });
-  }
+  void start(double seconds, int rank, int size);
 
   /// Stops the thread (collectives are no longer recorded).
-  void stop() {
-    {
-      std::lock_guard lock(mutex_);
-      if (!thread_.joinable()) return;
-      stopping_ = true;
-      on_.store(false, std::memory_order_relaxed);
-    }
-    wake_.notify_all();
-    thread_.join();
-  }
+  void stop();
 
   [[nodiscard]] bool on() const noexcept { return on_.load(std::memory_order_relaxed); }
   [[nodiscard]] double limit_seconds() const { return limit_.count(); }
 
   /// Where the training is: the collectives that start from now on are printed with it.
-  void set_step(int step) {
-    if (!on()) return;
-    std::lock_guard lock(mutex_);
-    step_ = step;
-    micro_batch_ = stage_ = -1;
-  }
-  void set_pass(int micro_batch, int stage) {
-    if (!on()) return;
-    std::lock_guard lock(mutex_);
-    micro_batch_ = micro_batch;
-    stage_ = stage;
-  }
+  void set_step(int step);
+  void set_pass(int micro_batch, int stage);
 
   /// Records a collective on `comm` that starts now; returns its sequence number (0 when off).
-  std::uint64_t begin(MPI_Comm comm, char const* operation, std::int64_t elements) {
-    if (!on()) return 0;
-    char name[MPI_MAX_OBJECT_NAME] = {};
-    int length = 0, size = 0;
-    MPI_Comm_get_name(comm, name, &length);
-    MPI_Comm_size(comm, &size);
-    std::lock_guard lock(mutex_);
-    std::uint64_t const sequence = ++issued_;
-    auto& r = ring_[sequence % ring_size];
-    r.sequence = sequence;
-    copy_text(r.operation, operation);
-    copy_text(r.group, length > 0 ? name : "unnamed");
-    r.group_size = size;
-    r.elements = elements;
-    r.step = step_;
-    r.micro_batch = micro_batch_;
-    r.stage = stage_;
-    r.started = std::chrono::steady_clock::now();
-    r.running = true;
-    return sequence;
-  }
+  std::uint64_t begin(MPI_Comm comm, char const* operation, std::int64_t elements);
 
   /// Marks collective `sequence` complete.
-  void end(std::uint64_t sequence) {
-    if (sequence == 0) return;
-    std::lock_guard lock(mutex_);
-    auto& r = ring_[sequence % ring_size];
-    if (r.sequence == sequence) r.running = false;
-  }
+  void end(std::uint64_t sequence);
 
   /// The ring, oldest first, one line per collective.
-  [[nodiscard]] std::string ring_text() const {
-    std::lock_guard lock(mutex_);
-    return ring_text_locked(std::chrono::steady_clock::now());
-  }
+  [[nodiscard]] std::string ring_text() const;
 
  private:
   watchdog() = default;
@@ -149,63 +91,15 @@ class watchdog {
   }
 
   /// ", step k" and ", micro-batch m, virtual stage j" where the record has them.
-  static std::string where(collective_record const& r) {
-    std::string text;
-    if (r.step > 0) text += ", step " + std::to_string(r.step);
-    if (r.micro_batch >= 0)
-      text += ", micro-batch " + std::to_string(r.micro_batch) + ", virtual stage " +
-              std::to_string(r.stage);
-    return text;
-  }
+  static std::string where(collective_record const& r);
 
-  std::string ring_text_locked(std::chrono::steady_clock::time_point now) const {
-    std::string text;
-    for (std::size_t i = 1; i <= ring_size; ++i) {
-      auto const& r = ring_[(issued_ + i) % ring_size];
-      if (r.sequence == 0) continue;
-      char line[240];
-      double const age = std::chrono::duration<double>(now - r.started).count();
-      std::snprintf(line, sizeof line,
-                    "  #%llu %s on %s (%d ranks), %lld elements%s, %s, %.3f s ago\n",
-                    static_cast<unsigned long long>(r.sequence), r.operation, r.group, r.group_size,
-                    static_cast<long long>(r.elements), where(r).c_str(),
-                    r.running ? "WAITING" : "done", age);
-      text += line;
-    }
-    return text;
-  }
+  std::string ring_text_locked(std::chrono::steady_clock::time_point now) const;
 
-  void watch() {
-    auto const poll = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-        std::min(limit_ / 4.0, std::chrono::duration<double>(0.25)));
-    std::unique_lock lock(mutex_);
-    while (!stopping_) {
-      wake_.wait_for(lock, poll, [this] { return stopping_; });
-      if (stopping_) return;
-      auto const now = std::chrono::steady_clock::now();
-      for (auto const& r : ring_)
-        if (r.running && now - r.started > limit_) return fire(r, now);
-    }
-  }
+  void watch();
 
   /// Prints the ring and ends the process. Runs on the watchdog thread (the main thread is stuck
   /// in MPI), so it does not call MPI.
-  [[noreturn]] void fire(collective_record const& stuck,
-                         std::chrono::steady_clock::time_point now) {
-    char head[320];
-    std::snprintf(head, sizeof head,
-                  "megamoe: rank %d of %d: watchdog: collective #%llu %s on %s (%d ranks)%s has "
-                  "not completed after %.3g s; this rank's last collectives, oldest first:\n",
-                  rank_, size_, static_cast<unsigned long long>(stuck.sequence), stuck.operation,
-                  stuck.group, stuck.group_size, where(stuck).c_str(), limit_.count());
-    std::string const text = head + ring_text_locked(now);
-    std::fwrite(text.data(), 1, text.size(), stderr);
-    std::fflush(stderr);
-    // The other ranks' watchdogs fire at about the same time; give them a moment to print before
-    // this exit makes mpiexec stop the job.
-    std::this_thread::sleep_for(std::chrono::seconds(1));
-    std::_Exit(exit_status);
-  }
+  [[noreturn]] void fire(collective_record const& stuck, std::chrono::steady_clock::time_point now);
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;
@@ -235,12 +129,10 @@ class watched_collective {
 };
 
 /// Parses a MEGAMOE_WATCHDOG_SECONDS value: seconds > 0, or 0 for off; anything else is R035.
-inline double parse_watchdog_seconds(std::string const& text) {
-  char* end = nullptr;
-  double const seconds = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || !(seconds >= 0.0) || seconds > 1e7)
-    throw config_error(rules::id::watchdog_seconds_valid, "got '" + text + "'");
-  return seconds;
-}
+MEGAMOE_DECL double parse_watchdog_seconds(std::string const& text);
 
 }  // namespace megamoe::parallel
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/parallel/watchdog.ipp>
+#endif

@@ -6,6 +6,7 @@
 
 #include <megamoe/config/resolve.hpp>
 #include <megamoe/config/rules.hpp>
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 
@@ -61,73 +62,29 @@ struct job_options {
        moments_given = false, quantized_weights_given = false;
 
   /// An input error of this job, its text after the program's name.
-  [[nodiscard]] input_error error(std::string const& text) const {
-    return input_error(program + ": " + text);
-  }
+  [[nodiscard]] input_error error(std::string const& text) const;
 };
 
 /// The model's layers `bf16_layers` keeps in BF16, in order.
-inline std::vector<int> layers_in_bf16(int layers, std::array<int, 2> bf16_layers) {
-  std::vector<int> out;
-  for (int i = 0; i < layers; ++i)
-    if (i < bf16_layers[0] || i >= layers - bf16_layers[1]) out.push_back(i);
-  return out;
-}
+MEGAMOE_DECL std::vector<int> layers_in_bf16(int layers, std::array<int, 2> bf16_layers);
 
 /// The modules whose GEMMs read the recipe's operands, those whose weights are held as codes
 /// (`quantized_weights`: all of them but shared experts), the layers kept in BF16, and what stays
 /// in higher precision.
-inline nlohmann::json quantized_modules(config_values const& v, std::string const& precision,
-                                        std::array<int, 2> bf16_layers, bool quantized_weights) {
-  nlohmann::json quantized = nlohmann::json::array(), codes = nlohmann::json::array();
-  auto const kept = layers_in_bf16(v.model.layers, bf16_layers);
-  auto add = [&](std::string const& module, bool as_codes) {
-    quantized.push_back(module);
-    if (quantized_weights && as_codes) codes.push_back(module);
-  };
-  if (precision != "fp32")
-    for (int i = 0; i < v.model.layers; ++i) {
-      if (std::ranges::find(kept, i) != kept.end()) continue;
-      std::string const layer = "decoder.layers." + std::to_string(i);
-      add(layer + ".self_attention.linear_qkv", true);
-      add(layer + ".self_attention.linear_proj", true);
-      if (v.model.is_moe(i)) {
-        add(layer + ".mlp.experts", true);
-        if (v.shape.shared_ffn > 0) add(layer + ".mlp.shared_experts", false);
-      } else {
-        add(layer + ".mlp.linear_fc1", true);
-        add(layer + ".mlp.linear_fc2", true);
-      }
-    }
-  return {{"precision", precision},
-          {"quantized", quantized},
-          {"weights_as_codes", codes},
-          {"bf16_layers", kept},
-          {"higher_precision",
-           {"embedding", "router", "norms", "attention softmax", "output_layer", "loss"}}};
-}
+MEGAMOE_DECL nlohmann::json quantized_modules(config_values const& v, std::string const& precision,
+                                              std::array<int, 2> bf16_layers,
+                                              bool quantized_weights);
 
 /// The job's degrees: TP, CP and PP as given, ETP = --etp or TP, EP = --ep or every rank of a
 /// stage's expert grid (world / (ETP PP); 1 for a model of one expert per layer).
-inline parallel::degrees job_degrees(int world_size, job_options const& o, int experts) {
-  parallel::degrees d;
-  d.tp = o.tp;
-  d.cp = o.cp;
-  d.pp = o.pp;
-  d.etp = o.etp > 0 ? o.etp : o.tp;
-  int const per_stage = o.pp > 0 && world_size % o.pp == 0 ? world_size / o.pp : world_size;
-  int const grid = d.etp > 0 && per_stage % d.etp == 0 ? per_stage / d.etp : per_stage;
-  d.ep = o.ep > 0 ? o.ep : (experts == 1 ? 1 : grid);
-  return d;
-}
+MEGAMOE_DECL parallel::degrees job_degrees(int world_size, job_options const& o, int experts);
 
 /// --num-layers-per-virtual-pipeline-stage n as V = layers / (PP n), the reference's conversion.
 template <class Config>
 job_options with_virtual_stages(job_options o) {
   if (o.layers_per_virtual_stage == 0) return o;
   int const layers = Config::model::value.layers;
-  if (o.vpp > 0)
-    throw o.error("give --vpp or --num-layers-per-virtual-pipeline-stage, not both");
+  if (o.vpp > 0) throw o.error("give --vpp or --num-layers-per-virtual-pipeline-stage, not both");
   if (o.layers_per_virtual_stage < 0 || o.pp < 1 ||
       layers % (o.pp * o.layers_per_virtual_stage) != 0)
     throw config_error(rules::id::pipeline_stages_divide_layers,
@@ -139,18 +96,11 @@ job_options with_virtual_stages(job_options o) {
 }
 
 /// The start-up values of this job: its degrees, its world size and its pipeline's split.
-inline startup_values job_values(parallel::degrees const& d, int world_size, job_options const& o) {
-  startup_values v{
-      .tp = d.tp, .cp = d.cp, .pp = d.pp, .etp = d.etp, .ep = d.ep, .world_size = world_size};
-  if (o.vpp > 0) v.vpp = o.vpp;
-  if (o.first_stage_layers >= 0) v.first_stage_layers = o.first_stage_layers;
-  if (o.last_stage_layers >= 0) v.last_stage_layers = o.last_stage_layers;
-  v.pipeline_layout = o.pipeline_layout;
-  if (o.bf16_layers[0] > 0 || o.bf16_layers[1] > 0) {
-    v.bf16_layers_at_start = o.bf16_layers[0];
-    v.bf16_layers_at_end = o.bf16_layers[1];
-  }
-  return v;
-}
+MEGAMOE_DECL startup_values job_values(parallel::degrees const& d, int world_size,
+                                       job_options const& o);
 
 }  // namespace megamoe::train
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/train/job_options.ipp>
+#endif

@@ -7,25 +7,23 @@
 #include <boost/mpi/collectives/all_reduce.hpp>
 #include <boost/mpi/communicator.hpp>
 #include <boost/mpi/operations.hpp>
+#include <megamoe/core/compiled_once.hpp>
 
 #include <csignal>
 
 namespace megamoe::train {
 
 inline volatile std::sig_atomic_t terminate_requested = 0;
-inline void request_termination(int) {
-  terminate_requested = 1;
-}
+MEGAMOE_DECL void request_termination(int);
 
 /// From now on SIGTERM asks the job to stop after its current step.
-inline void handle_termination_signal() {
-  std::signal(SIGTERM, request_termination);
-}
+MEGAMOE_DECL void handle_termination_signal();
 
 /// Whether any rank of `world` was asked to terminate (a collective: every rank calls it).
-inline bool termination_requested(boost::mpi::communicator const& world) {
-  return boost::mpi::all_reduce(world, static_cast<int>(terminate_requested),
-                                boost::mpi::maximum<int>()) != 0;
-}
+MEGAMOE_DECL bool termination_requested(boost::mpi::communicator const& world);
 
 }  // namespace megamoe::train
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/train/signals.ipp>
+#endif

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <megamoe/config/describe.hpp>
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/parameter.hpp>
 #include <megamoe/io/checkpoint_files.hpp>
@@ -42,35 +43,10 @@ namespace megamoe::train {
 
 /// The configuration fields that describe how a model runs rather than what it is: they may
 /// differ between a checkpoint and the job that loads it.
-inline bool runtime_field(std::string const& key) {
-  static std::set<std::string> const fields = {"order",
-                                               "tensor_model_parallel_size",
-                                               "context_parallel_size",
-                                               "pipeline_model_parallel_size",
-                                               "expert_tensor_parallel_size",
-                                               "expert_model_parallel_size",
-                                               "world_size",
-                                               "data_parallel_size",
-                                               "expert_data_parallel_size",
-                                               "moe_token_dispatcher_type",
-                                               "expert_backend",
-                                               "recompute_granularity",
-                                               "recompute_modules",
-                                               "quantized_activations",
-                                               "quantized_weights",
-                                               "defaults",
-                                               "policies"};
-  return fields.contains(key);
-}
+MEGAMOE_DECL bool runtime_field(std::string const& key);
 
 /// The model's configuration as a checkpoint records it (describe's flat form) and the layout.
-inline nlohmann::json checkpoint_configuration(config_values const& values) {
-  auto const flat = describe(values).flat;
-  nlohmann::json model = nlohmann::json::object(), layout = nlohmann::json::object();
-  for (auto const& [key, value] : flat.items())
-    if (key != "defaults") (runtime_field(key) ? layout : model)[key] = value;
-  return {{"model", model}, {"runtime", layout}};
-}
+MEGAMOE_DECL nlohmann::json checkpoint_configuration(config_values const& values);
 
 /// What a save or a load did.
 struct checkpoint_report {
@@ -98,11 +74,7 @@ std::map<std::string, element_numbering> parameter_numbering(transformer<Config>
 namespace detail {
 
 /// Whether this rank writes a replicated state owned by `owner`.
-inline bool writes(parallel::process_groups const* groups, state_owner owner) {
-  if (groups == nullptr) return true;
-  if (owner == state_owner::attention_grid_first) return groups->tp_dp_cp().rank() == 0;
-  return groups->expert_dp().rank() == 0 && groups->expert_tp().rank() == 0;
-}
+MEGAMOE_DECL bool writes(parallel::process_groups const* groups, state_owner owner);
 
 /// Calls f(piece, name, whole rows, cols, rectangle, offset into the piece's arrays) for the
 /// rectangles of each parameter piece the optimizer owns.
@@ -178,18 +150,7 @@ checkpoint_report save_checkpoint(trainer<Config, Moments>& t,
 }
 
 /// Why a checkpoint's model differs from `values`' ("" when it is the same model).
-inline std::string model_difference(nlohmann::json const& saved, config_values const& values) {
-  auto const mine = checkpoint_configuration(values).at("model");
-  if (!saved.is_object()) return "it records no model configuration";
-  for (auto const& [key, value] : mine.items()) {
-    if (!saved.contains(key)) return key + " is missing there";
-    if (saved.at(key) != value)
-      return key + " is " + saved.at(key).dump() + " there, " + value.dump() + " here";
-  }
-  for (auto const& [key, value] : saved.items())
-    if (!mine.contains(key)) return key + " is set there, unknown here";
-  return {};
-}
+MEGAMOE_DECL std::string model_difference(nlohmann::json const& saved, config_values const& values);
 
 /// Loads an opened checkpoint into a trainer built for this job (any layout), collectively over
 /// `world`. Every check fails on every rank with the same error.
@@ -268,3 +229,7 @@ checkpoint_report load_checkpoint(trainer<Config, Moments>& t,
 }
 
 }  // namespace megamoe::train
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/train/training_state.ipp>
+#endif

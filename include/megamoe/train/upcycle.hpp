@@ -18,6 +18,7 @@
 // names.
 #pragma once
 
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/parameter.hpp>
 #include <megamoe/io/safetensors.hpp>
@@ -40,27 +41,10 @@ namespace megamoe::train {
 /// The reference's dense name of a one-expert MoE layer's parameter (`...mlp.experts.linear_fc1.
 /// weight0` -> `...mlp.linear_fc1.weight`); nullopt for its router weight, which a dense model
 /// has not; the name itself otherwise.
-inline std::optional<std::string> dense_parameter_name(std::string const& name) {
-  static std::regex const expert(
-      R"(^((?:decoder\.layers\.\d+|mtp\.layers\.\d+\.transformer_layer)\.mlp\.)experts\.(linear_fc[12]\.(weight|bias))0$)");
-  static std::regex const router(
-      R"(^(?:decoder\.layers\.\d+|mtp\.layers\.\d+\.transformer_layer)\.mlp\.router\.(weight|expert_bias)$)");
-  std::smatch m;
-  if (std::regex_match(name, m, expert)) return m[1].str() + m[2].str();
-  if (std::regex_match(name, router)) return std::nullopt;
-  return name;
-}
+MEGAMOE_DECL std::optional<std::string> dense_parameter_name(std::string const& name);
 
 /// The reference's upcycling scale of fc1 and fc2 (see above).
-inline double upcycling_weight_scale(config_values const& v, int granularity) {
-  int const experts = v.shape.experts, top_k = v.router ? v.router->top_k : 1;
-  bool const pre_softmax =
-      v.router && v.router->score == router::score_function::softmax_before_topk;
-  double const a = pre_softmax ? static_cast<double>(experts) * granularity / top_k : granularity;
-  bool const cube_root = v.expert.activation == expert::activation_function::swiglu ||
-                         v.expert.activation == expert::activation_function::squared_relu;
-  return cube_root ? std::cbrt(a) : std::sqrt(a);
-}
+MEGAMOE_DECL double upcycling_weight_scale(config_values const& v, int granularity);
 
 /// Makes `model` (initialised, no optimizer built yet) the upcycled MoE of the dense model in
 /// `file`, collectively over `world` (every rank reads the file). Returns the granularity g.
@@ -155,3 +139,7 @@ int upcycle(transformer<Config>& model, boost::mpi::communicator const& world,
 }
 
 }  // namespace megamoe::train
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/train/upcycle.ipp>
+#endif

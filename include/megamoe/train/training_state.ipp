@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/train/training_state.ipp — the definitions behind training_state.hpp that depend on no
+// configuration (compiled once under MEGAMOE_SEPARATE_COMPILATION; core/compiled_once.hpp).
+#pragma once
+
+#include <megamoe/train/training_state.hpp>
+
+namespace megamoe::train {
+
+MEGAMOE_DECL bool runtime_field(std::string const& key) {
+  static std::set<std::string> const fields = {"order",
+                                               "tensor_model_parallel_size",
+                                               "context_parallel_size",
+                                               "pipeline_model_parallel_size",
+                                               "expert_tensor_parallel_size",
+                                               "expert_model_parallel_size",
+                                               "world_size",
+                                               "data_parallel_size",
+                                               "expert_data_parallel_size",
+                                               "moe_token_dispatcher_type",
+                                               "expert_backend",
+                                               "recompute_granularity",
+                                               "recompute_modules",
+                                               "quantized_activations",
+                                               "quantized_weights",
+                                               "defaults",
+                                               "policies"};
+  return fields.contains(key);
+}
+
+MEGAMOE_DECL nlohmann::json checkpoint_configuration(config_values const& values) {
+  auto const flat = describe(values).flat;
+  nlohmann::json model = nlohmann::json::object(), layout = nlohmann::json::object();
+  for (auto const& [key, value] : flat.items())
+    if (key != "defaults") (runtime_field(key) ? layout : model)[key] = value;
+  return {{"model", model}, {"runtime", layout}};
+}
+}  // namespace megamoe::train
+
+namespace megamoe::train::detail {
+
+MEGAMOE_DECL bool writes(parallel::process_groups const* groups, state_owner owner) {
+  if (groups == nullptr) return true;
+  if (owner == state_owner::attention_grid_first) return groups->tp_dp_cp().rank() == 0;
+  return groups->expert_dp().rank() == 0 && groups->expert_tp().rank() == 0;
+}
+}  // namespace megamoe::train::detail
+
+namespace megamoe::train {
+
+MEGAMOE_DECL std::string model_difference(nlohmann::json const& saved,
+                                          config_values const& values) {
+  auto const mine = checkpoint_configuration(values).at("model");
+  if (!saved.is_object()) return "it records no model configuration";
+  for (auto const& [key, value] : mine.items()) {
+    if (!saved.contains(key)) return key + " is missing there";
+    if (saved.at(key) != value)
+      return key + " is " + saved.at(key).dump() + " there, " + value.dump() + " here";
+  }
+  for (auto const& [key, value] : saved.items())
+    if (!mine.contains(key)) return key + " is set there, unknown here";
+  return {};
+}
+
+}  // namespace megamoe::train
