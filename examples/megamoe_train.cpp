@@ -33,8 +33,8 @@ namespace presets = megamoe::presets;
 /// name needs a recipe (R037) and must be usable on every rank (R052); every error is agreed.
 std::string resolved_backend(boost::mpi::communicator const& world, mt::job_options const& o) {
   using mm::expert::gemm_backend;
-  bool const built = MEGAMOE_HAS_AMX_INTRINSICS && presets::recipe_built_for(o.preset, o.precision) &&
-                     presets::bf16_units_built_for(o.precision);
+  bool const built =
+      MEGAMOE_HAS_AMX_INTRINSICS && presets::bf16_units_built_for(o.preset, o.precision);
   mm::parallel::check_on_every_rank(world, [&] {
     if (o.backend == "auto" || o.backend == "grouped") return;
     std::string const flag = "--backend " + o.backend;
@@ -43,7 +43,8 @@ std::string resolved_backend(boost::mpi::communicator const& world, mt::job_opti
                              flag + " with --precision fp32");
     if (!built)
       throw o.error(flag + " is built for --precision bf16 on the small and medium presets; " +
-                    "--precision " + o.precision + " on " + o.preset + " runs on --backend grouped");
+                    "--precision " + o.precision + " on " + o.preset +
+                    " runs on --backend grouped");
     auto const unit = o.backend == "amx" ? gemm_backend::amx : gemm_backend::avx512_bf16;
     if (auto const why = mm::expert::unavailable_reason(unit); !why.empty())
       throw mm::config_error(mm::rules::id::bf16_unit_usable, flag + ": " + why);
@@ -79,8 +80,8 @@ int main(int argc, char** argv) {
     for (auto const& p : presets::preset_table) names.emplace_back(p.name);
     mt::command_line line(
         "megamoe-train: train a byte-level MoE language model on English text", o, names,
-        "model: tiny | small | fine | medium | dense | qwen3 | mixtral | deepseek; --precision "
-        "other than fp32 is built for small (bf16 for medium too)");
+        "model: tiny | small | fine | medium | dense | qwen3 | mixtral | deepseek, each built "
+        "under every --precision");
     note_preset_defaults(line.app(), "--steps", &presets::preset_defaults::steps);
     note_preset_defaults(line.app(), "--seq-len", &presets::preset_defaults::seq_len);
     note_preset_defaults(line.app(), "--micro-batch", &presets::preset_defaults::micro_batch);
@@ -98,17 +99,15 @@ int main(int argc, char** argv) {
         o.preset = saved;
         saved_bf16_layers = mt::take_saved_recipe(*resume, o);
       }
-      if (!presets::recipe_built_for(o.preset, o.precision))
-        throw o.error("--precision " + o.precision + " is built for " +
-                      presets::presets_built_for(o.precision) + ", not " + o.preset);
       mt::settle_recipe_options(o, saved_bf16_layers);
       if (o.quantized_weights && !presets::quantized_weights_built_for(o.preset))
-        throw o.error(std::string(o.fp8_param_gather ? "--fp8-param-gather" : "--fp4-param-gather") +
-                      " is built for the small preset, not " + o.preset);
+        throw o.error(
+            std::string(o.fp8_param_gather ? "--fp8-param-gather" : "--fp4-param-gather") +
+            " is built for the small preset, not " + o.preset);
       if (o.moments == "bf16" && !presets::bf16_moments_built_for(o.preset, o.quantized_weights))
         throw o.error(
-            "Adam's moments in bf16 are built for the small preset with fp32 weights and for "
-            "medium, not " +
+            "Adam's moments in bf16 are built for the small and medium presets with fp32 "
+            "weights, not " +
             o.preset + (o.quantized_weights ? " with its weights held as codes" : ""));
     });
     auto const& defaults = presets::preset_named(o.preset);
@@ -118,13 +117,14 @@ int main(int argc, char** argv) {
     o.backend = resolved_backend(world, o);
     namespace job = megamoe::train_job;
     auto* const from = resume ? &*resume : nullptr;
-    if (o.preset == "tiny" || o.preset == "fine" || o.preset == "dense")
-      return job::run_fp32_presets(env, o, from);
-    if (o.preset == "medium") return job::run_medium(env, o, from);
-    if (o.preset == "qwen3" || o.preset == "mixtral" || o.preset == "deepseek")
-      return job::run_family_presets(env, o, from);
     if (o.quantized_weights) return job::run_small_codes(env, o, from);
-    if (o.precision == "fp32" || o.precision == "bf16") return job::run_small(env, o, from);
-    return job::run_small_recipes(env, o, from);
+    if (o.backend == "amx" || o.backend == "avx512_bf16") return job::run_bf16_units(env, o, from);
+    if (o.precision == "fp32") return job::run_fp32(env, o, from);
+    if (o.precision == "bf16") return job::run_bf16(env, o, from);
+    if (o.precision == "fp8_delayed") return job::run_fp8_delayed(env, o, from);
+    if (o.precision == "fp8_current") return job::run_fp8_current(env, o, from);
+    if (o.precision == "fp8_blockwise") return job::run_fp8_blockwise(env, o, from);
+    if (o.precision == "mxfp8") return job::run_mxfp8(env, o, from);
+    return job::run_nvfp4(env, o, from);
   });
 }

@@ -46,6 +46,7 @@
 #include <megamoe/router/megatron_config.ipp>
 #include <megamoe/train/command_line.ipp>
 #include <megamoe/train/corpus.ipp>
+#include <megamoe/train/export.ipp>
 #include <megamoe/train/job_options.ipp>
 #include <megamoe/train/progress.ipp>
 #include <megamoe/train/report.ipp>

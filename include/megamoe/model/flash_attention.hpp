@@ -186,30 +186,13 @@ class flash_attention {
   /// out = softmax(scale q k^T, causal) v per head; lse [batch][heads][seq] gets each row's
   /// log-sum-exp of its scaled scores (natural log).
   void forward(thread_pool& pool, attention_shape const& shape, token_view<T const> q,
-               token_view<T const> k, token_view<T const> v, token_view<T> out, T* lse) {
-    prepare(pool, shape);
-#if MEGAMOE_VECTOR_MATH_AVX512
-    if constexpr (std::is_same_v<T, float>)
-      if (kernel_ == attention_kernel::avx512)
-        return forward_with<detail::avx512_tiles>(pool, shape, q, k, v, out, lse);
-#endif
-    forward_with<detail::portable_tiles<T>>(pool, shape, q, k, v, out, lse);
-  }
+               token_view<T const> k, token_view<T const> v, token_view<T> out, T* lse);
 
   /// dq, dk, dv (overwritten) from dout, given the forward's inputs, output and lse.
   void backward(thread_pool& pool, attention_shape const& shape, token_view<T const> q,
                 token_view<T const> k, token_view<T const> v, token_view<T const> out,
                 token_view<T const> dout, T const* lse, token_view<T> dq, token_view<T> dk,
-                token_view<T> dv) {
-    prepare(pool, shape);
-#if MEGAMOE_VECTOR_MATH_AVX512
-    if constexpr (std::is_same_v<T, float>)
-      if (kernel_ == attention_kernel::avx512)
-        return backward_with<detail::avx512_tiles>(pool, shape, q, k, v, out, dout, lse, dq, dk,
-                                                   dv);
-#endif
-    backward_with<detail::portable_tiles<T>>(pool, shape, q, k, v, out, dout, lse, dq, dk, dv);
-  }
+                token_view<T> dv);
 
  private:
   static constexpr int bs = detail::block;
@@ -414,6 +397,36 @@ class flash_attention {
   std::vector<detail::scratch<T>> scratch_;
 };
 
+// Defined outside the class so that they are not inline: under MEGAMOE_SEPARATE_COMPILATION the
+// fp32 and fp64 kernels are compiled once, in megamoe/compiled_once.cpp (flash_attention.ipp).
+template <class T, class Operands>
+void flash_attention<T, Operands>::forward(thread_pool& pool, attention_shape const& shape,
+                                           token_view<T const> q, token_view<T const> k,
+                                           token_view<T const> v, token_view<T> out, T* lse) {
+  prepare(pool, shape);
+#if MEGAMOE_VECTOR_MATH_AVX512
+  if constexpr (std::is_same_v<T, float>)
+    if (kernel_ == attention_kernel::avx512)
+      return forward_with<detail::avx512_tiles>(pool, shape, q, k, v, out, lse);
+#endif
+  forward_with<detail::portable_tiles<T>>(pool, shape, q, k, v, out, lse);
+}
+
+template <class T, class Operands>
+void flash_attention<T, Operands>::backward(thread_pool& pool, attention_shape const& shape,
+                                            token_view<T const> q, token_view<T const> k,
+                                            token_view<T const> v, token_view<T const> out,
+                                            token_view<T const> dout, T const* lse,
+                                            token_view<T> dq, token_view<T> dk, token_view<T> dv) {
+  prepare(pool, shape);
+#if MEGAMOE_VECTOR_MATH_AVX512
+  if constexpr (std::is_same_v<T, float>)
+    if (kernel_ == attention_kernel::avx512)
+      return backward_with<detail::avx512_tiles>(pool, shape, q, k, v, out, dout, lse, dq, dk, dv);
+#endif
+  backward_with<detail::portable_tiles<T>>(pool, shape, q, k, v, out, dout, lse, dq, dk, dv);
+}
+
 /// Context parallelism's merge of partial results: `out` and `lse` hold attention over some keys,
 /// `part` and `part_lse` the same queries' attention over other keys; afterwards `out` and `lse`
 /// hold it over both: lse = log(e^lse + e^part_lse), out = (out e^lse + part e^part_lse) / e^lse'.
@@ -440,6 +453,11 @@ void merge_partial(thread_pool& pool, attention_shape const& s, token_view<T> ou
     }
   });
 }
+
+#if !MEGAMOE_HEADER_ONLY
+extern template class flash_attention<float>;
+extern template class flash_attention<double>;
+#endif
 
 }  // namespace megamoe::attention
 

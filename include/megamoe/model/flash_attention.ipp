@@ -18,4 +18,9 @@ MEGAMOE_DECL void attention_shape::check(bool rope) const {
   if (query_offset < 0 || key_offset < 0) fail("negative position offset");
 }
 
+#if !MEGAMOE_HEADER_ONLY
+template class flash_attention<float>;
+template class flash_attention<double>;
+#endif
+
 }  // namespace megamoe::attention

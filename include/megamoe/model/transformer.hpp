@@ -30,6 +30,7 @@
 #include <megamoe/config/resolve.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/parameter.hpp>
+#include <megamoe/core/parameter_list.hpp>
 #include <megamoe/core/random.hpp>
 #include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
@@ -301,7 +302,8 @@ class transformer {
       auto const& l = logits();
       std::vector<double> mine(static_cast<std::size_t>(l.cols()));
       for (Eigen::Index v = 0; v < l.cols(); ++v)
-        mine[static_cast<std::size_t>(v)] = static_cast<double>(l(std::int64_t(row) * batch_ + b, v));
+        mine[static_cast<std::size_t>(v)] =
+            static_cast<double>(l(std::int64_t(row) * batch_ + b, v));
       std::vector<std::int64_t> parts(static_cast<std::size_t>(tp));
       for (int k = 0; k < tp; ++k) parts[static_cast<std::size_t>(k)] = vocabulary_part(k).rows;
       if (tp > 1)
@@ -362,32 +364,43 @@ class transformer {
         [&](auto& moe) { moe.for_each_parameter(f); });
   }
 
-  /// f(name, value, grad, kind, numbering) for every parameter this rank holds, with where its
-  /// elements lie in the whole parameter: those of the experts last.
-  template <class F>
-  void for_each_numbered_parameter(F&& f) {
+  /// Every parameter this rank holds, with where its elements lie in the whole parameter: those
+  /// of the experts last.
+  [[nodiscard]] parameter_list<scalar> numbered_parameters() {
+    parameter_list<scalar> out;
+    auto add = [&](std::string_view name, row_matrix_map<scalar> value, row_matrix_map<scalar> grad,
+                   parameter_kind kind, element_numbering const& n) {
+      out.push_back({std::string(name), value, grad, kind, n});
+    };
     walk_parameters(
         [&](std::string const& name, auto value, auto grad, parameter_cut cut, bool codes) {
-          f(std::string_view(name), value, grad, kind_of(cut, tp_position(), codes),
-            numbering_of(cut, grad.rows(), grad.cols(), tp_position()));
+          add(name, value, grad, kind_of(cut, tp_position(), codes),
+              numbering_of(cut, grad.rows(), grad.cols(), tp_position()));
         },
         [&](auto& moe) {
           moe.for_each_numbered_parameter([&](std::string_view name, auto value, auto grad,
                                               parameter_kind kind, element_numbering const& n) {
-            if (kind == parameter_kind::dense) f(name, value, grad, kind, n);
+            if (kind == parameter_kind::dense) add(name, value, grad, kind, n);
           });
         });
     for_each_moe_layer([&](auto& m, int) {
       m.for_each_numbered_parameter([&](std::string_view name, auto value, auto grad,
                                         parameter_kind kind, element_numbering const& n) {
-        if (kind != parameter_kind::dense) f(name, value, grad, kind, n);
+        if (kind != parameter_kind::dense) add(name, value, grad, kind, n);
       });
     });
+    return out;
+  }
+  /// f(name, value, grad, kind, numbering) for each of numbered_parameters().
+  template <class F>
+  void for_each_numbered_parameter(F&& f) {
+    for (auto& p : numbered_parameters())
+      f(std::string_view(p.name), p.value, p.grad, p.kind, std::as_const(p.numbering));
   }
   /// f(persistent_state) for the state besides parameters: the MoE layers' (moe_layer) and, under
   /// delayed scaling, each attention's and dense FFN's amax histories and scales (named
   /// `decoder.layers.{i}.self_attention.fp8_delayed_state`, `....mlp.fp8_delayed_state`; none
-  /// for a layer kept in BF16).
+  /// for a layer kept in BF16); f may change the values.
   template <class F>
   void for_each_persistent_state(F&& f) {
     for_each_moe_layer([&](auto& m, int) { m.for_each_persistent_state(f); });
@@ -406,6 +419,22 @@ class transformer {
           visit(ffn.operands(), ".mlp.fp8_delayed_state");
       });
     }
+  }
+  /// A copy of that state, in for_each_persistent_state's order.
+  [[nodiscard]] persistent_state_list persistent_states() {
+    persistent_state_list out;
+    for_each_persistent_state([&](persistent_state const& s) { out.add(s); });
+    return out;
+  }
+  /// Sets the state from `states` (a persistent_states() copy, its values changed).
+  void set_persistent_states(persistent_state_list const& states) {
+    auto from = states.begin();
+    for_each_persistent_state([&](persistent_state const& s) {
+      if (from == states.end() || from->values.size() != s.values.size())
+        throw input_error("transformer: persistent state differs from the model's");
+      std::copy(from->values.begin(), from->values.end(), s.values.begin());
+      ++from;
+    });
   }
   /// Training steps the recipe's operands have ended (all modules alike).
   [[nodiscard]] std::uint64_t operand_steps() const noexcept { return decoder_.operand_steps(); }
@@ -434,14 +463,14 @@ class transformer {
     // A module's linear weights each draw from `from` + their number; a module holding its
     // weights as codes quantizes them once drawn.
     auto draw = [&]<class Module>(Module& module, std::string const& prefix, std::uint64_t from) {
-      module.for_each_parameter(prefix, [&](std::string const&, row_matrix_map<scalar> value, auto,
-                                            parameter_cut cut) {
-        if (!is_linear_weight(cut))
-          value.setOnes();
-        else
-          draw_parameter(value, from, ++index,
-                         numbering_of(cut, value.rows(), value.cols(), tp_position()), std);
-      });
+      module.for_each_parameter(
+          prefix, [&](std::string const&, row_matrix_map<scalar> value, auto, parameter_cut cut) {
+            if (!is_linear_weight(cut))
+              value.setOnes();
+            else
+              draw_parameter(value, from, ++index,
+                             numbering_of(cut, value.rows(), value.cols(), tp_position()), std);
+          });
       if constexpr (holds_codes_v<Module>) module.refresh_weight_codes();
     };
     // The last stage's copy (MTP under PP) is drawn as stage 0's table is.
@@ -491,7 +520,9 @@ class transformer {
 
  private:
   template <class Module>
-  static constexpr bool holds_codes_v = requires { requires Module::quantized_weights; };
+  static constexpr bool holds_codes_v = requires {
+    requires Module::quantized_weights;
+  };
 
   /// Where this rank stands in the TP group its modules' parameters are cut over.
   [[nodiscard]] cut_position tp_position() const noexcept {
@@ -705,9 +736,7 @@ class transformer {
   }
 
   /// This rank's decoder layers (the decoder's blocks hold the MTP depths' after them).
-  [[nodiscard]] int decoder_blocks() const noexcept {
-    return decoder_.size() - mtp_.size();
-  }
+  [[nodiscard]] int decoder_blocks() const noexcept { return decoder_.size() - mtp_.size(); }
   /// Of all the model's MoE layers, how many come before layer i.
   [[nodiscard]] int moe_ordinal(int layer) const {
     int n = 0;
@@ -770,16 +799,17 @@ class transformer {
   decoder_layers<Config> decoder_;
   rms_norm<scalar> final_norm_{1};
   lm_head<scalar> head_{1, 1};
-  parallel::process_groups const* groups_ = nullptr;        // kept by reference; null on one rank
-  int seq_ = 0, batch_ = 0;                                 // this rank's positions, sequences
-  // The micro-batch run: under CP this rank's chunks of it (no CP buffers where the type fixes CP 1).
+  parallel::process_groups const* groups_ = nullptr;  // kept by reference; null on one rank
+  int seq_ = 0, batch_ = 0;                           // this rank's positions, sequences
+  // The micro-batch run: under CP this rank's chunks of it (no CP buffers where the type fixes CP
+  // 1).
   context_chunks<Config::parallel::value.cp != 1> chunks_;
   // The micro-batch's residual stream and working rows; under TP, its rows gathered and reduced
   // (no TP buffers where the type fixes TP 1).
   residual_stream<scalar, Config::parallel::value.tp != 1> s_;
   scalar const* final_hidden_ = nullptr;  // the last forward's final hidden states, all N rows
   row_matrix<scalar> final_rows_;         // a copy of them with MTP (its depths reuse the buffers)
-  mtp_stack<scalar, mtp_depths> mtp_;  // multi-token prediction's depths (none without)
+  mtp_stack<scalar, mtp_depths> mtp_;     // multi-token prediction's depths (none without)
   // The pipeline: the layout, this rank's place, its chunks' blocks [first, last), and which ends
   // of the model it holds.
   parallel::pipeline_layout pipeline_;

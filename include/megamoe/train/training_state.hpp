@@ -24,6 +24,7 @@
 #include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/parameter.hpp>
+#include <megamoe/core/parameter_list.hpp>
 #include <megamoe/io/checkpoint_files.hpp>
 #include <megamoe/parallel/environment.hpp>
 #include <megamoe/train/trainer.hpp>
@@ -60,21 +61,29 @@ struct load_options {
   bool finetune = false;  // weights only: fresh optimizer, step 0
 };
 
+/// Where each parameter of `parameters` lies in the whole one, by name.
+MEGAMOE_DECL std::map<std::string, element_numbering> numbering_by_name(
+    parameter_list<float> const& parameters);
+MEGAMOE_DECL std::map<std::string, element_numbering> numbering_by_name(
+    parameter_list<double> const& parameters);
+
 /// Where each of this rank's parameters lies in the whole one, by name.
 template <class Config>
 std::map<std::string, element_numbering> parameter_numbering(transformer<Config>& model) {
-  std::map<std::string, element_numbering> out;
-  model.for_each_numbered_parameter(
-      [&](std::string_view name, auto, auto, parameter_kind, element_numbering const& n) {
-        out.emplace(std::string(name), n);
-      });
-  return out;
+  return numbering_by_name(model.numbered_parameters());
 }
 
 namespace detail {
 
 /// Whether this rank writes a replicated state owned by `owner`.
 MEGAMOE_DECL bool writes(parallel::process_groups const* groups, state_owner owner);
+
+/// Adds the persistent states this rank writes to `writer`; reads every one from `reader`.
+MEGAMOE_DECL void add_persistent_states(io::checkpoint_writer& writer,
+                                        parallel::process_groups const* groups,
+                                        persistent_state_list const& states);
+MEGAMOE_DECL void read_persistent_states(io::checkpoint_reader& reader,
+                                         persistent_state_list const& states);
 
 /// Calls f(piece, name, whole rows, cols, rectangle, offset into the piece's arrays) for the
 /// rectangles of each parameter piece the optimizer owns.
@@ -119,13 +128,7 @@ checkpoint_report save_checkpoint(trainer<Config, Moments>& t,
           writer.add("optimizer.exp_avg." + name, shape, rows, cols, r, piece.exp_avg + at);
           writer.add("optimizer.exp_avg_sq." + name, shape, rows, cols, r, piece.exp_avg_sq + at);
         });
-    model.for_each_persistent_state([&](persistent_state const& s) {
-      if (!detail::writes(groups, s.owner)) return;
-      std::string const name(s.name);
-      std::int64_t const local_rows = std::ssize(s.values) / s.cols;
-      writer.add(name, io::reference_shape(name, s.rows, s.cols), s.rows, s.cols,
-                 global_rectangle{0, s.first_row, 0, local_rows, s.cols}, s.values.data());
-    });
+    detail::add_persistent_states(writer, groups, model.persistent_states());
   });
   auto const& settings = t.settings();
   nlohmann::json const state = {
@@ -195,11 +198,9 @@ checkpoint_report load_checkpoint(trainer<Config, Moments>& t,
                         std::remove_pointer_t<decltype(piece.exp_avg_sq)>{});
           }
         });
-    model.for_each_persistent_state([&](persistent_state const& s) {
-      std::int64_t const local_rows = std::ssize(s.values) / s.cols;
-      reader.read(std::string(s.name), s.rows, s.cols,
-                  global_rectangle{0, s.first_row, 0, local_rows, s.cols}, s.values.data());
-    });
+    auto const states = model.persistent_states();
+    detail::read_persistent_states(reader, states);
+    model.set_persistent_states(states);
     if (!options.finetune) {
       t.set_steps_done(state.at("step").get<int>());
       optimizer.set_steps(moments ? state.at("optimizer_step").get<int>() : 0);

@@ -44,9 +44,46 @@ MEGAMOE_DECL bool writes(parallel::process_groups const* groups, state_owner own
   if (owner == state_owner::attention_grid_first) return groups->tp_dp_cp().rank() == 0;
   return groups->expert_dp().rank() == 0 && groups->expert_tp().rank() == 0;
 }
+
+MEGAMOE_DECL void add_persistent_states(io::checkpoint_writer& writer,
+                                        parallel::process_groups const* groups,
+                                        persistent_state_list const& states) {
+  for (auto const& s : states) {
+    if (!writes(groups, s.owner)) continue;
+    std::string const name(s.name);
+    std::int64_t const local_rows = std::ssize(s.values) / s.cols;
+    writer.add(name, io::reference_shape(name, s.rows, s.cols), s.rows, s.cols,
+               global_rectangle{0, s.first_row, 0, local_rows, s.cols}, s.values.data());
+  }
+}
+
+MEGAMOE_DECL void read_persistent_states(io::checkpoint_reader& reader,
+                                         persistent_state_list const& states) {
+  for (auto const& s : states) {
+    std::int64_t const local_rows = std::ssize(s.values) / s.cols;
+    reader.read(std::string(s.name), s.rows, s.cols,
+                global_rectangle{0, s.first_row, 0, local_rows, s.cols}, s.values.data());
+  }
+}
 }  // namespace megamoe::train::detail
 
 namespace megamoe::train {
+
+template <class Scalar>
+std::map<std::string, element_numbering> numbering_by_name_of(
+    parameter_list<Scalar> const& parameters) {
+  std::map<std::string, element_numbering> out;
+  for (auto const& p : parameters) out.emplace(p.name, p.numbering);
+  return out;
+}
+MEGAMOE_DECL std::map<std::string, element_numbering> numbering_by_name(
+    parameter_list<float> const& parameters) {
+  return numbering_by_name_of(parameters);
+}
+MEGAMOE_DECL std::map<std::string, element_numbering> numbering_by_name(
+    parameter_list<double> const& parameters) {
+  return numbering_by_name_of(parameters);
+}
 
 MEGAMOE_DECL std::string model_difference(nlohmann::json const& saved,
                                           config_values const& values) {
