@@ -473,10 +473,15 @@ int main(int argc, char** argv) {
       return 0;  // not reached: the watchdog ends the job
     }
     {
-      int const V =
-          mp::pipeline_layout::of(8, groups.pp().size(), o.pipeline.pipeline_layout, o.pipeline.vpp,
-                                  o.pipeline.first_stage_layers, o.pipeline.last_stage_layers)
-              .vpp();
+      // A layout the layers do not split (R036) is agreed on, so every rank prints it before any
+      // exits (an error thrown on each rank alone would abort the job from the first one).
+      int V = 1;
+      mp::check_on_every_rank(world, [&] {
+        V = mp::pipeline_layout::of(8, groups.pp().size(), o.pipeline.pipeline_layout,
+                                    o.pipeline.vpp, o.pipeline.first_stage_layers,
+                                    o.pipeline.last_stage_layers)
+                .vpp();
+      });
       checks_can_fail(result, {groups.pp().size(), groups.pp().rank(), V}, o.micro_batches);
     }
     if (o.mtp) {

@@ -18,18 +18,18 @@ expected=grouped
 grep -qw avx512_bf16 /proc/cpuinfo && expected=avx512_bf16
 grep -qw amx_bf16 /proc/cpuinfo && expected=amx
 field() { grep -o "\"$1\":\"[a-z0-9_]*\"" "$2" | head -1 | cut -d'"' -f4; }
-"$train" "${common[@]}" --out auto >auto.log 2>&1 || { cat auto.log; fail "the auto run"; }
+"$train" --sample-bytes 0 "${common[@]}" --out auto >auto.log 2>&1 || { cat auto.log; fail "the auto run"; }
 [ "$(field backend auto.log)" = "$expected" ] ||
   fail "auto took $(field backend auto.log), /proc/cpuinfo says $expected"
 grep -aq "precision bf16 on $expected" auto.log || fail "the start-up line does not name $expected"
-MEGAMOE_DISABLE_AMX=1 MEGAMOE_DISABLE_AVX512=1 "$train" "${common[@]}" --out off >off.log 2>&1 ||
+MEGAMOE_DISABLE_AMX=1 MEGAMOE_DISABLE_AVX512=1 "$train" --sample-bytes 0 "${common[@]}" --out off >off.log 2>&1 ||
   fail "the run with both units off"
 [ "$(field backend off.log)" = grouped ] || fail "with both units off auto took $(field backend off.log)"
-"$train" "${common[@]}" --backend grouped --out grouped >grouped.log 2>&1 || fail "the grouped run"
+"$train" --sample-bytes 0 "${common[@]}" --backend grouped --out grouped >grouped.log 2>&1 || fail "the grouped run"
 losses() { sed -E 's/^\{"step":([0-9]+),"loss":([^,]+),.*/\2/' "$1/metrics.jsonl"; }
 for unit in avx512_bf16 amx; do
   grep -qw "${unit/amx/amx_bf16}" /proc/cpuinfo || { echo "$unit: not on this CPU"; continue; }
-  "$train" "${common[@]}" --backend "$unit" --out "$unit" >"$unit.log" 2>&1 ||
+  "$train" --sample-bytes 0 "${common[@]}" --backend "$unit" --out "$unit" >"$unit.log" 2>&1 ||
     { cat "$unit.log"; fail "the $unit run"; }
   paste <(losses grouped) <(losses "$unit") |
     awk -v u="$unit" '{ d = $1 - $2; if (d < 0) d = -d; bound = NR == 1 ? 1e-5 : 1e-3

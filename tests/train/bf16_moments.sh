@@ -23,8 +23,8 @@ losses() { sed -E 's/^\{"step":([0-9]+),"loss":([^,]+),.*/\1 \2/' "$1"; }
 final() { grep -a '^{"final"' "$1" | grep -o "\"$2\":[^,}]*" | cut -d: -f2; }
 fail() { echo "FAILED: $*"; exit 1; }
 
-"$train" "${common[@]}" --steps 30 --out fp32 >fp32.log 2>&1 || { cat fp32.log; fail "fp32 moments"; }
-"$train" "${common[@]}" --steps 30 "${bf16[@]}" --out bf16 >bf16.log 2>&1 ||
+"$train" --sample-bytes 0 "${common[@]}" --steps 30 --out fp32 >fp32.log 2>&1 || { cat fp32.log; fail "fp32 moments"; }
+"$train" --sample-bytes 0 "${common[@]}" --steps 30 "${bf16[@]}" --out bf16 >bf16.log 2>&1 ||
   { cat bf16.log; fail "bf16 moments"; }
 grep -aq 'Adam moments bf16' bf16.log || fail "the start-up line does not name bf16 moments"
 fp32_bytes=$(final fp32.log optimizer_state_bytes) bf16_bytes=$(final bf16.log optimizer_state_bytes)
@@ -41,8 +41,8 @@ awk -v a="$fp32_bpb" -v b="$bf16_bpb" 'BEGIN { d = (b - a) / a; if (d < 0) d = -
   fail "bf16 moments' held-out differs from fp32's by 1 % or more"
 
 # Bit-for-bit resume, the dtype taken from the checkpoint.
-"$train" "${common[@]}" --steps 8 "${bf16[@]}" --out whole >whole.log 2>&1 || fail "8 steps"
-"$train" "${common[@]}" --steps 8 "${bf16[@]}" --out run --save ckpt --save-interval 4 >run.log 2>&1 ||
+"$train" --sample-bytes 0 "${common[@]}" --steps 8 "${bf16[@]}" --out whole >whole.log 2>&1 || fail "8 steps"
+"$train" --sample-bytes 0 "${common[@]}" --steps 8 "${bf16[@]}" --out run --save ckpt --save-interval 4 >run.log 2>&1 ||
   fail "the run that saves"
 echo 4 >ckpt/latest_checkpointed_iteration.txt
 # In the index each tensor's "dtype" is the line after its name.
@@ -52,7 +52,7 @@ bf16_moments=$(grep -A1 '^ *"optimizer.exp_avg[_a-z]*\.' "$index" | grep -c '"dt
 [ "$moments" -gt 0 ] && [ "$moments" = "$bf16_moments" ] &&
   grep -A1 '^ *"decoder.layers.0.self_attention.linear_qkv.weight"' "$index" | grep -q '"F32"' ||
   fail "the checkpoint's moments are not BF16 tensors beside F32 weights"
-"$train" --data "$corpus" --out run --load ckpt >resume.log 2>&1 || { cat resume.log; fail "resume"; }
+"$train" --sample-bytes 0 --data "$corpus" --out run --load ckpt >resume.log 2>&1 || { cat resume.log; fail "resume"; }
 grep -aq 'Adam moments bf16' resume.log || fail "the resumed run did not keep bf16 moments"
 cmp -s <(losses whole/metrics.jsonl) <(losses run/metrics.jsonl) ||
   fail "the resumed losses differ from the uninterrupted run's"
@@ -60,21 +60,21 @@ cmp -s whole/model.safetensors run/model.safetensors || fail "the final weights 
 echo "resumed with bf16 moments: 8 losses and the final weights equal, bit for bit"
 "$tool" export ckpt all.safetensors --optimizer >/dev/null || fail "export --optimizer"
 "$tool" import all.safetensors imported >/dev/null || fail "import"
-"$train" --data "$corpus" --out from-import --load imported >from-import.log 2>&1 ||
+"$train" --sample-bytes 0 --data "$corpus" --out from-import --load imported >from-import.log 2>&1 ||
   { cat from-import.log; fail "resume from the imported checkpoint"; }
 cmp -s whole/model.safetensors from-import/model.safetensors ||
   fail "export and import changed the training state"
 echo "exported and imported with bf16 moments: the same final weights"
 
 # fp32 moments saved, bf16 moments loaded.
-"$train" "${common[@]}" --steps 8 --out fp32-run --save fp32-ckpt --save-interval 4 >fp32-run.log 2>&1 ||
+"$train" --sample-bytes 0 "${common[@]}" --steps 8 --out fp32-run --save fp32-ckpt --save-interval 4 >fp32-run.log 2>&1 ||
   fail "the fp32 run that saves"
 echo 4 >fp32-ckpt/latest_checkpointed_iteration.txt
-"$train" --data "$corpus" "${bf16[@]}" --out converted --load fp32-ckpt >converted.log 2>&1 ||
+"$train" --sample-bytes 0 --data "$corpus" "${bf16[@]}" --out converted --load fp32-ckpt >converted.log 2>&1 ||
   { cat converted.log; fail "resuming fp32 moments as bf16"; }
 grep -aq 'Adam moments converted from fp32 to bf16' converted.log || fail "no conversion reported"
 # And back: the bf16 checkpoint's moments widened into fp32 ones.
-"$train" --data "$corpus" --exp-avg-dtype fp32 --exp-avg-sq-dtype fp32 --out widened --load ckpt \
+"$train" --sample-bytes 0 --data "$corpus" --exp-avg-dtype fp32 --exp-avg-sq-dtype fp32 --out widened --load ckpt \
   >widened.log 2>&1 || { cat widened.log; fail "resuming bf16 moments as fp32"; }
 grep -aq 'Adam moments converted from bf16 to fp32' widened.log || fail "no widening reported"
 echo "bf16 moments: passed"

@@ -4,7 +4,8 @@
 # held-out bits per byte is measured after steps 4, 8 and 12 (metrics.jsonl carries it on exactly
 # those lines), and the log gets one progress line per interval with no carriage return; an
 # --eval-iters that covers every held-out window measures what the default (every window) does,
-# one that covers fewer measures something else; a negative interval is an error.
+# one that covers fewer measures something else; --sample-bytes sets the sample's length (0: none);
+# a negative interval is an error.
 #   evaluation.sh MEGAMOE_TRAIN CORPUS WORKDIR
 set -euo pipefail
 train=$(realpath "$1") corpus=$(realpath "$2") work=$3
@@ -14,11 +15,16 @@ cd "$work"
 common=(--data "$corpus" --preset tiny --seq-len 32 --micro-batch 4 --steps 12 --eval-interval 4)
 fail() { echo "FAILED: $*"; exit 1; }
 final() { grep -a '"final"' "$1" | sed -E 's/.*"heldout_bpb":([^,]+),.*/\1/'; }
+# The bytes between "sample:" and the final line, less the line end printed after the sample.
+sample_bytes() { LC_ALL=C sed -n '/^sample:$/,/^{"final"/p' "$1" | LC_ALL=C sed '1d;$d' | head -c -1 | wc -c; }
 
 "$train" "${common[@]}" --out all >all.log 2>&1 || { cat all.log; fail "default --eval-iters"; }
 "$train" "${common[@]}" --eval-iters 100000 --out many >many.log 2>&1 ||
   { cat many.log; fail "--eval-iters 100000"; }
-"$train" "${common[@]}" --eval-iters 1 --out one >one.log 2>&1 || { cat one.log; fail "--eval-iters 1"; }
+"$train" "${common[@]}" --eval-iters 1 --sample-bytes 0 --out one >one.log 2>&1 ||
+  { cat one.log; fail "--eval-iters 1"; }
+"$train" "${common[@]}" --eval-iters 1 --sample-bytes 5 --out five >five.log 2>&1 ||
+  { cat five.log; fail "--sample-bytes 5"; }
 
 # The progress part of the log (the generated sample after it may hold any byte).
 sed '/^sample:/q' all.log >progress.log
@@ -31,6 +37,11 @@ evaluated=$(grep -a '"heldout_bpb"' all/metrics.jsonl | sed -E 's/^\{"step":([0-
   tr '\n' ' ')
 [ "$evaluated" = "4 8 12 " ] || fail "held-out in metrics.jsonl at steps '$evaluated'"
 
+[ "$(sample_bytes all.log)" = 204 ] || fail "the default sample is not the prompt and 200 bytes"
+[ "$(sample_bytes five.log)" = 9 ] || fail "--sample-bytes 5 wrote $(sample_bytes five.log) bytes, not 4 + 5"
+if grep -aq '^sample:' one.log; then fail "--sample-bytes 0 wrote a sample"; fi
+grep -aq '^{"final":' one.log || fail "no final line with --sample-bytes 0"
+
 a=$(final all.log) m=$(final many.log) o=$(final one.log)
 echo "held-out bits/byte: every window $a, --eval-iters 100000 $m, --eval-iters 1 $o"
 [ "$a" = "$m" ] || fail "--eval-iters beyond every window measures $m, not $a"
@@ -39,5 +50,10 @@ echo "held-out bits/byte: every window $a, --eval-iters 100000 $m, --eval-iters 
 if "$train" --data "$corpus" --preset tiny --steps 2 --eval-interval=-1 --out bad >bad.log 2>&1; then
   fail "--eval-interval -1 ran"
 fi
-grep -aq -- "--eval-interval and --eval-iters cannot be negative" bad.log || fail "no error message"
+grep -aq -- "--eval-interval, --eval-iters and --sample-bytes cannot be negative" bad.log ||
+  fail "no error message"
+if "$train" --data "$corpus" --preset tiny --steps 2 --sample-bytes=-1 --out bad >bad.log 2>&1; then
+  fail "--sample-bytes -1 ran"
+fi
+grep -aq -- "--sample-bytes cannot be negative" bad.log || fail "no error message for --sample-bytes"
 echo "evaluation: passed"

@@ -2,11 +2,13 @@
 # SPDX-License-Identifier: Apache-2.0
 # megamoe-train on a folded layout follows the one-rank run: 20 steps of the `tiny` preset on the
 # same global batches (8 sequences of 32 bytes; FOLDED_SIZES replaces the preset and sizes), alone
-# and on RANKS ranks with the given degree flags; every step's loss must agree within RTOL relative, model.safetensors must hold the same
-# whole tensors, and the folded run ends with its sample and final line (the samples themselves may part: a byte drawn near a boundary of the sampling
-# distribution follows float rounding). The folded run's --profile reports the bytes each group
-# carried per step: where the layout implies a volume, the measured bytes must be it (within
-# 1e-3: the optimizer's shards of a size P does not divide differ by a few elements).
+# and on RANKS ranks with the given degree flags; every step's loss must agree within RTOL
+# relative, model.safetensors must hold the same whole tensors, and the folded run ends with its
+# sample and final line (the one-rank run writes no sample: the two samples may part, since a byte
+# drawn near a boundary of the sampling distribution follows float rounding). The folded run's
+# --profile reports the bytes each group carried per step: where the layout implies a volume, the
+# measured bytes must be it (within 1e-3: the optimizer's shards of a size P does not divide differ
+# by a few elements).
 #   folded_curve.sh MEGAMOE_TRAIN MPIEXEC CORPUS WORKDIR RANKS RTOL FLAG...
 set -euo pipefail
 train=$(realpath "$1") mpiexec=$2 corpus=$(realpath "$3") work=$4 ranks=$5 rtol=$6
@@ -19,7 +21,7 @@ common=(--data "$corpus" --steps 20 "${sizes[@]}")
 fail() { echo "FAILED: $*"; exit 1; }
 losses() { sed -E 's/^\{"step":([0-9]+),"loss":([^,]+),.*/\1 \2/' "$1"; }
 
-"$train" "${common[@]}" --out one >one.log 2>&1 || { cat one.log; fail "one rank"; }
+"$train" "${common[@]}" --sample-bytes 0 --out one >one.log 2>&1 || { cat one.log; fail "one rank"; }
 "$mpiexec" --oversubscribe -n "$ranks" "$train" "${common[@]}" "$@" --profile --out folded >folded.log 2>&1 ||
   { cat folded.log; fail "$ranks ranks $*"; }
 losses one/metrics.jsonl >one.txt

@@ -18,9 +18,9 @@ common=(--data "$corpus" --preset tiny --seq-len 32 --micro-batch 4)
 losses() { sed -E 's/^\{"step":([0-9]+),"loss":([^,]+),.*/\1 \2/' "$1"; }
 fail() { echo "FAILED: $*"; exit 1; }
 
-"$train" "${common[@]}" --steps 200 --out whole >whole.log 2>&1 || fail "the uninterrupted run"
+"$train" --sample-bytes 0 "${common[@]}" --steps 200 --out whole >whole.log 2>&1 || fail "the uninterrupted run"
 
-"$train" "${common[@]}" --steps 200 --out run --save ckpt --save-interval 20 >run.log 2>&1 &
+"$train" --sample-bytes 0 "${common[@]}" --steps 200 --out run --save ckpt --save-interval 20 >run.log 2>&1 &
 pid=$!
 until grep -qs '^[1-9]' ckpt/latest_checkpointed_iteration.txt; do
   kill -0 $pid 2>/dev/null || fail "the run ended before its first save"
@@ -33,7 +33,7 @@ saved=$(cat ckpt/latest_checkpointed_iteration.txt)
 echo "killed after the save of iteration $saved; metrics.jsonl had $(wc -l <run/metrics.jsonl) lines"
 [ "$saved" -lt 200 ] || fail "the run finished before the kill (iteration $saved)"
 
-"$train" --data "$corpus" --out run --load ckpt --save ckpt --save-interval 20 >resume.log 2>&1 ||
+"$train" --sample-bytes 0 --data "$corpus" --out run --load ckpt --save ckpt --save-interval 20 >resume.log 2>&1 ||
   { cat resume.log; fail "the resumed run"; }
 grep -a "resumed from iteration $saved" resume.log || fail "no 'resumed from iteration $saved'"
 diff <(losses whole/metrics.jsonl) <(losses run/metrics.jsonl) >/dev/null ||
@@ -41,25 +41,25 @@ diff <(losses whole/metrics.jsonl) <(losses run/metrics.jsonl) >/dev/null ||
 cmp whole/model.safetensors run/model.safetensors || fail "the final weights differ"
 echo "200 losses and the final weights equal the uninterrupted run's, bit for bit"
 
-"$train" --data "$corpus" --out run --load ckpt >reached.log 2>&1 || fail "a run already at --steps"
+"$train" --sample-bytes 0 --data "$corpus" --out run --load ckpt >reached.log 2>&1 || fail "a run already at --steps"
 grep -a -- "--steps 200 already reached at iteration 200" reached.log || fail "no 'already reached'"
 grep -a '"final":{"steps":200' reached.log || fail "no final line after 'already reached'"
 [ "$(wc -l <run/metrics.jsonl)" -eq 200 ] || fail "metrics.jsonl lost or gained lines"
 
-"$train" --data "$corpus" --out run --load ckpt --steps 210 >longer.log 2>&1 || fail "--steps 210"
+"$train" --sample-bytes 0 --data "$corpus" --out run --load ckpt --steps 210 >longer.log 2>&1 || fail "--steps 210"
 grep -a "learning-rate schedule recomputed for 210 steps (was 200)" longer.log ||
   fail "no 'schedule recomputed'"
 [ "$(wc -l <run/metrics.jsonl)" -eq 210 ] || fail "metrics.jsonl does not hold 210 steps"
 
 # Another layout: saved on 2 ranks (EP 2, global batch 8), resumed on 1.
-"$mpiexec" --oversubscribe -n 2 "$train" "${common[@]}" --ep 2 --steps 30 --out two \
+"$mpiexec" --oversubscribe -n 2 "$train" --sample-bytes 0 "${common[@]}" --ep 2 --steps 30 --out two \
   >two.log 2>&1 || fail "the 2-rank run"
-"$mpiexec" --oversubscribe -n 2 "$train" "${common[@]}" --ep 2 --steps 30 --out moved \
+"$mpiexec" --oversubscribe -n 2 "$train" --sample-bytes 0 "${common[@]}" --ep 2 --steps 30 --out moved \
   --save ckpt2 --save-interval 20 >moved.log 2>&1 || fail "the 2-rank run that saves"
 # As a crash between the saves of iterations 20 and 30 leaves it: the tracker names 20.
 echo 20 >ckpt2/latest_checkpointed_iteration.txt
 mv ckpt2 ckpt2-moved  # a moved checkpoint loads: it holds no absolute paths
-"$train" --data "$corpus" --out moved --load ckpt2-moved >one.log 2>&1 ||
+"$train" --sample-bytes 0 --data "$corpus" --out moved --load ckpt2-moved >one.log 2>&1 ||
   { cat one.log; fail "resuming the 2-rank checkpoint on 1 rank"; }
 grep -a "resumed from iteration 20" one.log || fail "no 'resumed from iteration 20' on 1 rank"
 paste <(losses two/metrics.jsonl) <(losses moved/metrics.jsonl) | awk '
@@ -68,7 +68,7 @@ paste <(losses two/metrics.jsonl) <(losses moved/metrics.jsonl) | awk '
 echo "resumed on 1 rank from 2: steps 21-30 within 1e-5 of the 2-rank run"
 
 # SIGTERM with --exit-signal-handler: save after the current step, exit 0.
-"$train" "${common[@]}" --steps 100000 --out term --save ckpt3 --exit-signal-handler >term.log 2>&1 &
+"$train" --sample-bytes 0 "${common[@]}" --steps 100000 --out term --save ckpt3 --exit-signal-handler >term.log 2>&1 &
 pid=$!
 until grep -qs '"step":3,' term/metrics.jsonl; do sleep 0.01; done
 kill -TERM $pid
@@ -82,17 +82,17 @@ grep -a "iteration 200" inspect.log && grep -a "optimizer.exp_avg.output_layer.w
   fail "inspect does not show the iteration and the tensors"
 "$tool" export ckpt all.safetensors --optimizer || fail "export --optimizer"
 "$tool" import all.safetensors imported || fail "import"
-"$train" --data "$corpus" --out from-ckpt --load ckpt --steps 214 >a.log 2>&1 || fail "214 from ckpt"
-"$train" --data "$corpus" --out from-import --load imported --steps 214 >b.log 2>&1 ||
+"$train" --sample-bytes 0 --data "$corpus" --out from-ckpt --load ckpt --steps 214 >a.log 2>&1 || fail "214 from ckpt"
+"$train" --sample-bytes 0 --data "$corpus" --out from-import --load imported --steps 214 >b.log 2>&1 ||
   { cat b.log; fail "214 from the imported checkpoint"; }
 cmp from-ckpt/model.safetensors from-import/model.safetensors ||
   fail "export and import changed the training state"
 "$tool" import run/model.safetensors weights || fail "import model.safetensors"
-if "$train" --data "$corpus" --preset tiny --out w --load weights >w.log 2>&1; then
+if "$train" --sample-bytes 0 --data "$corpus" --preset tiny --out w --load weights >w.log 2>&1; then
   fail "a weights-only checkpoint resumed without --finetune"
 fi
 grep -a "holds weights only, no training state" w.log || fail "no 'weights only' error"
-"$train" "${common[@]}" --steps 4 --out ft --load weights --finetune >ft.log 2>&1 ||
+"$train" --sample-bytes 0 "${common[@]}" --steps 4 --out ft --load weights --finetune >ft.log 2>&1 ||
   { cat ft.log; fail "--finetune from model.safetensors"; }
 grep -a "fine-tuning from iteration 0" ft.log || fail "no 'fine-tuning from'"
 echo "megamoe-checkpoint: inspect, export, import and --finetune from model.safetensors work"

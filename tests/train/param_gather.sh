@@ -27,9 +27,9 @@ fail() { echo "FAILED: $*"; exit 1; }
 same_as_every_forward() {
   local recipe=$1 flag=$2 ranks=${3:-1}
   shift $(($# > 2 ? 3 : 2))
-  local launch=("$train") name=$recipe
+  local launch=("$train" --sample-bytes 0) name=$recipe
   if [ "$ranks" -gt 1 ]; then
-    launch=("$mpiexec" --oversubscribe -n "$ranks" "$train" "$@")
+    launch=("$mpiexec" --oversubscribe -n "$ranks" "$train" --sample-bytes 0 "$@")
     name=$recipe-n$ranks$(echo "$*" | tr -d ' ')
   fi
   "${launch[@]}" "${common[@]}" --precision "$recipe" --out "plain-$name" >"plain-$name.log" 2>&1 ||
@@ -56,18 +56,18 @@ same_as_every_forward nvfp4 --fp4-param-gather
 same_as_every_forward fp8_current --fp8-param-gather 2 --ep 1
 same_as_every_forward fp8_delayed --fp8-param-gather 2 --tp 2
 
-"$train" --preset small --precision mxfp8 --fp8-param-gather --describe >describe.json ||
+"$train" --sample-bytes 0 --preset small --precision mxfp8 --fp8-param-gather --describe >describe.json ||
   fail "--describe"
 grep -q '"weights_as_codes":\["decoder.layers.0.self_attention.linear_qkv"' describe.json ||
   fail "--describe does not list the modules whose weights are codes"
 
 # Delayed scaling resumes bit for bit with its weights as codes.
 delayed=(--precision fp8_delayed --fp8-param-gather)
-"$train" "${common[@]}" "${delayed[@]}" --out whole >whole.log 2>&1 || fail "fp8_delayed whole"
-"$train" "${common[@]}" "${delayed[@]}" --out run --save ckpt --save-interval 4 >run.log 2>&1 ||
+"$train" --sample-bytes 0 "${common[@]}" "${delayed[@]}" --out whole >whole.log 2>&1 || fail "fp8_delayed whole"
+"$train" --sample-bytes 0 "${common[@]}" "${delayed[@]}" --out run --save ckpt --save-interval 4 >run.log 2>&1 ||
   fail "fp8_delayed: the run that saves"
 echo 4 >ckpt/latest_checkpointed_iteration.txt
-"$train" --data "$corpus" --out run --load ckpt >resume.log 2>&1 || { cat resume.log; fail "resume"; }
+"$train" --sample-bytes 0 --data "$corpus" --out run --load ckpt >resume.log 2>&1 || { cat resume.log; fail "resume"; }
 grep -aq "linear weights as fp8_delayed codes" resume.log ||
   fail "the resumed run does not hold its weights as codes"
 cmp -s <(losses whole/metrics.jsonl) <(losses run/metrics.jsonl) ||

@@ -19,13 +19,13 @@ fail() { echo "FAILED: $*"; exit 1; }
 resume_case() {
   local name=$1 recipe=$2
   shift 2
-  "$train" "${common[@]}" --precision "$recipe" "$@" --out "whole-$name" >"whole-$name.log" 2>&1 ||
+  "$train" --sample-bytes 0 "${common[@]}" --precision "$recipe" "$@" --out "whole-$name" >"whole-$name.log" 2>&1 ||
     fail "$name: the uninterrupted run"
-  "$train" "${common[@]}" --precision "$recipe" "$@" --out "run-$name" --save "ckpt-$name" \
+  "$train" --sample-bytes 0 "${common[@]}" --precision "$recipe" "$@" --out "run-$name" --save "ckpt-$name" \
     --save-interval 4 >"run-$name.log" 2>&1 || fail "$name: the run that saves"
   # As a crash between the saves of iterations 4 and 8 leaves it: the tracker names 4.
   echo 4 >"ckpt-$name/latest_checkpointed_iteration.txt"
-  "$train" --data "$corpus" --out "run-$name" --load "ckpt-$name" >"resume-$name.log" 2>&1 ||
+  "$train" --sample-bytes 0 --data "$corpus" --out "run-$name" --load "ckpt-$name" >"resume-$name.log" 2>&1 ||
     { cat "resume-$name.log"; fail "$name: the resumed run"; }
   grep -aq "precision $recipe" "resume-$name.log" || fail "$name: not resumed under $recipe"
   grep -aq "resumed from iteration 4" "resume-$name.log" || fail "$name: not resumed from 4"

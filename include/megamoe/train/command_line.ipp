@@ -339,6 +339,10 @@ MEGAMOE_DECL void command_line::add_output_options() {
   app_->add_option("--eval-iters", o_.eval_iters,
                    "global batches of held-out windows per evaluation (default: every window)")
       ->group(g::output);
+  app_->add_option("--sample-bytes", o_.sample_bytes,
+                   "bytes of text the trained model writes after \"The \" at the end (0: none)")
+      ->capture_default_str()
+      ->group(g::output);
   app_->add_flag("--profile", o_.profile,
                  "print the share of the step in each stage at the end (and in the final JSON)")
       ->group(g::output);

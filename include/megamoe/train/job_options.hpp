@@ -29,6 +29,7 @@ struct job_options {
   std::string pipeline_layout;                          // the reference's layout text
   bool merged_schedule = false;                         // --overlap-moe-expert-parallel-comm
   int eval_interval = 0, eval_iters = 0;                // 0: steps / 4, and every held-out window
+  int sample_bytes = 200;                               // generated after training; 0: none
   double lr = 3e-3;
   std::uint64_t seed = 1234;
   std::string data = "/usr/share/games/fortunes", out = "megamoe-train-out";

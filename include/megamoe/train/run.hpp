@@ -111,8 +111,8 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
     o.micro_batch = o.global_batch / dp;
   train_settings settings;
   parallel::check_on_every_rank(world, [&] {
-    if (o.eval_interval < 0 || o.eval_iters < 0)
-      throw o.error("--eval-interval and --eval-iters cannot be negative");
+    if (o.eval_interval < 0 || o.eval_iters < 0 || o.sample_bytes < 0)
+      throw o.error("--eval-interval, --eval-iters and --sample-bytes cannot be negative");
     if (o.steps < 1 || o.micro_batch < 1 || o.seq_len < 2 || !(o.lr > 0))
       throw o.error(
           "--steps, --micro-batch, --seq-len and --lr must be positive (--seq-len at least 2)");
@@ -321,14 +321,15 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
                       trainer.pipeline().repeated_forwards(), decoder_bytes, expert_bytes, steps_run);
     if (root && !traffic_report.empty()) print_traffic(o.program, traffic_report);
   }
-  std::string const sample = generate(ctx, trainer, "The ", 200, o.seq_len, o.seed);
+  std::string const sample =
+      o.sample_bytes > 0 ? generate(ctx, trainer, "The ", o.sample_bytes, o.seq_len, o.seed) : "";
   if (root) {
     std::fprintf(stderr,
                  "%s: %d steps run, %.0f tokens/s, %.2f effective model GFLOP/s (%.3g FLOPs per "
                  "token, forward + backward), held-out %.3f bits/byte (unigram %.3f)\n",
                  o.program.c_str(), std::max(0, steps_run), tokens_per_s,
                  tokens_per_s * model_flops / 1e9, model_flops, heldout, unigram);
-    std::cout << "sample:\n" << sample << "\n" << std::flush;
+    if (!sample.empty()) std::cout << "sample:\n" << sample << "\n" << std::flush;
   }
   export_whole_model(
       world, trainer, weights_path,
