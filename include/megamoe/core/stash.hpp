@@ -34,16 +34,19 @@ template <class T, std::size_t N>
 struct copies<std::array<T, N>> : copies<T> {};
 }  // namespace detail
 
+// park, restore and a new slot's copies are not inlined: they run once per micro-batch, and kept
+// out of the modules' forwards and backwards they leave those functions small for the optimizer
+// (a configuration's unit compiles 2 s faster of 34: docs/design.md).
 template <class... Saved>
 class activation_stash {
  public:
   /// Sets the live members aside under `key` (a micro-batch); they are left holding a free slot's
   /// storage, which the next forward overwrites.
-  void park(std::uint64_t key, Saved&... live) {
+  [[gnu::noinline]] void park(std::uint64_t key, Saved&... live) {
     if (find(key) != kept_.end())
       throw input_error("activation_stash: micro-batch key " + std::to_string(key) +
                         " is set aside already (a forward without its backward)");
-    if (free_.empty()) free_.push_back({0, std::tuple<Saved...>(fresh(live)...)});
+    if (free_.empty()) add_free_slot(live...);
     slot s = std::move(free_.back());
     free_.pop_back();
     swap_with(s.values, live...);
@@ -51,7 +54,7 @@ class activation_stash {
     kept_.push_back(std::move(s));
   }
   /// Brings back what park(key) set aside; the live members' storage becomes a free slot.
-  void restore(std::uint64_t key, Saved&... live) {
+  [[gnu::noinline]] void restore(std::uint64_t key, Saved&... live) {
     auto const at = find(key);
     if (at == kept_.end())
       throw input_error("activation_stash: nothing set aside for micro-batch key " +
@@ -74,6 +77,10 @@ class activation_stash {
     std::tuple<Saved...> values;
   };
 
+  /// A new free slot: what copies is copied (its sizes and settings carry over).
+  [[gnu::noinline]] void add_free_slot(Saved const&... live) {
+    free_.push_back({0, std::tuple<Saved...>(fresh(live)...)});
+  }
   template <class T>
   static T fresh(T const& live) {
     if constexpr (detail::copies<T>::value)
