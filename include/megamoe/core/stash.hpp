@@ -35,8 +35,8 @@ struct copies<std::array<T, N>> : copies<T> {};
 }  // namespace detail
 
 // park, restore and a new slot's copies are not inlined: they run once per micro-batch, and kept
-// out of the modules' forwards and backwards they leave those functions small for the optimizer
-// (a configuration's unit compiles 2 s faster of 34: docs/design.md).
+// out of the modules' forwards and backwards they leave those functions small for the optimizer,
+// which a configuration's unit compiles faster (docs/design.md).
 template <class... Saved>
 class activation_stash {
  public:
