@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // megamoe/compiled_once.cpp — every definition of megamoe that depends on no configuration, for
 // programs built with MEGAMOE_SEPARATE_COMPILATION (core/compiled_once.hpp): one translation unit
-// per program compiles this file. The CMake target megamoe::megamoe adds it to each program that
-// links it; a build without CMake compiles it beside its own sources with the same flags.
+// per program compiles this file, and another compiled_once_modules.cpp (the modules compiled
+// once per element type). The CMake target megamoe::megamoe links the static library built from
+// both; a build without CMake compiles both beside its own sources with the same flags.
 #if !defined(MEGAMOE_SEPARATE_COMPILATION)
 #error "megamoe/compiled_once.cpp is compiled with MEGAMOE_SEPARATE_COMPILATION defined"
 #endif

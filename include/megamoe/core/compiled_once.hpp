@@ -9,6 +9,10 @@
 //   MEGAMOE_SEPARATE_COMPILATION (what the CMake target megamoe::megamoe sets): the headers only
 //     declare them, and one translation unit per program, <megamoe/compiled_once.cpp>, compiles
 //     them all, so a user's configuration unit compiles only what its types decide.
+// Modules typed only by their element type (norms, attention, the output layer, the experts'
+// FFN, the all-to-all dispatcher) go further under MEGAMOE_SEPARATE_COMPILATION: their headers
+// declare the float and double instances `extern template`, and a second unit,
+// <megamoe/compiled_once_modules.cpp>, instantiates them once.
 // megamoe::headers is the header-only target.
 #pragma once
 

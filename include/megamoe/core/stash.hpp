@@ -34,35 +34,19 @@ template <class T, std::size_t N>
 struct copies<std::array<T, N>> : copies<T> {};
 }  // namespace detail
 
-// park, restore and a new slot's copies are not inlined: they run once per micro-batch, and kept
-// out of the modules' forwards and backwards they leave those functions small for the optimizer,
-// which a configuration's unit compiles faster (docs/design.md).
+// park, restore and a new slot's copies are defined outside the class and not inlined: they run
+// once per micro-batch, and kept out of the modules' forwards and backwards they leave those
+// functions small for the optimizer, which a configuration's unit compiles faster
+// (docs/design.md); a module compiled once per element type declares its stash's instantiation
+// `extern template` beside its own.
 template <class... Saved>
 class activation_stash {
  public:
   /// Sets the live members aside under `key` (a micro-batch); they are left holding a free slot's
   /// storage, which the next forward overwrites.
-  [[gnu::noinline]] void park(std::uint64_t key, Saved&... live) {
-    if (find(key) != kept_.end())
-      throw input_error("activation_stash: micro-batch key " + std::to_string(key) +
-                        " is set aside already (a forward without its backward)");
-    if (free_.empty()) add_free_slot(live...);
-    slot s = std::move(free_.back());
-    free_.pop_back();
-    swap_with(s.values, live...);
-    s.key = key;
-    kept_.push_back(std::move(s));
-  }
+  [[gnu::noinline]] void park(std::uint64_t key, Saved&... live);
   /// Brings back what park(key) set aside; the live members' storage becomes a free slot.
-  [[gnu::noinline]] void restore(std::uint64_t key, Saved&... live) {
-    auto const at = find(key);
-    if (at == kept_.end())
-      throw input_error("activation_stash: nothing set aside for micro-batch key " +
-                        std::to_string(key) + " (a backward without its forward)");
-    swap_with(at->values, live...);
-    free_.push_back(std::move(*at));
-    kept_.erase(at);
-  }
+  [[gnu::noinline]] void restore(std::uint64_t key, Saved&... live);
   /// Micro-batches set aside now.
   [[nodiscard]] std::size_t parked() const noexcept { return kept_.size(); }
   /// Forgets every set-aside micro-batch (a step that failed part-way); their storage is reused.
@@ -78,9 +62,7 @@ class activation_stash {
   };
 
   /// A new free slot: what copies is copied (its sizes and settings carry over).
-  [[gnu::noinline]] void add_free_slot(Saved const&... live) {
-    free_.push_back({0, std::tuple<Saved...>(fresh(live)...)});
-  }
+  [[gnu::noinline]] void add_free_slot(Saved const&... live);
   template <class T>
   static T fresh(T const& live) {
     if constexpr (detail::copies<T>::value)
@@ -102,5 +84,34 @@ class activation_stash {
 
   std::vector<slot> kept_, free_;
 };
+
+template <class... Saved>
+void activation_stash<Saved...>::park(std::uint64_t key, Saved&... live) {
+  if (find(key) != kept_.end())
+    throw input_error("activation_stash: micro-batch key " + std::to_string(key) +
+                      " is set aside already (a forward without its backward)");
+  if (free_.empty()) add_free_slot(live...);
+  slot s = std::move(free_.back());
+  free_.pop_back();
+  swap_with(s.values, live...);
+  s.key = key;
+  kept_.push_back(std::move(s));
+}
+
+template <class... Saved>
+void activation_stash<Saved...>::restore(std::uint64_t key, Saved&... live) {
+  auto const at = find(key);
+  if (at == kept_.end())
+    throw input_error("activation_stash: nothing set aside for micro-batch key " +
+                      std::to_string(key) + " (a backward without its forward)");
+  swap_with(at->values, live...);
+  free_.push_back(std::move(*at));
+  kept_.erase(at);
+}
+
+template <class... Saved>
+void activation_stash<Saved...>::add_free_slot(Saved const&... live) {
+  free_.push_back({0, std::tuple<Saved...>(fresh(live)...)});
+}
 
 }  // namespace megamoe

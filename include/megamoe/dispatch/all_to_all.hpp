@@ -15,6 +15,7 @@
 #pragma once
 
 #include <megamoe/core/buffer.hpp>
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
@@ -58,15 +59,12 @@ class all_to_all_dispatcher {
   }
 
   void plan(thread_pool&, mask_matrix const& map, int capacity,
-            std::exception_ptr earlier = nullptr) {
-    chunks_.assign(groups_, map, capacity, earlier, "all_to_all dispatcher");
-    build_datatypes();
-  }
+            std::exception_ptr earlier = nullptr);
 
   /// Sets micro-batch `key`'s plan aside (core/stash.hpp), or brings it back; the exchange
   /// buffers are the next pass's scratch.
-  void park(std::uint64_t key) { stash_.park(key, chunks_, direct_, expert_start_, pieces_); }
-  void restore(std::uint64_t key) { stash_.restore(key, chunks_, direct_, expert_start_, pieces_); }
+  void park(std::uint64_t key);
+  void restore(std::uint64_t key);
 
   [[nodiscard]] int expert_rows() const noexcept { return static_cast<int>(chunks_.rows()); }
   [[nodiscard]] std::span<std::int64_t const> tokens_per_local_expert() const noexcept {
@@ -108,13 +106,7 @@ class all_to_all_dispatcher {
   [[nodiscard]] bool in_place() const noexcept { return direct_; }
 
   void dispatch(thread_pool& pool, T const* tokens, T* rows, row_matrix<P> const& probs,
-                T* row_probs) {
-    T const* send = stage_tokens(pool, tokens);
-    T* send_probs = send_probs_.reserve(std::size_t(chunks_.send_rows().rows()));
-    chunks_.send_rows().gather_probs(probs, 0, send_probs);
-    forward({{{send, hidden_, rows}, {send_probs, 1, row_probs}}}, 2, pool);
-    token_bytes_sent_ = token_bytes(hidden_ * std::int64_t{sizeof(T)});
-  }
+                T* row_probs);
 
   /// dispatch::fp8_wire: the bytes of one token row as codes (H one-byte codes, and their block
   /// scales where the recipe has them); H until set. Set before the first plan.
@@ -129,41 +121,15 @@ class all_to_all_dispatcher {
   /// dispatch() places token rows; probs as dispatch()'s. Needs the in-place exchange (ETP = 1,
   /// under 2 GiB), which every rank decides alike from the plan's table.
   void dispatch_codes(thread_pool& /*pool*/, std::uint8_t const* codes, std::uint8_t* code_rows,
-                      row_matrix<P> const& probs, T* row_probs) requires CodesOnWire {
-    require_codes_in_place();
-    T* send_probs = send_probs_.reserve(std::size_t(chunks_.send_rows().rows()));
-    chunks_.send_rows().gather_probs(probs, 0, send_probs);
-    std::array<parallel::request, 2> pending;
-    for (auto const& piece : pieces_) {
-      pending[0] = parallel::all_to_all_w_start(groups_.ep(), codes, piece.code_send, code_rows,
-                                                piece.code_recv);
-      pending[1] = parallel::all_to_all_w_start(groups_.ep(), send_probs, piece.forward_send[1],
-                                                row_probs, piece.forward_recv[1]);
-      for (auto& r : pending) r.wait();
-    }
-    token_bytes_sent_ = token_bytes(code_row_bytes_);
-  }
+                      row_matrix<P> const& probs, T* row_probs) requires CodesOnWire;
 
   /// Bytes of token rows this rank sent in its last forward dispatch (its own rows included): rows
   /// times the bytes of a row (code_row_bytes() for codes).
   [[nodiscard]] std::int64_t token_bytes_sent() const noexcept { return token_bytes_sent_; }
-  void dispatch(thread_pool& pool, T const* tokens, T* rows) {
-    T const* send = stage_tokens(pool, tokens);
-    forward({{{send, hidden_, rows}, {}}}, 1, pool);
-  }
-  void combine(thread_pool& pool, T const* rows, T* out) {
-    T* back = send_.reserve(std::size_t(chunks_.send_rows().rows()) * hidden_);
-    backward({{{rows, hidden_, back}, {}}}, 1, pool);
-    chunks_.send_rows().combine(pool, back, hidden_, out, false);
-  }
+  void dispatch(thread_pool& pool, T const* tokens, T* rows);
+  void combine(thread_pool& pool, T const* rows, T* out);
   void combine_grad(thread_pool& pool, T const* grad_rows, T const* grad_row_probs, T* dx,
-                    row_matrix<P>& grad_probs) {
-    T* back = send_.reserve(std::size_t(chunks_.send_rows().rows()) * hidden_);
-    T* back_probs = send_probs_.reserve(std::size_t(chunks_.send_rows().rows()));
-    backward({{{grad_rows, hidden_, back}, {grad_row_probs, 1, back_probs}}}, 2, pool);
-    chunks_.send_rows().combine(pool, back, hidden_, dx, true);
-    chunks_.send_rows().scatter_probs(back_probs, 0, grad_probs);
-  }
+                    row_matrix<P>& grad_probs);
 
   /// Pieces the overlapped exchanges of the last plan run in (1: not overlapped: ETP > 1, one
   /// local expert, or buffers beyond what one MPI call addresses).
@@ -550,4 +516,93 @@ class all_to_all_dispatcher {
   activation_stash<expert_chunks, bool, std::vector<std::int64_t>, std::vector<piece>> stash_;
 };
 
+// Defined outside the class, these members are not inline: a program built with
+// MEGAMOE_SEPARATE_COMPILATION compiles them once for float and double, neither overlapped nor
+// moving codes (dispatch/all_to_all.ipp); other instances compile where they are used.
+template <class T, class P, bool Overlapped, bool CodesOnWire>
+void all_to_all_dispatcher<T, P, Overlapped, CodesOnWire>::plan(thread_pool&,
+                                                                mask_matrix const& map,
+                                                                int capacity,
+                                                                std::exception_ptr earlier) {
+  chunks_.assign(groups_, map, capacity, earlier, "all_to_all dispatcher");
+  build_datatypes();
+}
+
+template <class T, class P, bool Overlapped, bool CodesOnWire>
+void all_to_all_dispatcher<T, P, Overlapped, CodesOnWire>::park(std::uint64_t key) {
+  stash_.park(key, chunks_, direct_, expert_start_, pieces_);
+}
+
+template <class T, class P, bool Overlapped, bool CodesOnWire>
+void all_to_all_dispatcher<T, P, Overlapped, CodesOnWire>::restore(std::uint64_t key) {
+  stash_.restore(key, chunks_, direct_, expert_start_, pieces_);
+}
+
+template <class T, class P, bool Overlapped, bool CodesOnWire>
+void all_to_all_dispatcher<T, P, Overlapped, CodesOnWire>::dispatch(thread_pool& pool,
+                                                                    T const* tokens, T* rows,
+                                                                    row_matrix<P> const& probs,
+                                                                    T* row_probs) {
+  T const* send = stage_tokens(pool, tokens);
+  T* send_probs = send_probs_.reserve(std::size_t(chunks_.send_rows().rows()));
+  chunks_.send_rows().gather_probs(probs, 0, send_probs);
+  forward({{{send, hidden_, rows}, {send_probs, 1, row_probs}}}, 2, pool);
+  token_bytes_sent_ = token_bytes(hidden_ * std::int64_t{sizeof(T)});
+}
+
+template <class T, class P, bool Overlapped, bool CodesOnWire>
+void all_to_all_dispatcher<T, P, Overlapped, CodesOnWire>::dispatch(thread_pool& pool,
+                                                                    T const* tokens, T* rows) {
+  T const* send = stage_tokens(pool, tokens);
+  forward({{{send, hidden_, rows}, {}}}, 1, pool);
+}
+
+template <class T, class P, bool Overlapped, bool CodesOnWire>
+void all_to_all_dispatcher<T, P, Overlapped, CodesOnWire>::combine(thread_pool& pool, T const* rows,
+                                                                   T* out) {
+  T* back = send_.reserve(std::size_t(chunks_.send_rows().rows()) * hidden_);
+  backward({{{rows, hidden_, back}, {}}}, 1, pool);
+  chunks_.send_rows().combine(pool, back, hidden_, out, false);
+}
+
+template <class T, class P, bool Overlapped, bool CodesOnWire>
+void all_to_all_dispatcher<T, P, Overlapped, CodesOnWire>::combine_grad(thread_pool& pool,
+                                                                        T const* grad_rows,
+                                                                        T const* grad_row_probs,
+                                                                        T* dx,
+                                                                        row_matrix<P>& grad_probs) {
+  T* back = send_.reserve(std::size_t(chunks_.send_rows().rows()) * hidden_);
+  T* back_probs = send_probs_.reserve(std::size_t(chunks_.send_rows().rows()));
+  backward({{{grad_rows, hidden_, back}, {grad_row_probs, 1, back_probs}}}, 2, pool);
+  chunks_.send_rows().combine(pool, back, hidden_, dx, true);
+  chunks_.send_rows().scatter_probs(back_probs, 0, grad_probs);
+}
+
+template <class T, class P, bool Overlapped, bool CodesOnWire>
+void all_to_all_dispatcher<T, P, Overlapped, CodesOnWire>::dispatch_codes(
+    thread_pool& /*pool*/, std::uint8_t const* codes, std::uint8_t* code_rows,
+    row_matrix<P> const& probs, T* row_probs) requires CodesOnWire {
+  require_codes_in_place();
+  T* send_probs = send_probs_.reserve(std::size_t(chunks_.send_rows().rows()));
+  chunks_.send_rows().gather_probs(probs, 0, send_probs);
+  std::array<parallel::request, 2> pending;
+  for (auto const& piece : pieces_) {
+    pending[0] = parallel::all_to_all_w_start(groups_.ep(), codes, piece.code_send, code_rows,
+                                              piece.code_recv);
+    pending[1] = parallel::all_to_all_w_start(groups_.ep(), send_probs, piece.forward_send[1],
+                                              row_probs, piece.forward_recv[1]);
+    for (auto& r : pending) r.wait();
+  }
+  token_bytes_sent_ = token_bytes(code_row_bytes_);
+}
+
+#if !MEGAMOE_HEADER_ONLY
+extern template class all_to_all_dispatcher<float, float, false, false>;
+extern template class all_to_all_dispatcher<double, double, false, false>;
+#endif
+
 }  // namespace megamoe::dispatch
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/dispatch/all_to_all.ipp>
+#endif

@@ -12,6 +12,7 @@
 // have grown.
 #pragma once
 
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/expert/activation.hpp>
@@ -332,21 +333,7 @@ class grouped_mlp {
   }
 
  private:
-  void set_offsets(grouped_rows<T> const& rows, expert_range range) {
-    if (rows.rows_per_expert.size() != static_cast<std::size_t>(sizes_.experts))
-      throw input_error("grouped_mlp: " + std::to_string(rows.rows_per_expert.size()) +
-                        " row counts for " + std::to_string(sizes_.experts) + " experts");
-    for (std::size_t e = 0; e < rows.rows_per_expert.size(); ++e)
-      offsets_[e + 1] = offsets_[e] + rows.rows_per_expert[e];
-    if (offsets_.back() != rows.count)
-      throw input_error("grouped_mlp: the row counts add up to " + std::to_string(offsets_.back()) +
-                        ", not " + std::to_string(rows.count));
-    first_ = range.first;
-    last_ = range.last < 0 ? sizes_.experts : range.last;
-    if (first_ < 0 || first_ > last_ || last_ > sizes_.experts)
-      throw input_error("grouped_mlp: experts [" + std::to_string(range.first) + ", " +
-                        std::to_string(range.last) + ") of " + std::to_string(sizes_.experts));
-  }
+  void set_offsets(grouped_rows<T> const& rows, expert_range range);
 
   /// Builds one problem per expert (`make(e, rows, first_row)`) and runs them. Experts without
   /// rows are skipped: they produce no rows and add nothing to their weight gradients.
@@ -394,28 +381,9 @@ class grouped_mlp {
   }
 
   /// h += b1 per row.
-  void add_fc1_bias(executor<T>& exec, expert_parameters<T> const& params, T* fc1_out) {
-    int const W1 = sizes_.fc1_rows();
-    for_rows(exec, [&](int j, int e) {
-      row_matrix_map<T>(fc1_out + std::ptrdiff_t{j} * W1, 1, W1) +=
-          const_row_matrix_map<T>(params.fc1_bias_data(e), 1, W1);
-    });
-  }
+  void add_fc1_bias(executor<T>& exec, expert_parameters<T> const& params, T* fc1_out);
 
-  void activate(executor<T>& exec, grouped_rows<T> const& rows, T const* fc1_out, T* act_out) {
-    int const W1 = sizes_.fc1_rows(), F = sizes_.ffn;
-    auto activate_rows = [&]<bool Wide>() {
-      for_rows(exec, [&](int j, int) {
-        activation_type::template forward_row<Wide>(fc1_out + std::ptrdiff_t{j} * W1,
-                                                    rows.probs[j], act_out + std::ptrdiff_t{j} * F,
-                                                    F);
-      });
-    };
-    if (activation_type::template avx512<T>())
-      activate_rows.template operator()<true>();
-    else
-      activate_rows.template operator()<false>();
-  }
+  void activate(executor<T>& exec, grouped_rows<T> const& rows, T const* fc1_out, T* act_out);
 
   [[nodiscard]] std::ptrdiff_t fc1_size() const {
     return std::ptrdiff_t{sizes_.fc1_rows()} * sizes_.hidden;
@@ -426,19 +394,7 @@ class grouped_mlp {
 
   /// db2_e += sum_j p_j dy_j and db1_e += sum_j dh_j, one task per expert.
   void bias_gradients(executor<T>& exec, expert_parameters<T>& params, grouped_rows<T> const& rows,
-                      T const* grad_out, T const* grad_fc1) {
-    int const H = sizes_.hidden, W1 = sizes_.fc1_rows();
-    exec.pool().run(last_ - first_, [&](int i) {
-      int const e = first_ + i;
-      row_matrix_map<T> db2(params.grad_fc2_bias_data(e), 1, H);
-      row_matrix_map<T> db1(params.grad_fc1_bias_data(e), 1, W1);
-      for (auto j = offsets_[static_cast<std::size_t>(e)];
-           j < offsets_[static_cast<std::size_t>(e) + 1]; ++j) {
-        db2 += rows.probs[j] * const_row_matrix_map<T>(grad_out + j * H, 1, H);
-        db1 += const_row_matrix_map<T>(grad_fc1 + j * W1, 1, W1);
-      }
-    });
-  }
+                      T const* grad_out, T const* grad_fc1);
 
   mlp_sizes sizes_;
   std::vector<gemm_problem<T>> problems_;
@@ -446,4 +402,81 @@ class grouped_mlp {
   int first_ = 0, last_ = 0;  // the experts of the current call
 };
 
+// Defined outside the class, these members are not inline: a program built with
+// MEGAMOE_SEPARATE_COMPILATION compiles them once for each activation in float and double on the
+// grouped GEMM (expert/mlp.ipp); forward and backward, templates on the operands, compile where
+// they are used.
+template <activation_function A, class Backend, class T>
+void grouped_mlp<A, Backend, T>::set_offsets(grouped_rows<T> const& rows, expert_range range) {
+  if (rows.rows_per_expert.size() != static_cast<std::size_t>(sizes_.experts))
+    throw input_error("grouped_mlp: " + std::to_string(rows.rows_per_expert.size()) +
+                      " row counts for " + std::to_string(sizes_.experts) + " experts");
+  for (std::size_t e = 0; e < rows.rows_per_expert.size(); ++e)
+    offsets_[e + 1] = offsets_[e] + rows.rows_per_expert[e];
+  if (offsets_.back() != rows.count)
+    throw input_error("grouped_mlp: the row counts add up to " + std::to_string(offsets_.back()) +
+                      ", not " + std::to_string(rows.count));
+  first_ = range.first;
+  last_ = range.last < 0 ? sizes_.experts : range.last;
+  if (first_ < 0 || first_ > last_ || last_ > sizes_.experts)
+    throw input_error("grouped_mlp: experts [" + std::to_string(range.first) + ", " +
+                      std::to_string(range.last) + ") of " + std::to_string(sizes_.experts));
+}
+
+template <activation_function A, class Backend, class T>
+void grouped_mlp<A, Backend, T>::add_fc1_bias(executor<T>& exec, expert_parameters<T> const& params,
+                                              T* fc1_out) {
+  int const W1 = sizes_.fc1_rows();
+  for_rows(exec, [&](int j, int e) {
+    row_matrix_map<T>(fc1_out + std::ptrdiff_t{j} * W1, 1, W1) +=
+        const_row_matrix_map<T>(params.fc1_bias_data(e), 1, W1);
+  });
+}
+
+template <activation_function A, class Backend, class T>
+void grouped_mlp<A, Backend, T>::activate(executor<T>& exec, grouped_rows<T> const& rows,
+                                          T const* fc1_out, T* act_out) {
+  int const W1 = sizes_.fc1_rows(), F = sizes_.ffn;
+  auto activate_rows = [&]<bool Wide>() {
+    for_rows(exec, [&](int j, int) {
+      activation_type::template forward_row<Wide>(fc1_out + std::ptrdiff_t{j} * W1, rows.probs[j],
+                                                  act_out + std::ptrdiff_t{j} * F, F);
+    });
+  };
+  if (activation_type::template avx512<T>())
+    activate_rows.template operator()<true>();
+  else
+    activate_rows.template operator()<false>();
+}
+
+template <activation_function A, class Backend, class T>
+void grouped_mlp<A, Backend, T>::bias_gradients(executor<T>& exec, expert_parameters<T>& params,
+                                                grouped_rows<T> const& rows, T const* grad_out,
+                                                T const* grad_fc1) {
+  int const H = sizes_.hidden, W1 = sizes_.fc1_rows();
+  exec.pool().run(last_ - first_, [&](int i) {
+    int const e = first_ + i;
+    row_matrix_map<T> db2(params.grad_fc2_bias_data(e), 1, H);
+    row_matrix_map<T> db1(params.grad_fc1_bias_data(e), 1, W1);
+    for (auto j = offsets_[static_cast<std::size_t>(e)];
+         j < offsets_[static_cast<std::size_t>(e) + 1]; ++j) {
+      db2 += rows.probs[j] * const_row_matrix_map<T>(grad_out + j * H, 1, H);
+      db1 += const_row_matrix_map<T>(grad_fc1 + j * W1, 1, W1);
+    }
+  });
+}
+
+#if !MEGAMOE_HEADER_ONLY
+extern template class grouped_mlp<activation_function::swiglu, grouped_gemm, float>;
+extern template class grouped_mlp<activation_function::gelu, grouped_gemm, float>;
+extern template class grouped_mlp<activation_function::squared_relu, grouped_gemm, float>;
+extern template class grouped_mlp<activation_function::swiglu, grouped_gemm, double>;
+extern template class grouped_mlp<activation_function::gelu, grouped_gemm, double>;
+extern template class grouped_mlp<activation_function::squared_relu, grouped_gemm, double>;
+#endif
+
 }  // namespace megamoe::expert
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/expert/mlp.ipp>
+#endif

@@ -19,6 +19,7 @@
 // projections run on every thread (model/linear.hpp, through the precision recipe's operands).
 #pragma once
 
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
@@ -122,51 +123,11 @@ class causal_attention {
 
   /// y [S*B, H] from x [S*B, H]; keeps what backward needs.
   void forward(expert::executor<T>& exec, const_row_matrix_map<T> x, int seq, int batch,
-               row_matrix_map<T> y) {
-    if (seq < 1 || batch < 1 || x.rows() != std::int64_t{seq} * batch || x.cols() != hidden_ ||
-        y.rows() != x.rows() || y.cols() != hidden_ || (core_.cp_size() > 1 && seq % 2 != 0))
-      throw input_error("causal_attention: input of shape [" + std::to_string(x.rows()) + ", " +
-                        std::to_string(x.cols()) + "] for S = " + std::to_string(seq) +
-                        ", B = " + std::to_string(batch) + ", H = " + std::to_string(hidden_));
-    if constexpr (quantized_weights)
-      if (!holds_weight_codes())
-        throw input_error(
-            "causal_attention: memory::quantized_weights: the projections' weights have no "
-            "codes yet; call refresh_weight_codes() after writing the weights");
-    seq_ = seq;
-    batch_ = batch;
-    int const H = hidden_, N = static_cast<int>(x.rows()), W = qkv_width(), C = context_width();
-    x_ = x;
-    qkv_.resize(N, W);
-    linears_.forward(exec, qkv_linear, N, W, H, x_.data(), qkv_weight_.data(), qkv_.data(), W);
-    if constexpr (QkLayernorm) normalize_heads(exec.pool(), N);
-    context_.resize(N, C);
-    auto const qkv = views<T const>(qkv_.data());
-    core_.forward(exec.pool(), shape(), qkv.q, qkv.k, qkv.v, {context_.data(), C});
-    linears_.forward(exec, proj_linear, N, H, C, context_.data(), proj_weight_.data(), y.data(),
-                     static_cast<int>(y.outerStride()));
-  }
+               row_matrix_map<T> y);
 
   /// dx [S*B, H] from dy of the last forward; adds both weights' gradients. With tensor
   /// parallelism dy is the whole output's gradient and dx this rank's part of the input's.
-  void backward(expert::executor<T>& exec, const_row_matrix_map<T> dy, row_matrix_map<T> dx) {
-    if (dy.rows() != x_.rows() || dy.cols() != hidden_ || dx.rows() != x_.rows() ||
-        dx.cols() != hidden_)
-      throw input_error("causal_attention: gradient shape does not match the last forward");
-    int const H = hidden_, N = static_cast<int>(x_.rows()), W = qkv_width(), C = context_width();
-    int const ldy = static_cast<int>(dy.outerStride());
-    grad_context_.resize(N, C);
-    linears_.backward(exec, proj_linear, N, H, C, dy.data(), ldy, proj_weight_.data(),
-                      context_.data(), grad_context_.data(), C, proj_grad_.data());
-    grad_qkv_.resize(N, W);
-    auto const qkv = views<T const>(qkv_.data());
-    auto const grad = views<T>(grad_qkv_.data());
-    core_.backward(exec.pool(), qkv.q, qkv.k, qkv.v, {context_.data(), C},
-                   {grad_context_.data(), C}, grad.q, grad.k, grad.v);
-    if constexpr (QkLayernorm) normalize_heads_backward(exec.pool(), N);
-    linears_.backward(exec, qkv_linear, N, W, H, grad_qkv_.data(), W, qkv_weight_.data(), x_.data(),
-                      dx.data(), static_cast<int>(dx.outerStride()), qkv_grad_.data());
-  }
+  void backward(expert::executor<T>& exec, const_row_matrix_map<T> dy, row_matrix_map<T> dx);
 
   void zero_grad() {
     qkv_grad_.setZero();
@@ -226,22 +187,8 @@ class causal_attention {
   }
 
   /// Sets micro-batch `key`'s kept values aside (core/stash.hpp), or brings them back.
-  void park(std::uint64_t key) {
-    stash_.park(key, seq_, batch_, x_, qkv_, context_);
-    core_.park(key);
-    if constexpr (QkLayernorm) {
-      qk_norm_.q.park(key);
-      qk_norm_.k.park(key);
-    }
-  }
-  void restore(std::uint64_t key) {
-    stash_.restore(key, seq_, batch_, x_, qkv_, context_);
-    core_.restore(key);
-    if constexpr (QkLayernorm) {
-      qk_norm_.q.restore(key);
-      qk_norm_.k.restore(key);
-    }
-  }
+  void park(std::uint64_t key);
+  void restore(std::uint64_t key);
 
   /// Bytes kept from forward to backward (input, q k v, context, log-sum-exp per row, the QK
   /// norms' inputs, and under CP the gathered keys and values).
@@ -308,7 +255,7 @@ class causal_attention {
     body(qk_norm_.k, per, 1);
   }
   /// The query and key heads through their norms, in place in qkv_.
-  void normalize_heads(thread_pool& pool, int tokens) {
+  void normalize_heads(thread_pool& pool, int tokens) requires QkLayernorm {
     for_each_qk_norm([&](rms_norm<T>& norm, int first, int count) {
       int const rows = tokens * groups_ * count, d = head_size();
       heads_in_.resize(rows, d);
@@ -319,7 +266,7 @@ class causal_attention {
     });
   }
   /// The normalized heads' gradients in grad_qkv_ become their inputs' (and the norm weights').
-  void normalize_heads_backward(thread_pool& pool, int tokens) {
+  void normalize_heads_backward(thread_pool& pool, int tokens) requires QkLayernorm {
     for_each_qk_norm([&](rms_norm<T>& norm, int first, int count) {
       int const rows = tokens * groups_ * count, d = head_size();
       heads_in_.resize(rows, d);
@@ -341,4 +288,89 @@ class causal_attention {
   activation_stash<int, int, row_matrix<T>, row_matrix<T>, row_matrix<T>> stash_;
 };
 
+// Defined outside the class, these members are not inline: a program built with
+// MEGAMOE_SEPARATE_COMPILATION compiles them once for float and double with exact operands, P2P
+// context parallelism and the grouped GEMM (model/attention.ipp); other instances compile where
+// they are used.
+template <class T, bool QkLayernorm, parallel::cp_comm_type CpComm, class Ops, class Backend>
+void causal_attention<T, QkLayernorm, CpComm, Ops, Backend>::forward(expert::executor<T>& exec,
+                                                                     const_row_matrix_map<T> x,
+                                                                     int seq, int batch,
+                                                                     row_matrix_map<T> y) {
+  if (seq < 1 || batch < 1 || x.rows() != std::int64_t{seq} * batch || x.cols() != hidden_ ||
+      y.rows() != x.rows() || y.cols() != hidden_ || (core_.cp_size() > 1 && seq % 2 != 0))
+    throw input_error("causal_attention: input of shape [" + std::to_string(x.rows()) + ", " +
+                      std::to_string(x.cols()) + "] for S = " + std::to_string(seq) +
+                      ", B = " + std::to_string(batch) + ", H = " + std::to_string(hidden_));
+  if constexpr (quantized_weights)
+    if (!holds_weight_codes())
+      throw input_error(
+          "causal_attention: memory::quantized_weights: the projections' weights have no "
+          "codes yet; call refresh_weight_codes() after writing the weights");
+  seq_ = seq;
+  batch_ = batch;
+  int const H = hidden_, N = static_cast<int>(x.rows()), W = qkv_width(), C = context_width();
+  x_ = x;
+  qkv_.resize(N, W);
+  linears_.forward(exec, qkv_linear, N, W, H, x_.data(), qkv_weight_.data(), qkv_.data(), W);
+  if constexpr (QkLayernorm) normalize_heads(exec.pool(), N);
+  context_.resize(N, C);
+  auto const qkv = views<T const>(qkv_.data());
+  core_.forward(exec.pool(), shape(), qkv.q, qkv.k, qkv.v, {context_.data(), C});
+  linears_.forward(exec, proj_linear, N, H, C, context_.data(), proj_weight_.data(), y.data(),
+                   static_cast<int>(y.outerStride()));
+}
+
+template <class T, bool QkLayernorm, parallel::cp_comm_type CpComm, class Ops, class Backend>
+void causal_attention<T, QkLayernorm, CpComm, Ops, Backend>::backward(expert::executor<T>& exec,
+                                                                      const_row_matrix_map<T> dy,
+                                                                      row_matrix_map<T> dx) {
+  if (dy.rows() != x_.rows() || dy.cols() != hidden_ || dx.rows() != x_.rows() ||
+      dx.cols() != hidden_)
+    throw input_error("causal_attention: gradient shape does not match the last forward");
+  int const H = hidden_, N = static_cast<int>(x_.rows()), W = qkv_width(), C = context_width();
+  int const ldy = static_cast<int>(dy.outerStride());
+  grad_context_.resize(N, C);
+  linears_.backward(exec, proj_linear, N, H, C, dy.data(), ldy, proj_weight_.data(),
+                    context_.data(), grad_context_.data(), C, proj_grad_.data());
+  grad_qkv_.resize(N, W);
+  auto const qkv = views<T const>(qkv_.data());
+  auto const grad = views<T>(grad_qkv_.data());
+  core_.backward(exec.pool(), qkv.q, qkv.k, qkv.v, {context_.data(), C}, {grad_context_.data(), C},
+                 grad.q, grad.k, grad.v);
+  if constexpr (QkLayernorm) normalize_heads_backward(exec.pool(), N);
+  linears_.backward(exec, qkv_linear, N, W, H, grad_qkv_.data(), W, qkv_weight_.data(), x_.data(),
+                    dx.data(), static_cast<int>(dx.outerStride()), qkv_grad_.data());
+}
+
+template <class T, bool QkLayernorm, parallel::cp_comm_type CpComm, class Ops, class Backend>
+void causal_attention<T, QkLayernorm, CpComm, Ops, Backend>::park(std::uint64_t key) {
+  stash_.park(key, seq_, batch_, x_, qkv_, context_);
+  core_.park(key);
+  if constexpr (QkLayernorm) {
+    qk_norm_.q.park(key);
+    qk_norm_.k.park(key);
+  }
+}
+
+template <class T, bool QkLayernorm, parallel::cp_comm_type CpComm, class Ops, class Backend>
+void causal_attention<T, QkLayernorm, CpComm, Ops, Backend>::restore(std::uint64_t key) {
+  stash_.restore(key, seq_, batch_, x_, qkv_, context_);
+  core_.restore(key);
+  if constexpr (QkLayernorm) {
+    qk_norm_.q.restore(key);
+    qk_norm_.k.restore(key);
+  }
+}
+
+#if !MEGAMOE_HEADER_ONLY
+extern template class causal_attention<float, false>;
+extern template class causal_attention<float, true>;
+extern template class causal_attention<double, false>;
+#endif
+
 }  // namespace megamoe
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/model/attention.ipp>
+#endif

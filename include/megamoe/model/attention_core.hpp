@@ -13,6 +13,7 @@
 // same way; RoPE and the causal mask see global positions (position()).
 #pragma once
 
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/core/thread_pool.hpp>
@@ -56,40 +57,18 @@ class attention_core {
   /// even under CP); keeps the log-sum-exp (and under CP the keys and values) for backward.
   void forward(thread_pool& pool, attention::attention_shape const& shape,
                attention::token_view<T const> q, attention::token_view<T const> k,
-               attention::token_view<T const> v, attention::token_view<T> out) {
-    shape_ = shape;
-    lse_.resize(std::size_t(shape.batch) * shape.heads * shape.seq);
-    if (cp_size_ == 1) return kernel_.forward(pool, shape, q, k, v, out, lse_.data());
-    int const N = rows();
-    kv_local_.resize(N, kv_width());
-    move_kv<false>(pool, kv_local_.data(), k, v);
-    if constexpr (CpComm == parallel::cp_comm_type::all_gather)
-      gathered_forward(pool, q, out);
-    else
-      ring_forward(pool, q, out);
-  }
+               attention::token_view<T const> v, attention::token_view<T> out);
 
   /// dq, dk and dv (overwritten) from dout, given the last forward's q, k, v and out.
   void backward(thread_pool& pool, attention::token_view<T const> q,
                 attention::token_view<T const> k, attention::token_view<T const> v,
                 attention::token_view<T const> out, attention::token_view<T const> dout,
                 attention::token_view<T> dq, attention::token_view<T> dk,
-                attention::token_view<T> dv) {
-    if (cp_size_ == 1)
-      return kernel_.backward(pool, shape_, q, k, v, out, dout, lse_.data(), dq, dk, dv);
-    (void)k;
-    (void)v;
-    if constexpr (CpComm == parallel::cp_comm_type::all_gather)
-      gathered_backward(pool, q, out, dout, dq);
-    else
-      ring_backward(pool, q, out, dout, dq);
-    // kv_local_ now holds this rank's key and value gradients.
-    move_kv<true>(pool, kv_local_.data(), dk, dv);
-  }
+                attention::token_view<T> dv);
 
   /// Sets micro-batch `key`'s kept values aside (core/stash.hpp), or brings them back.
-  void park(std::uint64_t key) { stash_.park(key, shape_, lse_, kv_local_, kv_sequence_); }
-  void restore(std::uint64_t key) { stash_.restore(key, shape_, lse_, kv_local_, kv_sequence_); }
+  void park(std::uint64_t key);
+  void restore(std::uint64_t key);
 
   /// Bytes kept from forward to backward: the log-sum-exp per row and head, and under CP the
   /// gathered keys and values.
@@ -316,4 +295,66 @@ class attention_core {
   activation_stash<attention::attention_shape, std::vector<T>, row_matrix<T>, row_matrix<T>> stash_;
 };
 
+// Defined outside the class, these members are not inline: a program built with
+// MEGAMOE_SEPARATE_COMPILATION compiles them once for float and double and either CP
+// communication (model/attention_core.ipp).
+template <class T, parallel::cp_comm_type CpComm>
+void attention_core<T, CpComm>::forward(thread_pool& pool, attention::attention_shape const& shape,
+                                        attention::token_view<T const> q,
+                                        attention::token_view<T const> k,
+                                        attention::token_view<T const> v,
+                                        attention::token_view<T> out) {
+  shape_ = shape;
+  lse_.resize(std::size_t(shape.batch) * shape.heads * shape.seq);
+  if (cp_size_ == 1) return kernel_.forward(pool, shape, q, k, v, out, lse_.data());
+  int const N = rows();
+  kv_local_.resize(N, kv_width());
+  move_kv<false>(pool, kv_local_.data(), k, v);
+  if constexpr (CpComm == parallel::cp_comm_type::all_gather)
+    gathered_forward(pool, q, out);
+  else
+    ring_forward(pool, q, out);
+}
+
+template <class T, parallel::cp_comm_type CpComm>
+void attention_core<T, CpComm>::backward(thread_pool& pool, attention::token_view<T const> q,
+                                         attention::token_view<T const> k,
+                                         attention::token_view<T const> v,
+                                         attention::token_view<T const> out,
+                                         attention::token_view<T const> dout,
+                                         attention::token_view<T> dq, attention::token_view<T> dk,
+                                         attention::token_view<T> dv) {
+  if (cp_size_ == 1)
+    return kernel_.backward(pool, shape_, q, k, v, out, dout, lse_.data(), dq, dk, dv);
+  (void)k;
+  (void)v;
+  if constexpr (CpComm == parallel::cp_comm_type::all_gather)
+    gathered_backward(pool, q, out, dout, dq);
+  else
+    ring_backward(pool, q, out, dout, dq);
+  // kv_local_ now holds this rank's key and value gradients.
+  move_kv<true>(pool, kv_local_.data(), dk, dv);
+}
+
+template <class T, parallel::cp_comm_type CpComm>
+void attention_core<T, CpComm>::park(std::uint64_t key) {
+  stash_.park(key, shape_, lse_, kv_local_, kv_sequence_);
+}
+
+template <class T, parallel::cp_comm_type CpComm>
+void attention_core<T, CpComm>::restore(std::uint64_t key) {
+  stash_.restore(key, shape_, lse_, kv_local_, kv_sequence_);
+}
+
+#if !MEGAMOE_HEADER_ONLY
+extern template class attention_core<float, parallel::cp_comm_type::p2p>;
+extern template class attention_core<float, parallel::cp_comm_type::all_gather>;
+extern template class attention_core<double, parallel::cp_comm_type::p2p>;
+extern template class attention_core<double, parallel::cp_comm_type::all_gather>;
+#endif
+
 }  // namespace megamoe
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/model/attention_core.ipp>
+#endif

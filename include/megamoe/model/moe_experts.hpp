@@ -10,6 +10,7 @@
 #pragma once
 
 #include <megamoe/core/buffer.hpp>
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/parameter.hpp>
 #include <megamoe/core/random.hpp>
@@ -40,6 +41,17 @@
 #include <vector>
 
 namespace megamoe {
+
+/// What the experts keep from a forward for their backward (core/stash.hpp): the kept buffers and
+/// the shared expert's values; compiled once for float and double (model/moe_experts.ipp).
+template <class T>
+using experts_stash = activation_stash<std::array<buffer<T>, 7>, T*, T*, T*, std::vector<T>>;
+#if !MEGAMOE_HEADER_ONLY
+extern template class activation_stash<std::array<buffer<float>, 7>, float*, float*, float*,
+                                       std::vector<float>>;
+extern template class activation_stash<std::array<buffer<double>, 7>, double*, double*, double*,
+                                       std::vector<double>>;
+#endif
 
 /// The routed experts' rows of one step, as views: inputs [N,H] and their probs [N] (filled by the
 /// dispatcher), fc1's output [N,W1], the activation times prob [N,F] and the outputs [N,H]; in
@@ -478,8 +490,11 @@ class expert_stage {
   scalar* shared_out_ = nullptr;
   std::vector<scalar> gate_, gate_grad_, ones_;
   std::array<std::int64_t, 1> count_{};
-  activation_stash<std::array<buffer<scalar>, 7>, scalar*, scalar*, scalar*, std::vector<scalar>>
-      stash_;
+  experts_stash<scalar> stash_;
 };
 
 }  // namespace megamoe
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/model/moe_experts.ipp>
+#endif

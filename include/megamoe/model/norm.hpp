@@ -6,6 +6,7 @@
 //   dw += sum over rows of dy * x * r
 #pragma once
 
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
@@ -14,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -31,62 +33,17 @@ class rms_norm {
   [[nodiscard]] int hidden() const noexcept { return static_cast<int>(weight_.cols()); }
 
   /// y [N,H] from x [N,H] (y may not alias x).
-  void forward(thread_pool& pool, const_row_matrix_map<T> x, row_matrix_map<T> y) {
-    require(x.rows(), x.cols(), "input");
-    start(x.rows());
-    parallel_rows(pool, static_cast<int>(x.rows()), [&](int begin, int end) {
-      for (int t = begin; t < end; ++t) normalize(t, x.row(t), y);
-    });
-  }
+  void forward(thread_pool& pool, const_row_matrix_map<T> x, row_matrix_map<T> y);
 
   /// The residual add and the norm in one pass: residual += branch, then y = norm(residual)
   /// (y may alias neither).
   void add_forward(thread_pool& pool, row_matrix_map<T> residual, const_row_matrix_map<T> branch,
-                   row_matrix_map<T> y) {
-    require(residual.rows(), residual.cols(), "residual");
-    require(branch.rows(), branch.cols(), "branch");
-    if (branch.rows() != residual.rows())
-      throw input_error("rms_norm: a branch of " + std::to_string(branch.rows()) +
-                        " rows for a residual of " + std::to_string(residual.rows()));
-    start(residual.rows());
-    parallel_rows(pool, static_cast<int>(residual.rows()), [&](int begin, int end) {
-      for (int t = begin; t < end; ++t) {
-        residual.row(t) += branch.row(t);
-        normalize(t, residual.row(t), y);
-      }
-    });
-  }
+                   row_matrix_map<T> y);
 
   /// dx [N,H] from dy [N,H] of the last forward (dx may alias dy), or dx += it with `accumulate`
   /// (then dx may not alias dy); adds the weight gradient.
   void backward(thread_pool& pool, const_row_matrix_map<T> dy, row_matrix_map<T> dx,
-                bool accumulate = false) {
-    require(dy.rows(), dy.cols(), "output gradient");
-    if (dy.rows() != x_.rows())
-      throw input_error("rms_norm: backward of " + std::to_string(dy.rows()) +
-                        " rows after a forward of " + std::to_string(x_.rows()));
-    int const H = hidden(), N = static_cast<int>(dy.rows());
-    // One pass per block of rows: each row adds to its block's weight gradient before its dx is
-    // written (dx may overwrite that row of dy); the blocks are summed in block order, so the
-    // thread count never changes the weight gradient.
-    int const blocks = (N + rows_per_block - 1) / rows_per_block;
-    partial_.setZero(blocks, H);
-    parallel_rows(pool, blocks, [&](int first, int last) {
-      for (int k = first; k < last; ++k)
-        for (int t = k * rows_per_block; t < std::min(N, (k + 1) * rows_per_block); ++t) {
-          T const r = inverse_rms_[static_cast<std::size_t>(t)];
-          auto const x = x_.row(t);
-          auto const g = dy.row(t).cwiseProduct(weight_);
-          partial_.row(k) += dy.row(t).cwiseProduct(x) * r;
-          T const mean_gx = g.dot(x) / static_cast<T>(H);
-          if (accumulate)
-            dx.row(t) += r * (g - x * (r * r * mean_gx));
-          else
-            dx.row(t) = r * (g - x * (r * r * mean_gx));
-        }
-    });
-    for (int k = 0; k < blocks; ++k) grad_ += partial_.row(k);
-  }
+                bool accumulate = false);
 
   void zero_grad() { grad_.setZero(); }
 
@@ -103,8 +60,8 @@ class rms_norm {
   }
 
   /// Sets micro-batch `key`'s kept input aside (core/stash.hpp), or brings it back.
-  void park(std::uint64_t key) { stash_.park(key, x_, inverse_rms_); }
-  void restore(std::uint64_t key) { stash_.restore(key, x_, inverse_rms_); }
+  void park(std::uint64_t key);
+  void restore(std::uint64_t key);
 
  private:
   static constexpr int rows_per_block = 64;
@@ -136,4 +93,80 @@ class rms_norm {
   activation_stash<row_matrix<T>, std::vector<T>> stash_;
 };
 
+// Defined outside the class, these members are not inline: a program built with
+// MEGAMOE_SEPARATE_COMPILATION compiles them once for float and double (model/norm.ipp).
+template <class T>
+void rms_norm<T>::forward(thread_pool& pool, const_row_matrix_map<T> x, row_matrix_map<T> y) {
+  require(x.rows(), x.cols(), "input");
+  start(x.rows());
+  parallel_rows(pool, static_cast<int>(x.rows()), [&](int begin, int end) {
+    for (int t = begin; t < end; ++t) normalize(t, x.row(t), y);
+  });
+}
+
+template <class T>
+void rms_norm<T>::add_forward(thread_pool& pool, row_matrix_map<T> residual,
+                              const_row_matrix_map<T> branch, row_matrix_map<T> y) {
+  require(residual.rows(), residual.cols(), "residual");
+  require(branch.rows(), branch.cols(), "branch");
+  if (branch.rows() != residual.rows())
+    throw input_error("rms_norm: a branch of " + std::to_string(branch.rows()) +
+                      " rows for a residual of " + std::to_string(residual.rows()));
+  start(residual.rows());
+  parallel_rows(pool, static_cast<int>(residual.rows()), [&](int begin, int end) {
+    for (int t = begin; t < end; ++t) {
+      residual.row(t) += branch.row(t);
+      normalize(t, residual.row(t), y);
+    }
+  });
+}
+
+template <class T>
+void rms_norm<T>::backward(thread_pool& pool, const_row_matrix_map<T> dy, row_matrix_map<T> dx,
+                           bool accumulate) {
+  require(dy.rows(), dy.cols(), "output gradient");
+  if (dy.rows() != x_.rows())
+    throw input_error("rms_norm: backward of " + std::to_string(dy.rows()) +
+                      " rows after a forward of " + std::to_string(x_.rows()));
+  int const H = hidden(), N = static_cast<int>(dy.rows());
+  // One pass per block of rows: each row adds to its block's weight gradient before its dx is
+  // written (dx may overwrite that row of dy); the blocks are summed in block order, so the
+  // thread count never changes the weight gradient.
+  int const blocks = (N + rows_per_block - 1) / rows_per_block;
+  partial_.setZero(blocks, H);
+  parallel_rows(pool, blocks, [&](int first, int last) {
+    for (int k = first; k < last; ++k)
+      for (int t = k * rows_per_block; t < std::min(N, (k + 1) * rows_per_block); ++t) {
+        T const r = inverse_rms_[static_cast<std::size_t>(t)];
+        auto const x = x_.row(t);
+        auto const g = dy.row(t).cwiseProduct(weight_);
+        partial_.row(k) += dy.row(t).cwiseProduct(x) * r;
+        T const mean_gx = g.dot(x) / static_cast<T>(H);
+        if (accumulate)
+          dx.row(t) += r * (g - x * (r * r * mean_gx));
+        else
+          dx.row(t) = r * (g - x * (r * r * mean_gx));
+      }
+  });
+  for (int k = 0; k < blocks; ++k) grad_ += partial_.row(k);
+}
+
+template <class T>
+void rms_norm<T>::park(std::uint64_t key) {
+  stash_.park(key, x_, inverse_rms_);
+}
+template <class T>
+void rms_norm<T>::restore(std::uint64_t key) {
+  stash_.restore(key, x_, inverse_rms_);
+}
+
+#if !MEGAMOE_HEADER_ONLY
+extern template class rms_norm<float>;
+extern template class rms_norm<double>;
+#endif
+
 }  // namespace megamoe
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/model/norm.ipp>
+#endif

@@ -9,6 +9,7 @@
 // scaled by 1/(DP*CP), the reference's factor for every kind.
 #pragma once
 
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/parameter.hpp>
 #include <megamoe/core/tensor.hpp>
 #include <megamoe/parallel/collectives.hpp>
@@ -49,39 +50,7 @@ class gradient_reduction {
   /// all-reduce per kind (dense over TP x DP x CP, expert over EDP, tensor-parallel shards over
   /// DP x CP), all in flight together; a kind whose group is this rank alone is only scaled, in
   /// place (not at all by 1).
-  void operator()(process_groups const& groups) {
-    auto const& l = groups.layout();
-    double const scale = 1.0 / (static_cast<double>(l.dp) * l.cp);
-    std::array<boost::mpi::communicator const*, 3> const group{
-        &groups.tp_dp_cp(), &groups.expert_dp(), &groups.dp_cp()};
-    std::array<bool, 3> alone{};
-    for (std::size_t b = 0; b < group.size(); ++b) alone[b] = group[b]->size() == 1;
-    if (alone[0] && alone[1] && alone[2] && scale == 1.0) return;
-    for (auto& bucket : buckets_) bucket.clear();
-    for (auto const& [grad, kind] : gradients_) {
-      std::size_t const b = bucket_of(kind);
-      if (alone[b]) continue;
-      buckets_[b].insert(buckets_[b].end(), grad.data(), grad.data() + grad.size());
-    }
-    {
-      std::array<request, 3> sums;
-      for (std::size_t b = 0; b < group.size(); ++b)
-        if (!alone[b]) sums[b] = all_reduce_sum_start(*group[b], std::span<T>(buckets_[b]));
-    }
-    std::array<std::size_t, 3> at{};
-    for (auto& [grad, kind] : gradients_) {
-      std::size_t const b = bucket_of(kind);
-      if (alone[b]) {
-        if (scale != 1.0)
-          for (Eigen::Index i = 0; i < grad.size(); ++i)
-            grad.data()[i] = static_cast<T>(grad.data()[i] * scale);
-        continue;
-      }
-      for (Eigen::Index i = 0; i < grad.size(); ++i)
-        grad.data()[i] = static_cast<T>(buckets_[b][at[b] + static_cast<std::size_t>(i)] * scale);
-      at[b] += static_cast<std::size_t>(grad.size());
-    }
-  }
+  void operator()(process_groups const& groups);
 
  private:
   struct gradient {
@@ -106,4 +75,50 @@ void reduce_gradients(process_groups const& groups, Model& model, Models&... mod
   gradient_reduction<typename Model::scalar>(model, models...)(groups);
 }
 
+// Defined outside the class, the reduction is not inline: a program built with
+// MEGAMOE_SEPARATE_COMPILATION compiles it once for float and double (parallel/gradients.ipp).
+template <class T>
+void gradient_reduction<T>::operator()(process_groups const& groups) {
+  auto const& l = groups.layout();
+  double const scale = 1.0 / (static_cast<double>(l.dp) * l.cp);
+  std::array<boost::mpi::communicator const*, 3> const group{&groups.tp_dp_cp(),
+                                                             &groups.expert_dp(), &groups.dp_cp()};
+  std::array<bool, 3> alone{};
+  for (std::size_t b = 0; b < group.size(); ++b) alone[b] = group[b]->size() == 1;
+  if (alone[0] && alone[1] && alone[2] && scale == 1.0) return;
+  for (auto& bucket : buckets_) bucket.clear();
+  for (auto const& [grad, kind] : gradients_) {
+    std::size_t const b = bucket_of(kind);
+    if (alone[b]) continue;
+    buckets_[b].insert(buckets_[b].end(), grad.data(), grad.data() + grad.size());
+  }
+  {
+    std::array<request, 3> sums;
+    for (std::size_t b = 0; b < group.size(); ++b)
+      if (!alone[b]) sums[b] = all_reduce_sum_start(*group[b], std::span<T>(buckets_[b]));
+  }
+  std::array<std::size_t, 3> at{};
+  for (auto& [grad, kind] : gradients_) {
+    std::size_t const b = bucket_of(kind);
+    if (alone[b]) {
+      if (scale != 1.0)
+        for (Eigen::Index i = 0; i < grad.size(); ++i)
+          grad.data()[i] = static_cast<T>(grad.data()[i] * scale);
+      continue;
+    }
+    for (Eigen::Index i = 0; i < grad.size(); ++i)
+      grad.data()[i] = static_cast<T>(buckets_[b][at[b] + static_cast<std::size_t>(i)] * scale);
+    at[b] += static_cast<std::size_t>(grad.size());
+  }
+}
+
+#if !MEGAMOE_HEADER_ONLY
+extern template class gradient_reduction<float>;
+extern template class gradient_reduction<double>;
+#endif
+
 }  // namespace megamoe::parallel
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/parallel/gradients.ipp>
+#endif

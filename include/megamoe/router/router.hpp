@@ -17,6 +17,7 @@
 #pragma once
 
 #include <megamoe/config/rules.hpp>
+#include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/random.hpp>
 #include <megamoe/core/stash.hpp>
@@ -62,6 +63,18 @@ template <route_plan P>
 struct fixed_plan {
   static constexpr route_plan value = P;
 };
+
+// What a router's forward keeps for its backward (core/stash.hpp), in logits L and scores S; the
+// stashes of the element types the recipes use are compiled once (router/router.ipp).
+#define MEGAMOE_ROUTER_STASH(L, S)                                                                \
+  ::megamoe::activation_stash<                                                                    \
+      ::megamoe::router::routing_output<L>, ::megamoe::router::topk_selection<L, S>,              \
+      ::megamoe::router::sinkhorn_selection<L, S>, ::megamoe::router::attached_losses<L, S>, int, \
+      ::megamoe::router::batch_shape, bool, bool, bool, bool, bool, std::vector<std::uint8_t>,    \
+      ::megamoe::row_matrix<L>, ::megamoe::row_matrix<float>, ::megamoe::mask_matrix,             \
+      std::vector<int>>
+template <class L, class S>
+using router_stash = MEGAMOE_ROUTER_STASH(L, S);
 
 template <class L = float, class S = float, class Plan = plan_per_call>
 class topk_router {
@@ -400,11 +413,7 @@ class topk_router {
   row_matrix<float> jitter_;
   mask_matrix kept_;
   std::vector<int> order_;
-  activation_stash<routing_output<L>, topk_selection<L, S>, sinkhorn_selection<L, S>,
-                   attached_losses<L, S>, int, batch_shape, bool, bool, bool, bool, bool,
-                   std::vector<std::uint8_t>, row_matrix<L>, row_matrix<float>, mask_matrix,
-                   std::vector<int>>
-      stash_;
+  router_stash<L, S> stash_;
 };
 
 /// The logits type of a router dtype.
@@ -447,3 +456,15 @@ template <training_config C>
   }
 
 }  // namespace megamoe::router
+
+#if !MEGAMOE_HEADER_ONLY
+namespace megamoe {
+extern template class MEGAMOE_ROUTER_STASH(float, float);
+extern template class MEGAMOE_ROUTER_STASH(double, float);
+extern template class MEGAMOE_ROUTER_STASH(double, double);
+}  // namespace megamoe
+#endif
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/router/router.ipp>
+#endif
