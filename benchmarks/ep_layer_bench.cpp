@@ -35,8 +35,12 @@
 
 #include <megamoe/config/config.hpp>
 #include <megamoe/core/random.hpp>
+#include <megamoe/dispatch/hierarchical.hpp>
+#include <megamoe/dispatch/shared_memory.hpp>
 #include <megamoe/model/moe_layer.hpp>
+#include <megamoe/model/moe_wire.hpp>
 #include <megamoe/parallel/process_groups.hpp>
+#include <megamoe/precision/operands.hpp>
 
 #include <mpi.h>
 #include <CLI/CLI.hpp>

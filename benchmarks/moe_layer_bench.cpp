@@ -24,7 +24,9 @@
 
 #include <megamoe/config/config.hpp>
 #include <megamoe/core/random.hpp>
+#include <megamoe/expert/tensor_gemm.hpp>
 #include <megamoe/model/moe_layer.hpp>
+#include <megamoe/precision/operands.hpp>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>

@@ -5,6 +5,7 @@
 //   mpiexec -n 2 ./build/examples/my-model --ep 2 --data tests/data/corpus_sample.txt
 #include <megamoe/config/config.hpp>
 #include <megamoe/config/rules.hpp>
+#include <megamoe/precision/operands.hpp>
 #include <megamoe/train/run.hpp>
 
 namespace mm = megamoe;

@@ -6,6 +6,7 @@
 #include <megamoe/config/config.hpp>
 #include <megamoe/config/rules.hpp>
 #include <megamoe/expert/tile_gemm.hpp>
+#include <megamoe/model/mla.hpp>
 
 #include <array>
 #include <string>

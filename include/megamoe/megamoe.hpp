@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// megamoe/megamoe.hpp — everything at once. Prefer the narrow headers in your own code: each of
-// them compiles on its own, and the light ones (config/, */tags.hpp) keep compile-time checks fast.
+// megamoe/megamoe.hpp — everything at once, the modules included by need too (core/by_need.hpp).
+// Prefer the narrow headers in your own code: each of them compiles on its own, the light ones
+// (config/, */tags.hpp) keep compile-time checks fast, and a unit parses only what it chooses.
 #pragma once
 
 #include <megamoe/version.hpp>
 
 #include <megamoe/core/bf16.hpp>
+#include <megamoe/core/by_need.hpp>
 #include <megamoe/core/buffer.hpp>
 #include <megamoe/core/cpu_features.hpp>
 #include <megamoe/core/error.hpp>
@@ -69,6 +71,7 @@
 #include <megamoe/expert/gemm_problem.hpp>
 #include <megamoe/expert/mlp.hpp>
 #include <megamoe/expert/sgemm_avx512.hpp>
+#include <megamoe/expert/tensor_gemm.hpp>
 #include <megamoe/expert/tile_gemm.hpp>
 
 #include <megamoe/dispatch/all_gather.hpp>
@@ -79,6 +82,7 @@
 #include <megamoe/dispatch/local.hpp>
 #include <megamoe/dispatch/nodes.hpp>
 #include <megamoe/dispatch/permute.hpp>
+#include <megamoe/dispatch/shared_memory.hpp>
 #include <megamoe/dispatch/token_rows.hpp>
 
 #include <megamoe/model/attention.hpp>
@@ -87,7 +91,9 @@
 #include <megamoe/model/dense_mlp.hpp>
 #include <megamoe/model/embedding.hpp>
 #include <megamoe/model/lm_head.hpp>
+#include <megamoe/model/mla.hpp>
 #include <megamoe/model/moe_layer.hpp>
+#include <megamoe/model/moe_wire.hpp>
 #include <megamoe/model/norm.hpp>
 #include <megamoe/model/transformer.hpp>
 

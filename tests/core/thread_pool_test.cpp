@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <unsupported/Eigen/CXX11/Tensor>
+
 #include <atomic>
 #include <chrono>
 #include <thread>

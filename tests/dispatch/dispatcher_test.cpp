@@ -4,6 +4,8 @@
 // it resolves to all_to_all), every class a `token_dispatcher` of its scalar and probs types, and
 // which dispatchers talk to other ranks.
 #include <megamoe/dispatch/dispatcher.hpp>
+#include <megamoe/dispatch/hierarchical.hpp>
+#include <megamoe/dispatch/shared_memory.hpp>
 
 #include <gtest/gtest.h>
 

@@ -8,6 +8,7 @@
 #include <megamoe/core/thread_pool.hpp>
 #include <megamoe/expert/backends.hpp>
 #include <megamoe/expert/mlp.hpp>
+#include <megamoe/expert/tensor_gemm.hpp>
 #include <megamoe/expert/tile_gemm.hpp>
 #include <megamoe/precision/operands.hpp>
 

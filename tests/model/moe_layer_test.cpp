@@ -8,6 +8,7 @@
 
 #include <megamoe/config/config.hpp>
 #include <megamoe/core/random.hpp>
+#include <megamoe/expert/tensor_gemm.hpp>
 #include <megamoe/model/moe_layer.hpp>
 
 #include <gtest/gtest.h>

@@ -44,6 +44,7 @@
 #include <megamoe/io/checkpoint_files.hpp>
 #include <megamoe/model/transformer.hpp>
 #include <megamoe/parallel/process_groups.hpp>
+#include <megamoe/precision/operands.hpp>
 #include <megamoe/train/trainer.hpp>
 #include <megamoe/train/training_state.hpp>
 #include <megamoe/train/upcycle.hpp>

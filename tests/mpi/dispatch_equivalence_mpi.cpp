@@ -54,9 +54,12 @@
 #include <megamoe/config/config.hpp>
 #include <megamoe/dispatch/all_to_all.hpp>
 #include <megamoe/dispatch/dispatcher.hpp>
+#include <megamoe/dispatch/hierarchical.hpp>
 #include <megamoe/dispatch/shared_memory.hpp>
 #include <megamoe/model/moe_layer.hpp>
+#include <megamoe/model/moe_wire.hpp>
 #include <megamoe/parallel/process_groups.hpp>
+#include <megamoe/precision/operands.hpp>
 
 #include <boost/mpi/collectives/all_gather.hpp>
 #include <boost/mpi/collectives/all_reduce.hpp>

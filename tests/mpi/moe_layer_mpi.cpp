@@ -21,9 +21,12 @@
 #include "support/tally.hpp"
 
 #include <megamoe/config/config.hpp>
+#include <megamoe/dispatch/hierarchical.hpp>
+#include <megamoe/dispatch/shared_memory.hpp>
 #include <megamoe/model/moe_layer.hpp>
 #include <megamoe/parallel/gradients.hpp>
 #include <megamoe/parallel/process_groups.hpp>
+#include <megamoe/precision/operands.hpp>
 
 #include <boost/mpi/collectives/all_reduce.hpp>
 

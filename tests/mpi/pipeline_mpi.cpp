@@ -23,6 +23,7 @@
 #include "support/tally.hpp"
 
 #include <megamoe/config/config.hpp>
+#include <megamoe/dispatch/hierarchical.hpp>
 #include <megamoe/model/transformer.hpp>
 #include <megamoe/parallel/pipeline_schedule.hpp>
 #include <megamoe/parallel/process_groups.hpp>

@@ -25,9 +25,11 @@
 #include "support/tally.hpp"
 
 #include <megamoe/config/config.hpp>
+#include <megamoe/model/mla.hpp>
 #include <megamoe/model/transformer.hpp>
 #include <megamoe/parallel/gradients.hpp>
 #include <megamoe/parallel/process_groups.hpp>
+#include <megamoe/precision/operands.hpp>
 #include <megamoe/train/trainer.hpp>
 
 #include <cstdint>

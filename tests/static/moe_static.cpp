@@ -5,8 +5,12 @@
 #include <megamoe/config/config.hpp>
 #include <megamoe/dispatch/dispatcher.hpp>
 #include <megamoe/dispatch/exchange.hpp>
+#include <megamoe/dispatch/hierarchical.hpp>
+#include <megamoe/dispatch/shared_memory.hpp>
 #include <megamoe/model/moe_experts.hpp>
 #include <megamoe/model/moe_types.hpp>
+#include <megamoe/model/moe_wire.hpp>
+#include <megamoe/precision/operands.hpp>
 
 #include <type_traits>
 

@@ -1,20 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// megamoe/core/tensor.hpp — the one header through which megamoe includes Eigen's Tensor module.
-//
-// EIGEN_USE_THREADS changes what Eigen's Tensor headers declare, so every translation unit of a
-// program must agree on it (otherwise the ODR is broken silently). megamoe therefore never defines
-// it in a header: it is an INTERFACE compile definition of the CMake target megamoe::megamoe, set
-// on every translation unit that links the target, whatever it includes first.
+// megamoe/core/tensor.hpp — the row-major matrices and maps megamoe's modules hold (Eigen's Core
+// module). Eigen's Tensor module is included only by the one backend that runs on it
+// (expert/tensor_gemm.hpp, by need).
 #pragma once
 
-#ifndef EIGEN_USE_THREADS
-#error \
-    "megamoe needs EIGEN_USE_THREADS on every translation unit: link the CMake target megamoe::megamoe (or add -DEIGEN_USE_THREADS everywhere)"
-#endif
-
 #include <Eigen/Core>
-#include <unsupported/Eigen/CXX11/Tensor>
-#include <unsupported/Eigen/CXX11/ThreadPool>
 
 #include <cstdint>
 

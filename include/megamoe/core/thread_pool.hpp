@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // megamoe/core/thread_pool.hpp — megamoe's one thread pool.
 //
-// No OpenMP: megamoe owns one pool per process; Eigen products and Tensor expressions run on it
-// through its ThreadPoolDevice, or single-threaded inside its tasks. The thread that waits for the
+// No OpenMP: megamoe owns one pool per process; Eigen products run single-threaded inside its
+// tasks, and Tensor expressions (where a unit includes Eigen's Tensor module) on a
+// ThreadPoolDevice over it. The thread that waits for the
 // pool's tasks may do other work meanwhile through a `wait_hook` (the overlapped exchanges keep
 // their MPI requests moving that way: parallel/progress.hpp). How many threads a rank gets is
 // parallel/threads.hpp's business.
@@ -11,11 +12,17 @@
 #include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/tensor.hpp>
 
+#include <unsupported/Eigen/CXX11/ThreadPool>
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+
+namespace Eigen {
+struct ThreadPoolDevice;  // Eigen's Tensor module (unsupported/Eigen/CXX11/Tensor)
+}  // namespace Eigen
 
 namespace megamoe {
 
@@ -28,7 +35,7 @@ struct wait_hook {
   void* state = nullptr;
 };
 
-/// A fixed set of worker threads with an Eigen device for Tensor expressions.
+/// A fixed set of worker threads, and an Eigen device over them for Tensor expressions.
 class thread_pool {
  public:
   explicit thread_pool(int num_threads);
@@ -39,8 +46,12 @@ class thread_pool {
 
   [[nodiscard]] int size() const noexcept { return pool_.NumThreads(); }
 
-  /// For `tensor.device(pool.device()) = expression;`.
-  [[nodiscard]] Eigen::ThreadPoolDevice const& device() const noexcept { return device_; }
+  /// For `tensor.device(pool.device()) = expression;` in a unit that includes Eigen's Tensor
+  /// module (a template, so that other units need not: a device is a pointer and a count).
+  template <class Device = Eigen::ThreadPoolDevice>
+  [[nodiscard]] Device device() const noexcept {
+    return Device(&pool_, size());
+  }
 
   /// Runs `task(i)` for i in [0, count) on the pool's threads and waits for all of them. The caller
   /// must not be one of the pool's own threads. Allocation-free: each scheduled closure is one
@@ -102,8 +113,7 @@ class thread_pool {
     shared.finished.wait(hold, done);  // nothing pending: no more wake-ups
   }
 
-  Eigen::ThreadPool pool_;
-  Eigen::ThreadPoolDevice device_;
+  mutable Eigen::ThreadPool pool_;  // a device schedules on it from const access
   wait_hook hook_{};
   std::chrono::microseconds interval_{200};
 };

@@ -8,7 +8,7 @@
 namespace megamoe {
 
 MEGAMOE_DECL thread_pool::thread_pool(int num_threads)
-    : pool_(std::max(1, num_threads)), device_(&pool_, std::max(1, num_threads)) {}
+    : pool_(std::max(1, num_threads)) {}
 
 MEGAMOE_DECL thread_pool::~thread_pool() = default;
 

@@ -30,6 +30,7 @@
 #pragma once
 
 #include <megamoe/core/buffer.hpp>
+#include <megamoe/core/by_need.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
@@ -543,3 +544,9 @@ class hierarchical_dispatcher
 };
 
 }  // namespace megamoe::dispatch
+
+namespace megamoe::by_need {
+/// This header is included.
+template <class Dependent>
+inline constexpr bool included<module::hierarchical_dispatcher, Dependent> = true;
+}  // namespace megamoe::by_need

@@ -27,6 +27,7 @@
 // alike); running out of shared memory is an agreed error.
 #pragma once
 
+#include <megamoe/core/by_need.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/stash.hpp>
 #include <megamoe/core/stream_copy.hpp>
@@ -521,3 +522,9 @@ class shared_memory_dispatcher {
 };
 
 }  // namespace megamoe::dispatch
+
+namespace megamoe::by_need {
+/// This header is included.
+template <class Dependent>
+inline constexpr bool included<module::shared_memory_dispatcher, Dependent> = true;
+}  // namespace megamoe::by_need

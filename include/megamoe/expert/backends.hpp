@@ -10,7 +10,8 @@
 // grouped_gemm       all experts' products as one piece of work, cut into one contiguous share
 //                    of rows per thread by FLOPs, so small and uneven experts keep every core busy.
 // tensor_gemm        Eigen Tensor contractions on the pool's ThreadPoolDevice, expert after expert
-//                    (Eigen splits each contraction over the pool).
+//                    (Eigen splits each contraction over the pool; expert/tensor_gemm.hpp, by
+//                    need, as it is the one user of Eigen's Tensor module).
 // tile_backend<U>    BF16 products on tile unit U (expert/tile_gemm.hpp; expert::amx: the AMX
 //                    unit, expert::avx512_bf16: the same tile products on VDPBF16PS)
 //                    with fp32 accumulation: each operand over its per-tensor factor (a_unit,
@@ -18,6 +19,7 @@
 //                    exactly; the product is scaled by a_unit * b_unit (R037: no fp32 / fp64).
 #pragma once
 
+#include <megamoe/core/by_need.hpp>
 #include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/cpu_features.hpp>
 #include <megamoe/core/thread_pool.hpp>
@@ -145,46 +147,9 @@ struct grouped_gemm {
   }
 };
 
-/// Eigen Tensor contractions on the pool's device, one problem after another (each operand a
-/// corner of its leading dimension).
-struct tensor_gemm {
-  static constexpr gemm_backend id = gemm_backend::tensor_contraction;
-  template <gemm_op Op, class T>
-  static void run(executor<T>& exec, std::span<gemm_problem<T> const> problems) {
-    using matrix = Eigen::TensorMap<Eigen::Tensor<T, 2, Eigen::RowMajor>>;
-    using const_matrix = Eigen::TensorMap<Eigen::Tensor<T const, 2, Eigen::RowMajor>>;
-    // nt contracts A's and B's columns, nn A's columns with B's rows, tn A's rows with B's rows.
-    constexpr std::array<Eigen::IndexPair<int>, 1> dims{
-        Eigen::IndexPair<int>(Op == gemm_op::tn ? 0 : 1, Op == gemm_op::nt ? 1 : 0)};
-    auto const& device = exec.pool().device();
-    // Each operand is the [rows, cols] corner of a row-major array whose rows are ld apart.
-    auto const corner = [](auto& full, int rows, int cols) {
-      return full.slice(Eigen::array<Eigen::Index, 2>{0, 0},
-                        Eigen::array<Eigen::Index, 2>{rows, cols});
-    };
-    auto const stride = [](int ld, int cols) { return ld > 0 ? ld : cols; };
-    for (auto const& p : problems) {
-      if (p.m == 0 || p.n == 0) continue;
-      matrix c_full(p.c, p.m, stride(p.ldc, p.n));
-      auto c = corner(c_full, p.m, p.n);
-      if (p.k == 0) {
-        if (!p.accumulate) c.device(device) = c.constant(T(0));
-        continue;
-      }
-      int const a_rows = Op == gemm_op::tn ? p.k : p.m, a_cols = Op == gemm_op::tn ? p.m : p.k;
-      int const b_rows = Op == gemm_op::nt ? p.n : p.k, b_cols = Op == gemm_op::nt ? p.k : p.n;
-      const_matrix a_full(p.a, a_rows, stride(p.lda, a_cols));
-      const_matrix b_full(p.b, b_rows, stride(p.ldb, b_cols));
-      auto const a = corner(a_full, a_rows, a_cols);
-      auto const b = corner(b_full, b_rows, b_cols);
-      if (p.accumulate) {
-        c.device(device) += a.contract(b, dims);
-      } else {
-        c.device(device) = a.contract(b, dims);
-      }
-    }
-  }
-};
+// Eigen Tensor contractions (expert::tensor_contraction), defined in expert/tensor_gemm.hpp,
+// which a configuration choosing them includes (core/by_need.hpp).
+struct tensor_gemm;
 
 /// Products on a tile unit: each problem's B packed once (one task per problem), then blocks of
 /// 128 rows of every problem as tasks, each packing its rows of A and running the tile GEMM into
@@ -305,9 +270,19 @@ struct backend_for<gemm_backend::avx512_bf16> {
 #endif
 }  // namespace detail
 
+namespace detail {
+template <gemm_backend B>
+struct included_backend : backend_for<B> {
+  static_assert(B != gemm_backend::tensor_contraction ||
+                    by_need::included<by_need::module::tensor_gemm, backend_for<B>>,
+                "megamoe: the configuration chooses expert::tensor_contraction: #include "
+                "<megamoe/expert/tensor_gemm.hpp> before its model is instantiated");
+};
+}  // namespace detail
+
 /// The backend class for a backend tag's value.
 template <gemm_backend B>
-using backend_t = typename detail::backend_for<B>::type;
+using backend_t = typename detail::included_backend<B>::type;
 
 /// Why backend `b` cannot run in this process (its BF16 unit missing or turned off), naming the
 /// fp32 backends; empty where it can (every fp32 backend runs everywhere).

@@ -10,11 +10,11 @@
 
 #include <megamoe/config/config.hpp>
 #include <megamoe/config/resolve.hpp>
+#include <megamoe/core/by_need.hpp>
 #include <megamoe/expert/backends.hpp>
 #include <megamoe/model/attention.hpp>
 #include <megamoe/model/dense_mlp.hpp>
 #include <megamoe/model/linear.hpp>
-#include <megamoe/model/mla.hpp>
 #include <megamoe/model/moe_layer.hpp>
 #include <megamoe/model/moe_types.hpp>
 #include <megamoe/model/norm.hpp>
@@ -29,6 +29,14 @@
 #include <vector>
 
 namespace megamoe {
+
+// Multi-head latent attention, defined (with its defaults) in model/mla.hpp, which a
+// configuration choosing model::multi_latent_attention includes (core/by_need.hpp).
+template <class T, bool QkLayernorm, parallel::cp_comm_type CpComm, class Ops, class Backend,
+          int QLoraRank>
+class latent_attention;
+template <class Ops>
+struct mla_operands;
 
 /// Whether a module is an MoE layer (and not a dense FFN).
 template <class T>
@@ -83,6 +91,11 @@ class decoder_layers {
     using ops = linear_operands_t<typename LayerConfig::precision,
                                   moe_layer<LayerConfig>::quantized_weights>;
     static constexpr bool rounds = rounds_operands_v<ops>;
+    static_assert(recipe_operands_included<typename LayerConfig::precision>());
+    static_assert(!Config::model::value.mla.enabled() ||
+                      by_need::included<by_need::module::latent_attention, LayerConfig>,
+                  "megamoe: the configuration chooses model::multi_latent_attention: #include "
+                  "<megamoe/model/mla.hpp> before its model is instantiated");
     using attention_type = std::conditional_t<
         Config::model::value.mla.enabled(),
         latent_attention<scalar, Config::model::value.qk_layernorm, cp_comm, ops,

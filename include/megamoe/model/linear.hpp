@@ -17,13 +17,13 @@
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/parameter.hpp>
 #include <megamoe/core/random.hpp>
+#include <megamoe/core/by_need.hpp>
 #include <megamoe/core/scratch.hpp>
 #include <megamoe/expert/backends.hpp>
 #include <megamoe/expert/gemm_problem.hpp>
 #include <megamoe/expert/mlp.hpp>
 #include <megamoe/model/context.hpp>
 #include <megamoe/parallel/collectives.hpp>
-#include <megamoe/precision/operands.hpp>
 #include <megamoe/precision/recipe.hpp>
 
 #include <array>
@@ -40,8 +40,20 @@ namespace megamoe {
 template <class Recipe, bool QuantizedWeights = false>
 using linear_operands_t = std::conditional_t<
     precision::rounds_operands(Recipe::value),
-    precision::grouped_operands<Recipe, parallel::communicator_max, false, QuantizedWeights>,
+    precision::grouped_operands<Recipe, parallel::communicator_max, false, QuantizedWeights, false>,
     expert::exact_operands>;
+
+/// Whether `Recipe`'s operands can be built here: fp32 and fp64 need nothing; a recipe that
+/// quantizes needs <megamoe/precision/operands.hpp> (core/by_need.hpp).
+template <class Recipe>
+consteval bool recipe_operands_included() {
+  constexpr bool ok = !precision::rounds_operands(Recipe::value) ||
+                      by_need::included<by_need::module::recipe_operands, Recipe>;
+  static_assert(ok,
+                "megamoe: the configuration's precision recipe quantizes its GEMMs' operands: "
+                "#include <megamoe/precision/operands.hpp> before its model is instantiated");
+  return ok;
+}
 
 /// Whether Ops quantizes (a recipe's operands) or reads the values themselves.
 template <class Ops>

@@ -28,6 +28,7 @@
 // linear_kv_up_proj) and `proj` (linear_proj).
 #pragma once
 
+#include <megamoe/core/by_need.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/stash.hpp>
 #include <megamoe/core/tensor.hpp>
@@ -511,3 +512,9 @@ class latent_attention {
 };
 
 }  // namespace megamoe
+
+namespace megamoe::by_need {
+/// This header is included.
+template <class Dependent>
+inline constexpr bool included<module::latent_attention, Dependent> = true;
+}  // namespace megamoe::by_need

@@ -21,6 +21,7 @@
 
 #include <megamoe/config/resolve.hpp>
 #include <megamoe/config/rules.hpp>
+#include <megamoe/core/by_need.hpp>
 #include <megamoe/core/buffer.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/parameter.hpp>
@@ -31,7 +32,6 @@
 #include <megamoe/model/moe_routing.hpp>
 #include <megamoe/model/moe_setup.hpp>
 #include <megamoe/model/moe_types.hpp>
-#include <megamoe/model/moe_wire.hpp>
 #include <megamoe/model/parameter_layout.hpp>
 #include <megamoe/parallel/environment.hpp>
 #include <megamoe/parallel/process_groups.hpp>
@@ -48,6 +48,11 @@
 #include <vector>
 
 namespace megamoe {
+
+// The sender's half of dispatch::fp8_wire, defined in model/moe_wire.hpp, which a configuration
+// choosing it includes (core/by_need.hpp).
+template <class Operands>
+class fp8_wire_codes;
 
 /// What a forward returns: the layer output and the losses the router attached to it.
 template <class T>
@@ -88,6 +93,9 @@ class moe_layer {
   static constexpr bool input_in_window = requires(dispatcher_type & d) { d.token_rows(); };
   /// The forward dispatch carries fc1's FP8 input codes (dispatch::fp8_wire).
   static constexpr bool fp8_wire = types::fp8_wire;
+  static_assert(!fp8_wire || by_need::included<by_need::module::fp8_wire, Config>,
+                "megamoe: the configuration chooses dispatch::fp8_wire: #include "
+                "<megamoe/model/moe_wire.hpp> before its model is instantiated");
   static_assert(expert_stage_of<expert_stage<types>, scalar>);
 
   /// One rank (dispatch::local): `layer_number` names the parameters (decoder.layers.{i}, or

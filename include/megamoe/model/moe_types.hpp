@@ -11,8 +11,8 @@
 #include <megamoe/expert/backends.hpp>
 #include <megamoe/expert/mlp.hpp>
 #include <megamoe/memory/saved.hpp>
+#include <megamoe/model/linear.hpp>
 #include <megamoe/parallel/collectives.hpp>
-#include <megamoe/precision/operands.hpp>
 #include <megamoe/precision/recipe.hpp>
 #include <megamoe/router/router.hpp>
 
@@ -88,6 +88,7 @@ struct moe_types {
                              typename Config::precision, parallel::communicator_max,
                              memory_settings.quantized_activations, QuantizedWeights, CodesOnWire>,
                          expert::exact_operands>;
+  static_assert(recipe_operands_included<typename Config::precision>());
   using routed_operands = operands_for<quantized_weights, fp8_wire>;
   using shared_operands = operands_for<false, false>;
   static_assert(!rounds_operands || std::is_same_v<scalar, float>,

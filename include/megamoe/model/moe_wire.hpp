@@ -14,6 +14,7 @@
 #pragma once
 
 #include <megamoe/core/buffer.hpp>
+#include <megamoe/core/by_need.hpp>
 #include <megamoe/core/thread_pool.hpp>
 #include <megamoe/dispatch/token_rows.hpp>
 #include <megamoe/parallel/watchdog.hpp>
@@ -149,3 +150,9 @@ class fp8_wire_codes {
 };
 
 }  // namespace megamoe
+
+namespace megamoe::by_need {
+/// This header is included.
+template <class Dependent>
+inline constexpr bool included<module::fp8_wire, Dependent> = true;
+}  // namespace megamoe::by_need

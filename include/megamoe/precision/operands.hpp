@@ -19,6 +19,7 @@
 #pragma once
 
 #include <megamoe/core/buffer.hpp>
+#include <megamoe/core/by_need.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/core/random.hpp>
 #include <megamoe/core/thread_pool.hpp>
@@ -546,3 +547,9 @@ class grouped_operands : public grouped_operand_state<Recipe, QuantizedActivatio
 };
 
 }  // namespace megamoe::precision
+
+namespace megamoe::by_need {
+/// This header is included.
+template <class Dependent>
+inline constexpr bool included<module::recipe_operands, Dependent> = true;
+}  // namespace megamoe::by_need

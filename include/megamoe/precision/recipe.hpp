@@ -23,6 +23,12 @@
 
 namespace megamoe::precision {
 
+// A quantizing recipe's operands, defined (with its defaults) in precision/operands.hpp, which a
+// configuration under such a recipe includes (core/by_need.hpp).
+template <class Recipe, class AmaxReduction, bool QuantizedActivations, bool QuantizedWeights,
+          bool CodesOnWire>
+class grouped_operands;
+
 /// The element format of a GEMM operand.
 enum class element_kind { fp32, bf16, e4m3, e5m2, e2m1 };
 /// How an operand is scaled: not at all, one fp32 scale per tensor, fp32 scale_inv per block
