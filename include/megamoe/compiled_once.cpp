@@ -14,6 +14,9 @@
 #include <megamoe/config/resolve.ipp>
 #include <megamoe/core/cpu_features.ipp>
 #include <megamoe/core/thread_pool.ipp>
+#include <megamoe/data/blended_dataset.ipp>
+#include <megamoe/data/gpt_dataset.ipp>
+#include <megamoe/data/indexed_dataset.ipp>
 #include <megamoe/dispatch/exchange_window.ipp>
 #include <megamoe/dispatch/expert_chunks.ipp>
 #include <megamoe/dispatch/groups.ipp>

@@ -101,6 +101,11 @@
 
 #include <megamoe/io/safetensors.hpp>
 
+#include <megamoe/data/blended_dataset.hpp>
+#include <megamoe/data/gpt_dataset.hpp>
+#include <megamoe/data/indexed_dataset.hpp>
+#include <megamoe/data/numpy_random.hpp>
+
 #include <megamoe/train/corpus.hpp>
 #include <megamoe/train/report.hpp>
 #include <megamoe/train/trainer.hpp>

@@ -10,8 +10,9 @@
 #   6 dispatch/
 #   7 model/
 #   8 optim/, io/
-#   9 train/
-#  10 megamoe.hpp
+#   9 data/                                      datasets and tokenizers (on io's files)
+#  10 train/
+#  11 megamoe.hpp
 function(megamoe_level header out_level out_folder)
   get_filename_component(folder ${header} DIRECTORY)
   get_filename_component(name ${header} NAME)
@@ -33,10 +34,12 @@ function(megamoe_level header out_level out_folder)
     set(level 7)
   elseif(folder MATCHES "^(optim|io)$")
     set(level 8)
-  elseif(folder STREQUAL "train")
+  elseif(folder STREQUAL "data")
     set(level 9)
-  elseif(header STREQUAL "megamoe.hpp")
+  elseif(folder STREQUAL "train")
     set(level 10)
+  elseif(header STREQUAL "megamoe.hpp")
+    set(level 11)
   else()
     message(FATAL_ERROR "no level for ${header}: add its folder to check_include_order.cmake")
   endif()
