@@ -117,6 +117,8 @@ class indexed_dataset {
  private:
   template <class T>
   T field(std::size_t at) const;
+  /// Throws std::out_of_range unless i names a sequence.
+  void check_sequence(std::int64_t i) const;
 
   mapped_file index_;
   mapped_file data_;

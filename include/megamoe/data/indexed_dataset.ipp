@@ -16,6 +16,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 
 namespace megamoe::data {
 
@@ -45,11 +46,7 @@ bool narrow(std::int64_t v, std::byte* out) {
     if (v > exact || v < -exact) return false;
     t = static_cast<T>(v);
   } else {
-    if (v < static_cast<std::int64_t>(std::numeric_limits<T>::min()) ||
-        (std::is_same_v<T, std::int64_t> ? false
-                                          : v > static_cast<std::int64_t>(
-                                                    std::numeric_limits<T>::max())))
-      return false;
+    if (!std::in_range<T>(v)) return false;
     t = static_cast<T>(v);
   }
   std::memcpy(out, &t, sizeof(T));
@@ -246,11 +243,15 @@ MEGAMOE_DECL std::vector<std::int64_t> indexed_dataset::document_indices() const
   return out;
 }
 
-MEGAMOE_DECL void indexed_dataset::read(std::int64_t i, std::int64_t offset,
-                                        std::span<std::int64_t> out) const {
+MEGAMOE_DECL void indexed_dataset::check_sequence(std::int64_t i) const {
   if (i < 0 || i >= sequences_)
     throw std::out_of_range("indexed dataset: sequence " + std::to_string(i) + " of " +
                             std::to_string(sequences_));
+}
+
+MEGAMOE_DECL void indexed_dataset::read(std::int64_t i, std::int64_t offset,
+                                        std::span<std::int64_t> out) const {
+  check_sequence(i);
   auto const length = static_cast<std::int64_t>(out.size());
   if (offset < 0 || offset + length > sequence_length(i))
     throw std::out_of_range("indexed dataset: tokens [" + std::to_string(offset) + ", " +
@@ -265,9 +266,7 @@ MEGAMOE_DECL void indexed_dataset::read(std::int64_t i, std::int64_t offset,
 
 MEGAMOE_DECL std::vector<std::int64_t> indexed_dataset::get(
     std::int64_t i, std::int64_t offset, std::optional<std::int64_t> length) const {
-  if (i < 0 || i >= sequences_)
-    throw std::out_of_range("indexed dataset: sequence " + std::to_string(i) + " of " +
-                            std::to_string(sequences_));
+  check_sequence(i);
   std::vector<std::int64_t> out(
       static_cast<std::size_t>(std::max<std::int64_t>(0, length.value_or(sequence_length(i) - offset))));
   read(i, offset, out);
