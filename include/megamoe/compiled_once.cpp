@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // megamoe/compiled_once.cpp — every definition of megamoe that depends on no configuration, for
 // programs built with MEGAMOE_SEPARATE_COMPILATION (core/compiled_once.hpp): one translation unit
-// per program compiles this file, and another compiled_once_modules.cpp (the modules compiled
-// once per element type). The CMake target megamoe::megamoe links the static library built from
-// both; a build without CMake compiles both beside its own sources with the same flags.
+// per program compiles this file, compiled_once_modules.cpp (the modules compiled once per element
+// type) and compiled_once_tokenizers.cpp (the tokenizers, on ICU and SentencePiece). The CMake
+// target megamoe::megamoe links the static library built from the three; a build without CMake
+// compiles them beside its own sources with the same flags.
 #if !defined(MEGAMOE_SEPARATE_COMPILATION)
 #error "megamoe/compiled_once.cpp is compiled with MEGAMOE_SEPARATE_COMPILATION defined"
 #endif
@@ -15,6 +16,7 @@
 #include <megamoe/core/cpu_features.ipp>
 #include <megamoe/core/thread_pool.ipp>
 #include <megamoe/data/blended_dataset.ipp>
+#include <megamoe/data/dataset_builder.ipp>
 #include <megamoe/data/gpt_dataset.ipp>
 #include <megamoe/data/indexed_dataset.ipp>
 #include <megamoe/dispatch/exchange_window.ipp>

@@ -102,9 +102,16 @@
 #include <megamoe/io/safetensors.hpp>
 
 #include <megamoe/data/blended_dataset.hpp>
+#include <megamoe/data/bpe_tokenizer.hpp>
+#include <megamoe/data/dataset_builder.hpp>
 #include <megamoe/data/gpt_dataset.hpp>
 #include <megamoe/data/indexed_dataset.hpp>
 #include <megamoe/data/numpy_random.hpp>
+#include <megamoe/data/preprocess.hpp>
+#include <megamoe/data/pretraining_sampler.hpp>
+#include <megamoe/data/sentencepiece_tokenizer.hpp>
+#include <megamoe/data/tokenizer.hpp>
+#include <megamoe/data/utf8.hpp>
 
 #include <megamoe/train/corpus.hpp>
 #include <megamoe/train/report.hpp>

@@ -18,12 +18,14 @@
 namespace megamoe::data {
 
 /// One split's samples asked of each dataset of a blend: `target` (what the blend draws) and
-/// `buffer` (what each dataset is built with: 0.5 % more).
+/// `buffer` (what each dataset is built with: by default 0.5 % more).
 struct blend_sample_counts {
   std::vector<std::int64_t> target, buffer;
 };
-/// For `size` blended samples over datasets of normalised `weights`.
-MEGAMOE_DECL blend_sample_counts blend_counts(std::span<double const> weights, std::int64_t size);
+/// For `size` blended samples over datasets of normalised `weights`; `surplus` is Megatron's
+/// --mid-level-dataset-surplus.
+MEGAMOE_DECL blend_sample_counts blend_counts(std::span<double const> weights, std::int64_t size,
+                                              double surplus = 0.005);
 
 /// Blended sample s is sample dataset_sample_index[s] of dataset dataset_index[s].
 struct blending_indices {

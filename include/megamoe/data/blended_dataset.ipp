@@ -14,13 +14,13 @@
 namespace megamoe::data {
 
 MEGAMOE_DECL blend_sample_counts blend_counts(std::span<double const> weights,
-                                              std::int64_t size) {
+                                              std::int64_t size, double surplus) {
   blend_sample_counts out;
-  double const surplus = 1 + 0.005;
+  double const grown = 1 + surplus;
   for (double const w : weights) {
     double const share = std::ceil(static_cast<double>(size) * w);
     out.target.push_back(static_cast<std::int64_t>(std::ceil(share * 1.0)));
-    out.buffer.push_back(static_cast<std::int64_t>(std::ceil(share * surplus)));
+    out.buffer.push_back(static_cast<std::int64_t>(std::ceil(share * grown)));
   }
   return out;
 }

@@ -86,6 +86,7 @@ class indexed_dataset {
   /// (nothing in the file says so). Throws input_error naming the file and what is wrong.
   explicit indexed_dataset(std::filesystem::path const& prefix, bool multimodal = false);
 
+  [[nodiscard]] std::filesystem::path const& prefix() const noexcept { return prefix_; }
   [[nodiscard]] token_dtype dtype() const noexcept { return dtype_; }
   [[nodiscard]] std::int64_t sequence_count() const noexcept { return sequences_; }
   /// Documents: the document-index count less one.
@@ -120,6 +121,7 @@ class indexed_dataset {
   /// Throws std::out_of_range unless i names a sequence.
   void check_sequence(std::int64_t i) const;
 
+  std::filesystem::path prefix_;
   mapped_file index_;
   mapped_file data_;
   bool multimodal_ = false;

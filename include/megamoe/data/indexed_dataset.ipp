@@ -138,7 +138,10 @@ T indexed_dataset::field(std::size_t at) const {
 
 MEGAMOE_DECL indexed_dataset::indexed_dataset(std::filesystem::path const& prefix,
                                               bool multimodal)
-    : index_(index_path(prefix)), data_(data_path(prefix)), multimodal_(multimodal) {
+    : prefix_(prefix),
+      index_(index_path(prefix)),
+      data_(data_path(prefix)),
+      multimodal_(multimodal) {
   auto const idx = detail::quoted(index_.path());
   auto const bad = [&](std::string const& what) {
     return input_error("indexed dataset: " + idx + " " + what);
