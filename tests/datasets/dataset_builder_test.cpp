@@ -87,6 +87,61 @@ TEST(DatasetBuilder, OneDatasetsSplitsAreMegatrons) {
   }
 }
 
+TEST(DatasetBuilder, BlendsAreMegatrons) {
+  // Cases made by Megatron-Core's own builder (tests/data/megatron_blends/make_vectors.py):
+  // weighted and unweighted blends of two and three datasets (uint16 and int32 tokens), with and
+  // without sizes, and one weighted prefix.
+  auto const folder = fs::path(MEGAMOE_TEST_DATA) / "megatron_blends";
+  auto const v = read_json(folder / "blends.json");
+  for (auto const& c : v["cases"]) {
+    std::vector<std::string> words;
+    for (auto const& w : c["data_path"]) {
+      auto const word = w.get<std::string>();
+      words.push_back(v["datasets"].contains(word)
+                          ? (folder / v["datasets"][word].get<std::string>()).string()
+                          : word);
+    }
+    SCOPED_TRACE(c["data_path"].dump() + " split " + c["split"].get<std::string>());
+    mdata::dataset_builder_options o;
+    o.data = mdata::parse_blend(words);
+    o.split = c["split"].get<std::string>();
+    o.seq_length = c["seq_length"].get<std::int64_t>();
+    o.seed = c["seed"].get<std::uint32_t>();
+    mdata::split_sizes sizes;
+    for (std::size_t i = 0; i < 3; ++i)
+      if (!c["sizes"][i].is_null()) sizes[i] = c["sizes"][i].get<std::int64_t>();
+    auto const splits = mdata::build_datasets(o, sizes);
+    for (auto const kind : mdata::split_kinds) {
+      auto const i = static_cast<std::size_t>(kind);
+      auto const& expected = c["splits"][std::string(mdata::name_of(kind))];
+      SCOPED_TRACE(std::string(mdata::name_of(kind)));
+      ASSERT_EQ(splits[i].has_value(), !expected.is_null());
+      if (expected.is_null()) continue;
+      EXPECT_EQ(splits[i]->blended(), expected["blended"].get<bool>());
+      ASSERT_EQ(splits[i]->size(), expected["len"].get<std::int64_t>());
+      for (auto const& s : expected["samples"]) {
+        auto const index = s["index"].get<std::int64_t>();
+        EXPECT_EQ(splits[i]->sample(index).text, s["text"].get<std::vector<std::int64_t>>())
+            << "sample " << index;
+      }
+    }
+  }
+  // Where the reference loops for ever (a dataset's test range holds no tokens but is asked for
+  // samples), an error names the dataset and the split.
+  std::vector<std::string> const hangs{"1", shipped_prefix().string(), "0.5",
+                                       (folder / "first_100_i32").string()};
+  mdata::dataset_builder_options o;
+  o.data = mdata::parse_blend(hangs);
+  o.seq_length = 32;
+  try {
+    (void)mdata::build_datasets(o, {2000, 100, 20});
+    ADD_FAILURE() << "no error";
+  } catch (megamoe::input_error const& e) {
+    EXPECT_NE(std::string(e.what()).find("first_100_i32: the test split"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(DatasetBuilder, RequestedSamplesFollowTheSchedule) {
   // 1000 steps of 16 samples, 10 evaluation batches every 100 steps: 11 evaluations.
   auto const sizes = mdata::requested_samples(1000, 16, 100, 10);
