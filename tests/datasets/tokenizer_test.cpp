@@ -2,7 +2,8 @@
 // The tokenizers against encodings made by Hugging Face's tokenizers and SentencePiece from the
 // same files (tests/data/tokenizers, made by its make_vectors.py): a GPT-2-format BPE from its
 // vocab.json and merges.txt and from its tokenizer.json, a tokenizer.json with an NFC normalizer,
-// a Split pre-tokenizer and two special tokens, and a SentencePiece BPE; decoding back to the
+// a Split pre-tokenizer and two special tokens, the kinds of Llama 3's, DeepSeek-V3's and an
+// NFKC one with single digits and a prefix space, and a SentencePiece BPE; decoding back to the
 // text; the null and byte tokenizers; Megatron's padded vocabulary; bad tokenizer files.
 #include <megamoe/data/tokenizer.hpp>
 
@@ -67,6 +68,23 @@ TEST(Tokenizer, HuggingFaceJsonEncodesAsHuggingFace) {
   auto const& b = std::get<mdata::bpe_tokenizer>(split);
   EXPECT_EQ(b.eod(), b.id_of("<|endoftext|>"));
   EXPECT_EQ(b.vocab_size(), 700);
+}
+
+TEST(Tokenizer, RealModelsKindsEncodeAsHuggingFace) {
+  // Llama 3's: Split then byte level, ignore_merges, <|begin_of_text|> added by the template, the
+  // eos of tokenizer_config.json, and <mask> taking the white space around it.
+  auto const llama = mdata::make_tokenizer(
+      {.type = "HuggingFaceTokenizer", .model = tokenizer_data() / "llama3_like"});
+  expect_encodings(llama, "llama3_like");
+  EXPECT_EQ(mdata::eod(llama), encodings()["llama3_like_eod"].get<std::int64_t>());
+  // DeepSeek-V3's: three Splits before the byte level.
+  expect_encodings(mdata::make_tokenizer({.type = "HuggingFaceTokenizer",
+                                          .model = tokenizer_data() / "deepseek_like"}),
+                   "deepseek_like");
+  // NFKC, single digits and a prefix space over the GPT-2 BPE.
+  expect_encodings(mdata::make_tokenizer({.type = "HuggingFaceTokenizer",
+                                          .model = tokenizer_data() / "prefix_digits"}),
+                   "prefix_digits");
 }
 
 TEST(Tokenizer, SentencePieceEncodesAsSentencePiece) {
