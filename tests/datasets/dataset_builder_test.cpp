@@ -52,8 +52,6 @@ fs::path other_dataset(fs::path const& dir) {
   return prefix;
 }
 
-std::vector<std::int64_t> widened(std::vector<std::int32_t> const& v) { return {v.begin(), v.end()}; }
-
 TEST(DatasetBuilder, OneDatasetsSplitsAreMegatrons) {
   auto const v = read_json(megatron_data() / "gpt_bytes_doc_u16_s32_seed1234_split969.json");
   auto const& config = v["config"];
@@ -76,9 +74,9 @@ TEST(DatasetBuilder, OneDatasetsSplitsAreMegatrons) {
     EXPECT_FALSE(split.blended());
     EXPECT_EQ(split.size(), expected["len"].get<std::int64_t>());
     auto const& indices = split.datasets()[0].indices();
-    expect_summary(widened(indices.document_index), expected["document_index"], "document_index");
-    expect_summary(indices.sample_index, expected["sample_index"], "sample_index", 2);
-    expect_summary(indices.shuffle_index, expected["shuffle_index"], "shuffle_index");
+    expect_summary(indices.document_index.values(), expected["document_index"], "document_index");
+    expect_summary(indices.sample_index.values(), expected["sample_index"], "sample_index", 2);
+    expect_summary(indices.shuffle_index.values(), expected["shuffle_index"], "shuffle_index");
     for (auto const& s : expected["samples"]) {
       auto const index = s["index"].get<std::int64_t>();
       EXPECT_EQ(split.sample(index).text, s["text"].get<std::vector<std::int64_t>>())
@@ -190,8 +188,8 @@ TEST(DatasetBuilder, WeightedBlendBuildsEachDatasetsShareWithTheSurplus) {
       auto const direct = mdata::build_gpt_indices(files[k].sequence_lengths(), begin, end, d);
       auto const& built = split.datasets()[k];
       EXPECT_EQ(built.options().num_samples, buffer);
-      EXPECT_EQ(built.indices().document_index, direct.document_index);
-      EXPECT_EQ(built.indices().shuffle_index, direct.shuffle_index);
+      EXPECT_EQ(built.indices().document_index.values(), direct.document_index.values());
+      EXPECT_EQ(built.indices().shuffle_index.values(), direct.shuffle_index.values());
     }
     ASSERT_EQ(split.size(), size);
     auto const blending = mdata::build_blending_indices(mdata::normalize(weights), size);
@@ -295,7 +293,10 @@ TEST(DatasetBuilder, CacheKeepsIndicesAndRebuildsWhatDoesNotMatch) {
   for (auto const& e : fs::directory_iterator(dir)) files.push_back(e.path());
   ASSERT_EQ(files.size(), 1U);  // no temporary left behind
   auto const direct = mdata::build_gpt_indices(ds.sequence_lengths(), 10, 500, o);
-  EXPECT_EQ(built.shuffle_index, direct.shuffle_index);
+  EXPECT_EQ(built.shuffle_index.values(), direct.shuffle_index.values());
+  // As the reference holds them: int32 rows, a uint32 shuffle.
+  EXPECT_EQ(direct.sample_index.type(), mdata::index_array::element::int32);
+  EXPECT_EQ(direct.shuffle_index.type(), mdata::index_array::element::uint32);
 
   // The file is what a second build reads: swap two shuffle entries in it and see them swapped.
   std::string bytes = [&] {
@@ -303,23 +304,28 @@ TEST(DatasetBuilder, CacheKeepsIndicesAndRebuildsWhatDoesNotMatch) {
     return std::string{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
   }();
   auto const n = direct.shuffle_index.size();
-  auto const last = bytes.size() - 8 * n;  // the shuffle index ends the file
+  auto const last = bytes.size() - 4 * n;  // the shuffle index (uint32) ends the file
   std::swap_ranges(bytes.begin() + static_cast<std::ptrdiff_t>(last),
-                   bytes.begin() + static_cast<std::ptrdiff_t>(last + 8),
-                   bytes.begin() + static_cast<std::ptrdiff_t>(last + 8));
-  std::ofstream(files[0], std::ios::binary) << bytes;
-  auto const read = mdata::cached_gpt_indices(dir, ds, shipped_prefix(), 10, 500, o);
-  ASSERT_EQ(read.shuffle_index.size(), n);
-  EXPECT_EQ(read.shuffle_index[0], direct.shuffle_index[1]);
-  EXPECT_EQ(read.shuffle_index[1], direct.shuffle_index[0]);
+                   bytes.begin() + static_cast<std::ptrdiff_t>(last + 4),
+                   bytes.begin() + static_cast<std::ptrdiff_t>(last + 4));
+  {
+    // Replaced through a rename, as the builder replaces it: a map of the old file stays whole.
+    std::ofstream(dir / "swapped", std::ios::binary) << bytes;
+    fs::rename(dir / "swapped", files[0]);
+    auto const read = mdata::cached_gpt_indices(dir, ds, shipped_prefix(), 10, 500, o);
+    ASSERT_EQ(read.shuffle_index.size(), n);
+    EXPECT_EQ(read.shuffle_index[0], direct.shuffle_index[1]);
+    EXPECT_EQ(read.shuffle_index[1], direct.shuffle_index[0]);
+    EXPECT_EQ(read.sample_index.values(), direct.sample_index.values());
+  }
 
   // Another seed is another file; a truncated file is built again.
   auto const other = mdata::cached_gpt_indices(dir, ds, shipped_prefix(), 10, 500,
                                                {.seq_length = 32, .num_samples = 900, .seed = 4});
-  EXPECT_NE(other.shuffle_index, direct.shuffle_index);
+  EXPECT_NE(other.shuffle_index.values(), direct.shuffle_index.values());
   fs::resize_file(files[0], bytes.size() / 2);
-  EXPECT_EQ(mdata::cached_gpt_indices(dir, ds, shipped_prefix(), 10, 500, o).shuffle_index,
-            direct.shuffle_index);
+  EXPECT_EQ(mdata::cached_gpt_indices(dir, ds, shipped_prefix(), 10, 500, o).shuffle_index.values(),
+            direct.shuffle_index.values());
   fs::remove_all(dir);
 }
 

@@ -11,7 +11,8 @@
 // up to the requested size, or, with no size, over all of their samples.
 //
 // With a cache directory, a split's indices are kept there in a file named by a hash of everything
-// they depend on, and a later build with the same inputs maps nothing new: it reads them back.
+// they depend on, and a later build with the same inputs maps that file instead of building: the
+// ranks of a node that read it share its pages.
 #pragma once
 
 #include <megamoe/core/compiled_once.hpp>
@@ -132,7 +133,7 @@ struct dataset_builder_options {
 MEGAMOE_DECL std::array<std::optional<split_dataset>, 3> build_datasets(
     dataset_builder_options const& options, split_sizes const& sizes);
 
-/// The indices of a split, read from `cache` when a file there was made from the same inputs,
+/// The indices of a split, mapped from `cache` when a file there was made from the same inputs,
 /// otherwise built and written there (a temporary file renamed into place, so that ranks
 /// building together never read half a file). No cache: built.
 MEGAMOE_DECL gpt_indices cached_gpt_indices(std::optional<std::filesystem::path> const& cache,

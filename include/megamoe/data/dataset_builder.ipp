@@ -146,7 +146,7 @@ inline std::uint64_t fnv1a64(std::span<std::byte const> bytes, std::uint64_t h) 
   return h;
 }
 
-inline constexpr std::string_view cache_magic = "megamoe gpt_indices 1\n";
+inline constexpr std::string_view cache_magic = "megamoe gpt_indices 2\n";
 
 // Everything a split's indices depend on, one "key=value" per line.
 inline std::string describe_indices(indexed_dataset const& dataset,
@@ -172,30 +172,33 @@ inline std::string describe_indices(indexed_dataset const& dataset,
   return d;
 }
 
-template <class T>
-void append_array(std::string& out, std::vector<T> const& values) {
-  std::int64_t const n = static_cast<std::int64_t>(values.size());
-  out.append(reinterpret_cast<char const*>(&n), sizeof n);
-  out.append(reinterpret_cast<char const*>(values.data()), values.size() * sizeof(T));
-}
-
-inline std::string encode_indices(std::string const& description, gpt_indices const& indices) {
-  std::string out(cache_magic);
+// The file: the magic, a header (the description's size, tokens per epoch, epochs, a separate
+// last epoch), the description, then each array: its element type and count as int64, then its
+// bytes. Written straight from the arrays (no copy of the file in memory).
+inline void write_indices(std::ostream& out, std::string const& description,
+                          gpt_indices const& indices) {
+  out.write(cache_magic.data(), static_cast<std::streamsize>(cache_magic.size()));
   std::int64_t const header[] = {static_cast<std::int64_t>(description.size()),
                                  indices.tokens_per_epoch, indices.epochs,
                                  indices.separate_final_epoch ? 1 : 0};
-  out.append(reinterpret_cast<char const*>(header), sizeof header);
-  out += description;
-  append_array(out, indices.document_index);
-  append_array(out, indices.sample_index);
-  append_array(out, indices.shuffle_index);
-  return out;
+  out.write(reinterpret_cast<char const*>(header), sizeof header);
+  out.write(description.data(), static_cast<std::streamsize>(description.size()));
+  for (auto const* a : {&indices.document_index, &indices.sample_index, &indices.shuffle_index}) {
+    std::int64_t const head[] = {static_cast<std::int64_t>(a->type()),
+                                 static_cast<std::int64_t>(a->size())};
+    out.write(reinterpret_cast<char const*>(head), sizeof head);
+    auto const bytes = a->bytes();
+    out.write(reinterpret_cast<char const*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  }
 }
 
-// The indices in `bytes` when they were made from `description`; none otherwise (another
-// file's name clash, a file from another version, or a damaged one: then it is rebuilt).
-inline std::optional<gpt_indices> decode_indices(std::string const& bytes,
+// The indices in the mapped `file` when it was made from `description`, as views into the map
+// (which they keep); none otherwise (another file's name clash, a file from another version, or
+// a damaged one: then it is rebuilt).
+inline std::optional<gpt_indices> decode_indices(std::shared_ptr<mapped_file const> const& file,
                                                  std::string const& description) {
+  auto const bytes = file->bytes();
+  auto const text = std::string_view(reinterpret_cast<char const*>(bytes.data()), bytes.size());
   std::size_t at = 0;
   auto const take = [&](void* out, std::size_t n) {
     if (bytes.size() - at < n) return false;
@@ -203,24 +206,26 @@ inline std::optional<gpt_indices> decode_indices(std::string const& bytes,
     at += n;
     return true;
   };
-  if (bytes.compare(0, cache_magic.size(), cache_magic) != 0) return std::nullopt;
+  if (!text.starts_with(cache_magic)) return std::nullopt;
   at = cache_magic.size();
   std::int64_t header[4];
   if (!take(header, sizeof header) || header[0] != static_cast<std::int64_t>(description.size()) ||
-      bytes.compare(at, description.size(), description) != 0)
+      text.substr(at, description.size()) != description)
     return std::nullopt;
   at += description.size();
   gpt_indices out;
   out.tokens_per_epoch = header[1];
   out.epochs = header[2];
   out.separate_final_epoch = header[3] != 0;
-  auto const array = [&]<class T>(std::vector<T>& values) {
-    std::int64_t n = 0;
-    if (!take(&n, sizeof n) || n < 0 ||
-        static_cast<std::uint64_t>(n) > (bytes.size() - at) / sizeof(T))
-      return false;
-    values.resize(static_cast<std::size_t>(n));
-    return take(values.data(), values.size() * sizeof(T));
+  auto const array = [&](index_array& a) {
+    std::int64_t head[2];
+    if (!take(head, sizeof head) || head[0] < 1 || head[0] > 3 || head[1] < 0) return false;
+    auto const e = static_cast<index_array::element>(head[0]);
+    auto const n = static_cast<std::uint64_t>(head[1]);
+    if (n > (bytes.size() - at) / index_array::width(e)) return false;
+    a = index_array(file, bytes.data() + at, static_cast<std::size_t>(n), e);
+    at += a.bytes().size();
+    return true;
   };
   if (!array(out.document_index) || !array(out.sample_index) || !array(out.shuffle_index) ||
       at != bytes.size() || out.sample_index.size() != 2 * (out.shuffle_index.size() + 1))
@@ -242,9 +247,10 @@ MEGAMOE_DECL gpt_indices cached_gpt_indices(std::optional<std::filesystem::path>
   auto const hash = detail::fnv1a64(std::as_bytes(std::span(description)), 0xcbf29ce484222325ULL);
   std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(hash));
   auto const path = *cache / (std::string(name) + "-gpt_indices.bin");
-  if (std::ifstream in{path, std::ios::binary}) {
-    std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-    if (auto indices = detail::decode_indices(bytes, description)) return std::move(*indices);
+  // Mapped, not read: the ranks of a node that read the same file share its pages.
+  if (std::filesystem::is_regular_file(path)) {
+    auto const file = std::make_shared<mapped_file const>(path);
+    if (auto indices = detail::decode_indices(file, description)) return std::move(*indices);
   }
   gpt_indices indices = build_gpt_indices(lengths, begin, end, options);
   std::error_code error;
@@ -258,8 +264,7 @@ MEGAMOE_DECL gpt_indices cached_gpt_indices(std::optional<std::filesystem::path>
       *cache / ("." + path.filename().string() + "." + std::to_string(::getpid()) + ".partial");
   {
     std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    auto const bytes = detail::encode_indices(description, indices);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    detail::write_indices(out, description, indices);
     out.close();
     if (!out) {
       std::filesystem::remove(temporary, error);

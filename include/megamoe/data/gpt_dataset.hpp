@@ -15,7 +15,10 @@
 #include <megamoe/data/indexed_dataset.hpp>
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -54,15 +57,75 @@ struct gpt_dataset_options {
   std::uint32_t seed = 0;
 };
 
+/// One of a split's index arrays, held as the reference holds it: 4-byte elements where the
+/// values fit (int32; uint32 for the shuffle index), 8-byte ones where they do not. Its bytes
+/// are its own, or a view into a mapped cache file that the ranks of a node share.
+class index_array {
+ public:
+  enum class element : std::uint8_t { int32 = 1, uint32 = 2, int64 = 3 };
+
+  index_array() = default;
+  explicit index_array(std::vector<std::int32_t> values) { own(std::move(values), element::int32); }
+  explicit index_array(std::vector<std::uint32_t> values) { own(std::move(values), element::uint32); }
+  explicit index_array(std::vector<std::int64_t> values) { own(std::move(values), element::int64); }
+  /// `size` elements of type `e` at `data`, kept alive by `owner`.
+  index_array(std::shared_ptr<void const> owner, std::byte const* data, std::size_t size,
+              element e)
+      : owner_(std::move(owner)), data_(data), size_(size), element_(e) {}
+
+  [[nodiscard]] std::int64_t operator[](std::size_t i) const noexcept {
+    switch (element_) {
+      case element::int32: return load<std::int32_t>(i);
+      case element::uint32: return load<std::uint32_t>(i);
+      case element::int64: break;
+    }
+    return load<std::int64_t>(i);
+  }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] element type() const noexcept { return element_; }
+  [[nodiscard]] static std::size_t width(element e) noexcept { return e == element::int64 ? 8 : 4; }
+  /// The elements as stored.
+  [[nodiscard]] std::span<std::byte const> bytes() const noexcept {
+    return {data_, size_ * width(element_)};
+  }
+  /// The values, widened.
+  [[nodiscard]] std::vector<std::int64_t> values() const {
+    std::vector<std::int64_t> out(size_);
+    for (std::size_t i = 0; i < size_; ++i) out[i] = (*this)[i];
+    return out;
+  }
+
+ private:
+  template <class T>
+  void own(std::vector<T> values, element e) {
+    auto held = std::make_shared<std::vector<T> const>(std::move(values));
+    data_ = reinterpret_cast<std::byte const*>(held->data());
+    size_ = held->size();
+    element_ = e;
+    owner_ = std::move(held);
+  }
+  template <class T>
+  [[nodiscard]] std::int64_t load(std::size_t i) const noexcept {
+    T v;
+    std::memcpy(&v, data_ + i * sizeof(T), sizeof(T));  // a cache file's arrays are not aligned
+    return static_cast<std::int64_t>(v);
+  }
+
+  std::shared_ptr<void const> owner_;
+  std::byte const* data_ = nullptr;
+  std::size_t size_ = 0;
+  element element_ = element::int64;
+};
+
 /// The indices of one split: sample s of the dataset is sample shuffle_index[s] of the
 /// concatenation of document_index's sequences, which starts at sample_index row j.
 struct gpt_indices {
   std::int64_t tokens_per_epoch = 0;
   std::int64_t epochs = 0;
   bool separate_final_epoch = false;
-  std::vector<std::int32_t> document_index;
-  std::vector<std::int64_t> sample_index;  // [samples + 1][2]: (document_index position, offset)
-  std::vector<std::int64_t> shuffle_index;
+  index_array document_index;  // int32
+  index_array sample_index;    // [samples + 1][2]: (document_index position, offset)
+  index_array shuffle_index;
   /// len(GPTDataset).
   [[nodiscard]] std::int64_t size() const noexcept {
     return static_cast<std::int64_t>(shuffle_index.size());

@@ -142,12 +142,13 @@ MEGAMOE_DECL gpt_indices build_gpt_indices(std::span<std::int32_t const> lengths
     rng.shuffle(std::span(ids));
     return ids;
   };
+  std::vector<std::int32_t> doc;
   if (!out.separate_final_epoch) {
-    out.document_index = repeat_shuffled(out.epochs);
+    doc = repeat_shuffled(out.epochs);
   } else {
-    out.document_index = repeat_shuffled(out.epochs - 1);
+    doc = repeat_shuffled(out.epochs - 1);
     auto const last = repeat_shuffled(1);
-    out.document_index.insert(out.document_index.end(), last.begin(), last.end());
+    doc.insert(doc.end(), last.begin(), last.end());
   }
 
   // Sample index: where each sample of seq_length + extra tokens starts.
@@ -156,43 +157,48 @@ MEGAMOE_DECL gpt_indices build_gpt_indices(std::span<std::int32_t const> lengths
       o.drop_last ? total / o.seq_length
                   : static_cast<std::int64_t>(std::ceil(static_cast<float>(total) /
                                                         static_cast<float>(o.seq_length)));
-  out.sample_index.assign(static_cast<std::size_t>(2 * (samples + 1)), 0);
-  auto const& doc = out.document_index;
   auto const last_position = static_cast<std::int64_t>(doc.size()) - 1;
-  std::int64_t d = 0, offset = 0;
-  for (std::int64_t s = 1; s <= samples; ++s) {
-    std::int64_t remaining = o.seq_length + extra;
-    while (remaining != 0) {
-      std::int64_t const length = lengths[static_cast<std::size_t>(doc[d])] - offset;
-      remaining -= length;
-      if (remaining <= 0) {
-        offset += remaining + length - extra;  // the next sample starts on this one's extra token
-        remaining = 0;
-      } else if (d == last_position) {  // out of data: only without drop_last
-        offset = lengths[static_cast<std::size_t>(doc[d])] - extra;
-        break;
-      } else {
-        ++d;
-        offset = 0;
+  auto const rows = [&]<class T>(std::vector<T> index) {
+    index.assign(static_cast<std::size_t>(2 * (samples + 1)), 0);
+    std::int64_t d = 0, offset = 0;
+    for (std::int64_t s = 1; s <= samples; ++s) {
+      std::int64_t remaining = o.seq_length + extra;
+      while (remaining != 0) {
+        std::int64_t const length = lengths[static_cast<std::size_t>(doc[d])] - offset;
+        remaining -= length;
+        if (remaining <= 0) {
+          offset += remaining + length - extra;  // the next sample starts on this one's extra token
+          remaining = 0;
+        } else if (d == last_position) {  // out of data: only without drop_last
+          offset = lengths[static_cast<std::size_t>(doc[d])] - extra;
+          break;
+        } else {
+          ++d;
+          offset = 0;
+        }
       }
+      index[static_cast<std::size_t>(2 * s)] = static_cast<T>(d);
+      index[static_cast<std::size_t>(2 * s + 1)] = static_cast<T>(offset);
     }
-    out.sample_index[static_cast<std::size_t>(2 * s)] = d;
-    out.sample_index[static_cast<std::size_t>(2 * s + 1)] = offset;
-  }
-
-  // Shuffle index, the same generator continued.
-  auto const shuffled_range = [&](std::int64_t from, std::int64_t to) {
-    std::vector<std::int64_t> ids(static_cast<std::size_t>(to - from));
-    std::iota(ids.begin(), ids.end(), from);
-    rng.shuffle(std::span(ids));
-    return ids;
+    return index_array(std::move(index));
   };
+  // int32 unless a position or a sequence length does not fit (the reference's rule).
+  std::int64_t const longest = lengths.empty() ? 0 : *std::max_element(lengths.begin(), lengths.end());
+  bool const wide = std::max(static_cast<std::int64_t>(doc.size()), longest) > INT32_MAX;
+  out.sample_index = wide ? rows(std::vector<std::int64_t>()) : rows(std::vector<std::int32_t>());
+  out.document_index = index_array(std::move(doc));
+
+  // Shuffle index, the same generator continued: uint32 below 2^32 - 2 samples.
   std::int64_t const first = out.separate_final_epoch ? samples_before_final_epoch : samples;
-  out.shuffle_index = shuffled_range(0, first);
-  if (first != samples) {
-    auto const rest = shuffled_range(first, samples);
-    out.shuffle_index.insert(out.shuffle_index.end(), rest.begin(), rest.end());
-  }
+  auto const shuffled = [&]<class T>(std::vector<T> ids) {
+    ids.resize(static_cast<std::size_t>(samples));
+    std::iota(ids.begin(), ids.end(), T{0});
+    rng.shuffle(std::span(ids).first(static_cast<std::size_t>(first)));
+    if (first != samples) rng.shuffle(std::span(ids).subspan(static_cast<std::size_t>(first)));
+    return index_array(std::move(ids));
+  };
+  out.shuffle_index = samples < std::int64_t{UINT32_MAX} - 1 ? shuffled(std::vector<std::uint32_t>())
+                                                            : shuffled(std::vector<std::int64_t>());
   return out;
 }
 
@@ -208,7 +214,7 @@ MEGAMOE_DECL gpt_sample query_sample(indexed_dataset const& dataset, gpt_indices
   std::int64_t const d1 = indices.sample_index[2 * j + 2], o1 = indices.sample_index[2 * j + 3];
   gpt_sample out;
   auto const sequence = [&](std::int64_t d) {
-    return static_cast<std::int64_t>(indices.document_index[static_cast<std::size_t>(d)]);
+    return indices.document_index[static_cast<std::size_t>(d)];
   };
   auto const append = [&](std::int64_t d, std::int64_t from, std::optional<std::int64_t> count) {
     auto const tokens = dataset.get(sequence(d), from, count);
