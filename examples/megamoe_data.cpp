@@ -45,6 +45,14 @@ CLI::Option* add_tokenizer_flags(CLI::App& app, mdata::tokenizer_options& t) {
   return type;
 }
 
+// 0 when everything printed reached stdout (a full disk behind a redirection is an error).
+int written() {
+  std::cout.flush();
+  if (std::cout) return 0;
+  std::cerr << "megamoe-data: writing to standard output failed\n";
+  return 2;
+}
+
 std::vector<std::string> comma_separated(std::string const& text) {
   std::vector<std::string> out;
   std::size_t at = 0;
@@ -151,7 +159,7 @@ int main(int argc, char** argv) {
                                {"vocab_size", mdata::vocab_size(t)},
                                {"workers", p.workers}};
       std::cout << nlohmann::ordered_json{{"preprocess", j}}.dump() << "\n";
-      return 0;
+      return written();
     }
     if (*samples) {
       if (!data_path.empty()) b.data = mdata::parse_blend(data_path);
@@ -179,7 +187,7 @@ int main(int argc, char** argv) {
                                    " split holds " + std::to_string(split.size()) + " samples");
       for (std::int64_t i = 0; i < count; ++i)
         std::cout << nlohmann::json(split.sample(i).text).dump() << "\n";
-      return 0;
+      return written();
     }
     if (*inspect) {
       mdata::indexed_dataset const ds(inspect_prefix);
@@ -202,9 +210,13 @@ int main(int argc, char** argv) {
                                                  static_cast<std::ptrdiff_t>(tokens.size()), 64));
         std::cout << "document " << d << " (" << tokens.size()
                   << " tokens): " << nlohmann::json(head).dump() << "\n";
-        if (t) std::cout << "  " << nlohmann::json(mdata::decode(*t, head)).dump() << "\n";
+        if (t)
+          std::cout << "  "
+                    << nlohmann::json(mdata::decode(*t, head))
+                           .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                    << "\n";
       }
-      return 0;
+      return written();
     }
   } catch (std::exception const& e) {
     std::cerr << "megamoe-data: " << e.what() << "\n";

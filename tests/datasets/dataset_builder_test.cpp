@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -319,6 +320,19 @@ TEST(DatasetBuilder, CacheKeepsIndicesAndRebuildsWhatDoesNotMatch) {
     EXPECT_EQ(read.sample_index.values(), direct.sample_index.values());
   }
 
+  {
+    // A value out of range in the file: a sample that uses it is an error, not a read past
+    // the map.
+    auto damaged = bytes;
+    std::uint32_t const huge = 0x7fffffff;
+    std::memcpy(damaged.data() + last, &huge, 4);
+    std::ofstream(dir / "damaged", std::ios::binary) << damaged;
+    fs::rename(dir / "damaged", files[0]);
+    auto const read = mdata::cached_gpt_indices(dir, ds, shipped_prefix(), 10, 500, o);
+    EXPECT_THROW((void)mdata::query_sample(ds, read, o, 0), megamoe::input_error);
+    EXPECT_NO_THROW((void)mdata::query_sample(ds, read, o, 1));
+  }
+
   // Another seed is another file; a truncated file is built again.
   auto const other = mdata::cached_gpt_indices(dir, ds, shipped_prefix(), 10, 500,
                                                {.seq_length = 32, .num_samples = 900, .seed = 4});
@@ -364,6 +378,47 @@ TEST(DatasetBuilder, BadBlendsAndSplitsAreNamed) {
                 .find("cannot fill one sample"),
             std::string::npos);
   o.seq_length = 32;
+  // Weights need every split's size, a single weighted prefix in a per-split list too; the two
+  // ways of naming data exclude each other; the surplus is a fraction.
+  {
+    mdata::dataset_builder_options p;
+    std::vector<std::string> const weighted{"1", shipped_prefix().string()};
+    p.per_split[0] = mdata::parse_blend(weighted);
+    p.seq_length = 32;
+    EXPECT_NE(message([&] { (void)mdata::build_datasets(p, {std::nullopt, 0, 0}); })
+                  .find("--train-data-path: a weighted blend needs"),
+              std::string::npos);
+    p.data = mdata::parse_blend(words);
+    EXPECT_NE(message([&] { (void)mdata::build_datasets(p, {100, 0, 0}); }).find("exclude"),
+              std::string::npos);
+    o.mid_level_surplus = -0.1;
+    EXPECT_NE(message([&] { (void)mdata::build_datasets(o, {100, 0, 0}); }).find("surplus"),
+              std::string::npos);
+    o.mid_level_surplus = 0.005;
+  }
+  // An unweighted blend whose dataset's valid split cannot fill one sample.
+  {
+    auto const dir = scratch("short");
+    mdata::indexed_dataset const shipped(shipped_prefix());
+    auto const tiny = dir / "tiny";
+    mdata::indexed_dataset_builder out(mdata::data_path(tiny), mdata::token_dtype::uint16);
+    for (std::int64_t i = 0; i < 10; ++i) {
+      auto tokens = shipped.get(i);
+      tokens.resize(std::min<std::size_t>(tokens.size(), 3));
+      out.add_item(tokens);
+      out.end_document();
+    }
+    out.finalize(mdata::index_path(tiny));
+    mdata::dataset_builder_options p;
+    std::vector<std::string> const two{shipped_prefix().string(), tiny.string()};
+    p.data = mdata::parse_blend(two);
+    p.split = "8,2";
+    p.seq_length = 32;
+    EXPECT_NE(message([&] { (void)mdata::build_datasets(p, {0, 10, std::nullopt}); })
+                  .find("valid split cannot fill one sample"),
+              std::string::npos);
+    fs::remove_all(dir);
+  }
   std::vector<std::string> const missing{"/nonexistent/megamoe/dataset"};
   o.data = mdata::parse_blend(missing);
   EXPECT_NE(message([&] { (void)mdata::build_datasets(o, {100, 0, 0}); }), "no error");

@@ -143,6 +143,47 @@ TEST(Preprocess, BadInputIsNamedAndLeavesNoFiles) {
   EXPECT_NE(message("[1, 2]\n", bytes).find("not a JSON object"), std::string::npos);
   EXPECT_NE(message("{\"text\": \"3 12\"}\n", mdata::null_tokenizer(10)).find("12"),
             std::string::npos);
+  // The first fault in input order is reported, whichever worker or reader found it: an id
+  // outside the vocabulary on line 2 before one on line 5 (the other worker's), and before a
+  // line that is not JSON on line 6.
+  auto const ordered = [&](std::string const& lines) {
+    {
+      std::ofstream(dir / "in.jsonl", std::ios::binary) << lines;
+    }
+    mdata::preprocess_options p;
+    p.inputs = {dir / "in.jsonl"};
+    p.output_prefix = dir / "bad";
+    p.workers = 2;
+    try {
+      (void)mdata::preprocess(mdata::null_tokenizer(10), p);
+    } catch (megamoe::input_error const& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  auto const first = ordered(
+      "{\"text\": \"1\"}\n{\"text\": \"11\"}\n{\"text\": \"2\"}\n{\"text\": \"3\"}\n"
+      "{\"text\": \"12\"}\nnot json\n");
+  EXPECT_NE(first.find("in.jsonl:2"), std::string::npos) << first;
+  EXPECT_NE(first.find("11"), std::string::npos) << first;
+  auto const parse = ordered("{\"text\": \"1\"}\nnot json\n{\"text\": \"12\"}\n");
+  EXPECT_NE(parse.find("in.jsonl:2"), std::string::npos) << parse;
+
+  // Text input that is not UTF-8.
+  {
+    std::ofstream(dir / "latin1.txt", std::ios::binary) << "ok\ncaf\xe9\n%\n";
+  }
+  mdata::preprocess_options text;
+  text.inputs = {dir / "latin1.txt"};
+  text.format = mdata::text_format::text;
+  text.output_prefix = dir / "bad";
+  try {
+    (void)mdata::preprocess(bytes, text);
+    ADD_FAILURE() << "no error";
+  } catch (megamoe::input_error const& e) {
+    EXPECT_NE(std::string(e.what()).find("latin1.txt:2: not UTF-8"), std::string::npos) << e.what();
+  }
+
   mdata::preprocess_options o;
   o.inputs = {dir / "missing.jsonl"};
   o.output_prefix = dir / "bad";

@@ -97,6 +97,10 @@ inline void each_match(icu::RegexPattern const& pattern, std::string_view text, 
   }
   matcher.reset();
   utext_close(ut);
+  // A match that fails (ICU's stack or time limits) would otherwise end the pieces silently.
+  if (U_FAILURE(status))
+    throw input_error(std::string("tokenizer: the pre-tokenizer's pattern failed on a text (") +
+                      u_errorName(status) + ")");
 }
 
 inline nlohmann::json read_json_file(std::filesystem::path const& path, std::string const& what) {
@@ -245,6 +249,9 @@ struct bpe_tokenizer::model {
       auto const n = normalizer->normalize(
           icu::UnicodeString::fromUTF8(icu::StringPiece(part.data(), static_cast<int32_t>(part.size()))),
           status);
+      if (U_FAILURE(status))
+        throw input_error(std::string("tokenizer: the normalizer failed on a text (") +
+                          u_errorName(status) + ")");
       n.toUTF8String(normalized);
     } else {
       normalized = part;

@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -193,8 +195,9 @@ inline void write_indices(std::ostream& out, std::string const& description,
 }
 
 // The indices in the mapped `file` when it was made from `description`, as views into the map
-// (which they keep); none otherwise (another file's name clash, a file from another version, or
-// a damaged one: then it is rebuilt).
+// (which they keep); none otherwise (another file's name clash, a file from another version, a
+// truncated one: then it is rebuilt). Values are not checked here (that would read every page);
+// query_sample checks each one it uses.
 inline std::optional<gpt_indices> decode_indices(std::shared_ptr<mapped_file const> const& file,
                                                  std::string const& description) {
   auto const bytes = file->bytes();
@@ -258,10 +261,15 @@ MEGAMOE_DECL gpt_indices cached_gpt_indices(std::optional<std::filesystem::path>
   if (error)
     throw input_error("--data-cache-path: cannot make " + cache->string() + ": " +
                       error.message());
-  // A name of this process's own, renamed into place: ranks or jobs writing the same indices at
-  // once each rename a whole file.
-  auto const temporary =
-      *cache / ("." + path.filename().string() + "." + std::to_string(::getpid()) + ".partial");
+  // A temporary of this writer's own (mkstemp's unique name), renamed into place: ranks or jobs
+  // writing the same indices at once each rename a whole file.
+  std::string pattern = (*cache / ("." + path.filename().string() + ".XXXXXX")).string();
+  int const fd = ::mkstemp(pattern.data());
+  if (fd < 0)
+    throw input_error("--data-cache-path: cannot create a file in " + cache->string() + ": " +
+                      std::strerror(errno));
+  ::close(fd);
+  std::filesystem::path const temporary = pattern;
   {
     std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
     detail::write_indices(out, description, indices);
@@ -270,6 +278,12 @@ MEGAMOE_DECL gpt_indices cached_gpt_indices(std::optional<std::filesystem::path>
       std::filesystem::remove(temporary, error);
       throw input_error("--data-cache-path: cannot write " + temporary.string());
     }
+  }
+  // A matching file another writer put there meanwhile stays: others may have mapped it.
+  if (std::filesystem::is_regular_file(path) &&
+      detail::decode_indices(std::make_shared<mapped_file const>(path), description)) {
+    std::filesystem::remove(temporary, error);
+    return indices;
   }
   std::filesystem::rename(temporary, path, error);
   if (error)
@@ -327,17 +341,23 @@ inline split_datasets build_dataset_splits(std::filesystem::path const& prefix,
 
 // A blend's splits over `bookends` (Megatron's _build_blended_dataset_splits for one blend).
 // One prefix builds its splits directly: without weights (--data-path), or with any when
-// `single_any_weights` (a per-split path list).
+// `single_any_weights` (a per-split path list). Weights need every split's size (the
+// reference's size_is_none => weights_are_none); `flag` names the paths in errors.
 inline std::array<std::optional<split_dataset>, 3> build_blend_splits(
     blend const& b, split_bookends const& bookends, split_sizes const& sizes,
-    dataset_builder_options const& o, bool single_any_weights) {
+    dataset_builder_options const& o, bool single_any_weights, std::string const& flag) {
   std::array<std::optional<split_dataset>, 3> out;
   std::optional<std::vector<double>> weights;
   if (b.weights) {
     if (b.weights->size() != b.prefixes.size())
-      throw input_error("--data-path: " + std::to_string(b.weights->size()) + " weights for " +
+      throw input_error(flag + ": " + std::to_string(b.weights->size()) + " weights for " +
                         std::to_string(b.prefixes.size()) + " datasets");
     weights = normalize(*b.weights);
+    for (std::size_t i = 0; i < 3; ++i)
+      if (!sizes[i])
+        throw input_error(flag + ": a weighted blend needs the number of samples of every "
+                          "split (the " + std::string(name_of(split_kinds[i])) +
+                          " split has none)");
   }
   if (b.prefixes.size() == 1 && (!weights || single_any_weights)) {
     auto splits = build_dataset_splits(b.prefixes.front(), bookends, sizes, o);
@@ -347,14 +367,14 @@ inline std::array<std::optional<split_dataset>, 3> build_blend_splits(
   }
   std::size_t const n = b.prefixes.size();
   // per_dataset[k][i]: the samples dataset k is built with for split i.
-  std::vector<split_sizes> built(n);
+  // Without weights each dataset is built for one epoch, except for splits asked for nothing.
+  split_sizes one_epoch;
+  for (std::size_t i = 0; i < 3; ++i)
+    if (sizes[i] && *sizes[i] == 0) one_epoch[i] = 0;
+  std::vector<split_sizes> built(n, one_epoch);
   std::vector<std::array<std::int64_t, 3>> target(n);
   if (weights) {
     for (std::size_t i = 0; i < 3; ++i) {
-      if (!sizes[i])
-        throw input_error("--data-path: a weighted blend needs the number of samples of every "
-                          "split (the " + std::string(name_of(split_kinds[i])) +
-                          " split has none)");
       auto const counts = blend_counts(*weights, *sizes[i], o.mid_level_surplus);
       for (std::size_t k = 0; k < n; ++k) {
         built[k][i] = counts.buffer[k];
@@ -386,6 +406,11 @@ inline std::array<std::optional<split_dataset>, 3> build_blend_splits(
       auto blending = build_blending_indices(held, size);
       out[i].emplace(std::move(parts), held, std::move(blending));
     } else {
+      for (std::size_t k = 0; k < n; ++k)
+        if (lengths[k] == 0)
+          throw input_error("dataset " + b.prefixes[k].string() + ": its " +
+                            std::string(name_of(split_kinds[i])) +
+                            " split cannot fill one sample, so it has no share of the blend");
       std::vector<double> const as_weights(lengths.begin(), lengths.end());
       auto held = normalize(as_weights);
       std::int64_t const all = std::accumulate(lengths.begin(), lengths.end(), std::int64_t{0});
@@ -408,8 +433,17 @@ MEGAMOE_DECL std::array<std::optional<split_dataset>, 3> build_datasets(
     if (sizes[i] && *sizes[i] < 0)
       throw input_error("datasets: the " + std::string(name_of(split_kinds[i])) +
                         " split is asked for a negative number of samples");
-  if (o.data)
-    return detail::build_blend_splits(*o.data, parse_split(o.split), sizes, o, false);
+  if (!(o.mid_level_surplus >= 0 && o.mid_level_surplus <= 1))
+    throw input_error("--mid-level-dataset-surplus must be between 0 and 1, not " +
+                      std::to_string(o.mid_level_surplus));
+  if (o.data) {
+    for (auto const& p : o.per_split)
+      if (p)
+        throw input_error("--data-path and --train-data-path, --valid-data-path, "
+                          "--test-data-path exclude each other");
+    return detail::build_blend_splits(*o.data, parse_split(o.split), sizes, o, false,
+                                      "--data-path");
+  }
   std::array<std::optional<split_dataset>, 3> out;
   bool any = false;
   for (std::size_t i = 0; i < 3; ++i) {
@@ -419,7 +453,9 @@ MEGAMOE_DECL std::array<std::optional<split_dataset>, 3> build_datasets(
     only[i] = std::pair{0.0, 1.0};
     split_sizes only_sizes{0, 0, 0};
     only_sizes[i] = sizes[i];
-    out[i] = std::move(detail::build_blend_splits(*o.per_split[i], only, only_sizes, o, true)[i]);
+    out[i] = std::move(detail::build_blend_splits(*o.per_split[i], only, only_sizes, o, true,
+                                                  "--" + std::string(name_of(split_kinds[i])) +
+                                                      "-data-path")[i]);
   }
   if (!any)
     throw input_error("datasets: no data; give --data-path, or --train-data-path and the others");

@@ -105,7 +105,13 @@ MEGAMOE_DECL gpt_indices build_gpt_indices(std::span<std::int32_t const> lengths
     throw input_error("GPT dataset: sequences [" + std::to_string(begin) + ", " +
                       std::to_string(end) + ") of a dataset of " +
                       std::to_string(lengths.size()));
+  if (end > INT32_MAX)
+    throw input_error("GPT dataset: " + std::to_string(end) +
+                      " sequences; the document index holds int32 sequence ids");
   std::int64_t const extra = o.add_extra_token ? 1 : 0;
+  if (o.num_samples && (*o.num_samples < 0 || *o.num_samples > (INT64_MAX - extra) / o.seq_length))
+    throw input_error("GPT dataset: " + std::to_string(*o.num_samples) + " samples of " +
+                      std::to_string(o.seq_length) + " tokens do not fit a 64-bit count");
   gpt_indices out;
   for (std::int64_t i = begin; i < end; ++i) out.tokens_per_epoch += lengths[i];
   if (out.tokens_per_epoch == 0)
@@ -209,12 +215,28 @@ MEGAMOE_DECL gpt_sample query_sample(indexed_dataset const& dataset, gpt_indices
     throw std::out_of_range("GPT dataset: sample " + std::to_string(index) + " of " +
                             std::to_string(indices.size()));
   std::int64_t const extra = o.add_extra_token ? 1 : 0;
-  auto const j = static_cast<std::size_t>(indices.shuffle_index[static_cast<std::size_t>(index)]);
+  // Every index value is checked before it is used: a cache file is mapped, not verified.
+  auto const damaged = [] {
+    return input_error("GPT dataset: an index value out of range (a damaged --data-cache-path "
+                       "file? remove it to rebuild)");
+  };
+  auto const j = static_cast<std::uint64_t>(indices.shuffle_index[static_cast<std::size_t>(index)]);
+  if (j + 1 >= indices.sample_index.size() / 2) throw damaged();
   std::int64_t const d0 = indices.sample_index[2 * j], o0 = indices.sample_index[2 * j + 1];
   std::int64_t const d1 = indices.sample_index[2 * j + 2], o1 = indices.sample_index[2 * j + 3];
+  auto const positions = static_cast<std::int64_t>(indices.document_index.size());
+  if (d0 < 0 || d1 < d0 || d1 >= positions || o0 < 0 || o1 < 0) throw damaged();
+  auto const length_at = [&](std::int64_t d) {
+    auto const id = indices.document_index[static_cast<std::size_t>(d)];
+    if (id < 0 || id >= dataset.sequence_count()) throw damaged();
+    return static_cast<std::int64_t>(dataset.sequence_length(id));
+  };
+  if (o0 > length_at(d0) || o1 + extra > length_at(d1) || (d0 == d1 && o1 < o0)) throw damaged();
   gpt_sample out;
   auto const sequence = [&](std::int64_t d) {
-    return indices.document_index[static_cast<std::size_t>(d)];
+    auto const id = indices.document_index[static_cast<std::size_t>(d)];
+    if (id < 0 || id >= dataset.sequence_count()) throw damaged();
+    return id;
   };
   auto const append = [&](std::int64_t d, std::int64_t from, std::optional<std::int64_t> count) {
     auto const tokens = dataset.get(sequence(d), from, count);

@@ -5,6 +5,7 @@
 
 #include <megamoe/data/indexed_dataset.hpp>
 #include <megamoe/data/preprocess.hpp>
+#include <megamoe/data/utf8.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -43,10 +44,12 @@ MEGAMOE_DECL std::vector<std::filesystem::path> input_files(
 
 namespace detail::preprocess {
 
-// One document as read: each key's sentences, and where it came from (for errors).
+// One document as read: each key's sentences, and where it came from (for errors); or what
+// was wrong with it (a line that is not JSON, a missing key, a file that does not open).
 struct document {
   std::vector<std::vector<std::string>> sentences;  // [key][sentence]
   std::string where;
+  std::exception_ptr error;
 };
 
 // Each key's tokens and sequence lengths for one document.
@@ -60,23 +63,29 @@ class reader {
   reader(std::vector<std::filesystem::path> files, preprocess_options const& o)
       : files_(std::move(files)), o_(o) {}
 
-  // Up to `count` more documents (none: the input is done).
+  // Up to `count` more documents (none: the input is done). A fault ends the input with a
+  // document that holds it, so that it is reported in input order with the tokenizer's.
   std::vector<document> next(std::size_t count) {
     std::vector<document> out;
-    while (out.size() < count) {
-      if (!in_.is_open()) {
-        if (file_ == files_.size()) break;
-        in_.open(files_[file_], std::ios::binary);
-        if (!in_) throw input_error("--input: cannot open " + files_[file_].string());
-        line_ = 0;
-      }
-      std::optional<document> d =
-          o_.format == text_format::jsonl ? next_json() : next_text();
-      if (d) {
-        out.push_back(std::move(*d));
-      } else {
-        in_.close();
-        ++file_;
+    while (out.size() < count && !failed_) {
+      try {
+        if (!in_.is_open()) {
+          if (file_ == files_.size()) break;
+          in_.open(files_[file_], std::ios::binary);
+          if (!in_) throw input_error("--input: cannot open " + files_[file_].string());
+          line_ = 0;
+        }
+        std::optional<document> d =
+            o_.format == text_format::jsonl ? next_json() : next_text();
+        if (d) {
+          out.push_back(std::move(*d));
+        } else {
+          in_.close();
+          ++file_;
+        }
+      } catch (input_error const&) {
+        out.push_back(document{{}, {}, std::current_exception()});
+        failed_ = true;
       }
     }
     return out;
@@ -96,7 +105,7 @@ class reader {
       throw input_error("--input " + where() + ": not a JSON object (" + e.what() + ")");
     }
     if (!j.is_object()) throw input_error("--input " + where() + ": not a JSON object");
-    document d{{}, where()};
+    document d{{}, where(), nullptr};
     for (auto const& key : o_.json_keys) {
       auto const it = j.find(key);
       if (it == j.end()) throw input_error("--input " + where() + ": no key '" + key + "'");
@@ -124,12 +133,16 @@ class reader {
         if (any) break;
         continue;  // an empty document
       }
+      for (std::size_t i = 0; i < line.size();)
+        if (utf8::next(line, i) == utf8::invalid)
+          throw input_error("--input " + where() + ": not UTF-8 text (byte " +
+                            std::to_string(i) + " of the line)");
       text += line;
       if (!in_.eof()) text += '\n';
       any = true;
     }
     if (!any) return std::nullopt;
-    return document{{{std::move(text)}}, where()};
+    return document{{{std::move(text)}}, where(), nullptr};
   }
 
   std::vector<std::filesystem::path> files_;
@@ -137,15 +150,22 @@ class reader {
   std::size_t file_ = 0;
   std::int64_t line_ = 0;
   std::ifstream in_;
+  bool failed_ = false;
 };
 
 inline encoded encode_document(tokenizer const& t, document const& d, bool append_eod,
                                std::int64_t vocabulary) {
+  if (d.error) std::rethrow_exception(d.error);
   encoded out;
   for (auto const& sentences : d.sentences) {
     std::vector<std::int64_t> tokens, lengths;
     for (auto const& s : sentences) {
-      auto const ids = encode(t, s);
+      std::vector<std::int64_t> ids;
+      try {
+        ids = encode(t, s);
+      } catch (input_error const& e) {
+        throw input_error("--input " + d.where + ": " + e.what());
+      }
       if (ids.empty()) continue;  // Megatron keeps no empty sentence
       for (auto const id : ids)
         if (id < 0 || id >= vocabulary)
@@ -197,23 +217,27 @@ MEGAMOE_DECL preprocess_report preprocess(tokenizer const& t, preprocess_options
     auto const documents = in.next(batch);
     if (documents.empty()) break;
     std::vector<detail::preprocess::encoded> encoded(documents.size());
-    std::vector<std::exception_ptr> errors(workers);
+    std::vector<std::exception_ptr> errors(documents.size());
     {
       std::vector<std::jthread> threads;
       for (std::size_t w = 0; w < workers; ++w)
         threads.emplace_back([&, w] {
-          try {
-            for (std::size_t d = w; d < documents.size(); d += workers)
+          // A worker stops at its first failing document; every document before the first
+          // failure in input order is still encoded by its own worker.
+          for (std::size_t d = w; d < documents.size(); d += workers) {
+            try {
               encoded[d] = detail::preprocess::encode_document(t, documents[d], o.append_eod,
                                                                vocabulary);
-          } catch (...) {
-            errors[w] = std::current_exception();
+            } catch (...) {
+              errors[d] = std::current_exception();
+              break;
+            }
           }
         });
     }
-    // The first error in input order wins: the worker of the lowest failing document.
-    for (std::size_t d = 0; d < documents.size(); ++d)
-      if (errors[d % workers]) std::rethrow_exception(errors[d % workers]);
+    // The first error in input order is the one reported.
+    for (auto const& error : errors)
+      if (error) std::rethrow_exception(error);
     for (std::size_t d = 0; d < documents.size(); ++d) {
       for (std::size_t k = 0; k < builders.size(); ++k) {
         builders[k]->add_document(encoded[d].tokens[k], encoded[d].lengths[k]);
