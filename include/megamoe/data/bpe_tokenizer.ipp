@@ -182,6 +182,14 @@ struct bpe_tokenizer::model {
     added.push_back({std::move(content), id, lstrip, rstrip});
   }
 
+  // An added token's id, else the vocabulary's.
+  [[nodiscard]] std::optional<std::int64_t> id_of(std::string_view token) const {
+    for (auto const& a : added)
+      if (a.content == token) return a.id;
+    if (auto const it = vocab.find(std::string(token)); it != vocab.end()) return it->second;
+    return std::nullopt;
+  }
+
   void finish() {
     std::stable_sort(added.begin(), added.end(), [](auto const& a, auto const& b) {
       return a.content.size() > b.content.size();
@@ -536,12 +544,7 @@ MEGAMOE_DECL bpe_tokenizer bpe_tokenizer::from_huggingface(std::filesystem::path
   m->finish();
   // The end of a document: the eos_token of tokenizer_config.json, else a usual name.
   auto const config = file.parent_path() / "tokenizer_config.json";
-  auto const id_of = [&](std::string const& token) -> std::optional<std::int64_t> {
-    for (auto const& a : m->added)
-      if (a.content == token) return a.id;
-    if (auto const it = m->vocab.find(token); it != m->vocab.end()) return it->second;
-    return std::nullopt;
-  };
+  auto const id_of = [&](std::string const& token) { return m->id_of(token); };
   if (std::filesystem::exists(config)) {
     auto const c = detail::bpe::read_json_file(config, "Hugging Face tokenizer");
     if (auto const eos = detail::bpe::token_text(c.value("eos_token", nlohmann::json())))
@@ -569,11 +572,7 @@ MEGAMOE_DECL std::int64_t bpe_tokenizer::eod() const {
 }
 MEGAMOE_DECL std::int64_t bpe_tokenizer::pad() const noexcept { return model_->pad; }
 MEGAMOE_DECL std::optional<std::int64_t> bpe_tokenizer::id_of(std::string_view token) const {
-  for (auto const& a : model_->added)
-    if (a.content == token) return a.id;
-  if (auto const it = model_->vocab.find(std::string(token)); it != model_->vocab.end())
-    return it->second;
-  return std::nullopt;
+  return model_->id_of(token);
 }
 
 }  // namespace megamoe::data

@@ -226,18 +226,15 @@ MEGAMOE_DECL gpt_sample query_sample(indexed_dataset const& dataset, gpt_indices
   std::int64_t const d1 = indices.sample_index[2 * j + 2], o1 = indices.sample_index[2 * j + 3];
   auto const positions = static_cast<std::int64_t>(indices.document_index.size());
   if (d0 < 0 || d1 < d0 || d1 >= positions || o0 < 0 || o1 < 0) throw damaged();
-  auto const length_at = [&](std::int64_t d) {
-    auto const id = indices.document_index[static_cast<std::size_t>(d)];
-    if (id < 0 || id >= dataset.sequence_count()) throw damaged();
-    return static_cast<std::int64_t>(dataset.sequence_length(id));
-  };
-  if (o0 > length_at(d0) || o1 + extra > length_at(d1) || (d0 == d1 && o1 < o0)) throw damaged();
-  gpt_sample out;
   auto const sequence = [&](std::int64_t d) {
     auto const id = indices.document_index[static_cast<std::size_t>(d)];
     if (id < 0 || id >= dataset.sequence_count()) throw damaged();
     return id;
   };
+  if (o0 > dataset.sequence_length(sequence(d0)) ||
+      o1 + extra > dataset.sequence_length(sequence(d1)) || (d0 == d1 && o1 < o0))
+    throw damaged();
+  gpt_sample out;
   auto const append = [&](std::int64_t d, std::int64_t from, std::optional<std::int64_t> count) {
     auto const tokens = dataset.get(sequence(d), from, count);
     out.text.insert(out.text.end(), tokens.begin(), tokens.end());
