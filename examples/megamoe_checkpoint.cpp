@@ -170,8 +170,16 @@ template <class Config>
 int upcycle_file(boost::mpi::communicator const& world, fs::path const& file, fs::path const& dir,
                  std::string const& preset, std::uint64_t seed) {
   mm::parallel::process_groups const groups(world, mm::parallel::degrees{});
-  mm::transformer<Config> model(groups,
-                                {.tp = 1, .cp = 1, .pp = 1, .etp = 1, .ep = 1, .world_size = 1});
+  // The vocabulary (dynamic in the presets) and its padding are the dense model's.
+  auto const metadata = mm::io::read_safetensors_metadata(file);
+  auto const configuration = metadata.find("configuration");
+  if (configuration == metadata.end())
+    throw mm::input_error(file.string() + " names no configuration (its vocabulary is needed)");
+  auto const dense = nlohmann::json::parse(configuration->second);
+  mm::startup_values given{.tp = 1, .cp = 1, .pp = 1, .etp = 1, .ep = 1, .world_size = 1};
+  given.vocabulary = dense.at("vocab_size").get<int>();
+  given.vocab_multiple = dense.value("make_vocab_size_divisible_by", 128);
+  mm::transformer<Config> model(groups, given);
   model.initialize(seed, 0.02);
   int const g = mm::train::upcycle(model, world, file);
   io::checkpoint_writer writer(world, dir, 0);

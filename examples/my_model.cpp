@@ -18,10 +18,12 @@ struct my_model : mm::defaults {  // the slots not named keep megamoe's defaults
   using dispatch = mm::dispatch::all_gather;
   using expert = mm::expert::mlp<mm::expert::swiglu, mm::expert::grouped>;
   using precision = mm::precision::fp8_tensorwise<mm::precision::current>;
-  using parallel = mm::parallel::mapping<mm::parallel::tp<mm::dynamic>, mm::parallel::cp<mm::dynamic>,
-                                         mm::parallel::pp<mm::dynamic>, mm::parallel::ep<mm::dynamic>>;
-  using model = md::decoder<md::layers<3>, md::heads<4>, md::query_groups<2>, md::vocabulary<256>,
-                            md::dense_ffn<256>, md::moe_layer_pattern<0, 1, 1>>;
+  using parallel =
+      mm::parallel::mapping<mm::parallel::tp<mm::dynamic>, mm::parallel::cp<mm::dynamic>,
+                            mm::parallel::pp<mm::dynamic>, mm::parallel::ep<mm::dynamic>>;
+  using model =
+      md::decoder<md::layers<3>, md::heads<4>, md::query_groups<2>, md::vocabulary<mm::dynamic>,
+                  md::dense_ffn<256>, md::moe_layer_pattern<0, 1, 1>>;
 };
 static_assert(mm::rules::check<my_model>());
 

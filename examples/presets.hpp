@@ -36,22 +36,24 @@ using preset_config =
 /// tiny: quick runs; small (default): 4 layers, MoE every other layer, 8 experts top-2;
 /// fine: fine-grained experts, every layer MoE, 16 experts top-4 with the aux-loss-free router.
 template <class Precision, class Backend = mm::expert::grouped, class Memory = mm::memory::keep_all>
-using tiny_config_in = preset_config<64, 128, 4, rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>,
-                                     md::decoder<md::layers<2>, md::heads<4>, md::vocabulary<256>,
-                                                 md::dense_ffn<256>, md::moe_layer_freq<2>>,
-                                     Precision, Backend, Memory>;
+using tiny_config_in =
+    preset_config<64, 128, 4, rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>,
+                  md::decoder<md::layers<2>, md::heads<4>, md::vocabulary<mm::dynamic>,
+                              md::dense_ffn<256>, md::moe_layer_freq<2>>,
+                  Precision, Backend, Memory>;
 using tiny_config = tiny_config_in<mm::precision::fp32>;
 template <class Precision, class Backend = mm::expert::grouped, class Memory = mm::memory::keep_all>
 using small_config_in =
     preset_config<128, 256, 8, rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>,
-                  md::decoder<md::layers<4>, md::heads<4>, md::vocabulary<256>, md::dense_ffn<512>,
-                              md::moe_layer_freq<2>>,
+                  md::decoder<md::layers<4>, md::heads<4>, md::vocabulary<mm::dynamic>,
+                              md::dense_ffn<512>, md::moe_layer_freq<2>>,
                   Precision, Backend, Memory>;
 using small_config = small_config_in<mm::precision::fp32>;
 template <class Precision, class Backend = mm::expert::grouped, class Memory = mm::memory::keep_all>
-using fine_config_in = preset_config<128, 96, 16, rt::aux_loss_free<4, rt::seq_aux_loss<1e-4>>,
-                                     md::decoder<md::layers<4>, md::heads<4>, md::vocabulary<256>>,
-                                     Precision, Backend, Memory>;
+using fine_config_in =
+    preset_config<128, 96, 16, rt::aux_loss_free<4, rt::seq_aux_loss<1e-4>>,
+                  md::decoder<md::layers<4>, md::heads<4>, md::vocabulary<mm::dynamic>>, Precision,
+                  Backend, Memory>;
 using fine_config = fine_config_in<mm::precision::fp32>;
 /// medium: big enough that compute decides the step: H 512, 8 layers of 8 heads, MoE every other
 /// layer (16 experts of width 1024, top-2), dense SwiGLU layers of width 2048; megamoe-train runs
@@ -59,18 +61,19 @@ using fine_config = fine_config_in<mm::precision::fp32>;
 template <class Precision, class Backend = mm::expert::grouped, class Memory = mm::memory::keep_all>
 using medium_config_in =
     preset_config<512, 1024, 16, rt::top_k<2, rt::aux_loss<1e-2>, rt::z_loss<1e-3>>,
-                  md::decoder<md::layers<8>, md::heads<8>, md::vocabulary<256>, md::dense_ffn<2048>,
-                              md::moe_layer_freq<2>>,
+                  md::decoder<md::layers<8>, md::heads<8>, md::vocabulary<mm::dynamic>,
+                              md::dense_ffn<2048>, md::moe_layer_freq<2>>,
                   Precision, Backend, Memory>;
 using medium_config = medium_config_in<mm::precision::fp32>;
 /// dense: `small` with each MoE layer's FFN a dense SwiGLU FFN of the experts' width (256), the
 /// model `--upcycle` starts `small` from. Such a layer is one expert with top-1 routing, whose
 /// probability is exactly 1; model.safetensors names it as the reference names a dense FFN.
 template <class Precision, class Backend = mm::expert::grouped, class Memory = mm::memory::keep_all>
-using dense_config_in = preset_config<128, 256, 1, rt::top_k<1, rt::softmax_before_topk>,
-                                      md::decoder<md::layers<4>, md::heads<4>, md::vocabulary<256>,
-                                                  md::dense_ffn<512>, md::moe_layer_freq<2>>,
-                                      Precision, Backend, Memory>;
+using dense_config_in =
+    preset_config<128, 256, 1, rt::top_k<1, rt::softmax_before_topk>,
+                  md::decoder<md::layers<4>, md::heads<4>, md::vocabulary<mm::dynamic>,
+                              md::dense_ffn<512>, md::moe_layer_freq<2>>,
+                  Precision, Backend, Memory>;
 using dense_config = dense_config_in<mm::precision::fp32>;
 /// The reference's model families scaled down with their proportions (megamoe-train's
 /// family presets):
@@ -80,8 +83,8 @@ using dense_config = dense_config_in<mm::precision::fp32>;
 template <class Precision, class Backend = mm::expert::grouped, class Memory = mm::memory::keep_all>
 using qwen3_config_in =
     preset_config<256, 128, 32, rt::top_k<4, rt::global_aux_loss<1e-3>>,
-                  md::decoder<md::layers<6>, md::heads<8>, md::query_groups<2>, md::vocabulary<256>,
-                              md::qk_layernorm<>, md::rope_base<1e6>>,
+                  md::decoder<md::layers<6>, md::heads<8>, md::query_groups<2>,
+                              md::vocabulary<mm::dynamic>, md::qk_layernorm<>, md::rope_base<1e6>>,
                   Precision, Backend, Memory>;
 using qwen3_config = qwen3_config_in<mm::precision::fp32>;
 /// mixtral: Mixtral's: hidden 256, 4 layers all MoE, grouped-query attention (8 heads, 2 query
@@ -90,8 +93,8 @@ using qwen3_config = qwen3_config_in<mm::precision::fp32>;
 template <class Precision, class Backend = mm::expert::grouped, class Memory = mm::memory::keep_all>
 using mixtral_config_in =
     preset_config<256, 512, 8, rt::top_k<2, rt::aux_loss<1e-2>>,
-                  md::decoder<md::layers<4>, md::heads<8>, md::query_groups<2>, md::vocabulary<256>,
-                              md::rope_base<1e6>>,
+                  md::decoder<md::layers<4>, md::heads<8>, md::query_groups<2>,
+                              md::vocabulary<mm::dynamic>, md::rope_base<1e6>>,
                   Precision, Backend, Memory>;
 using mixtral_config = mixtral_config_in<mm::precision::fp32>;
 /// deepseek: DeepSeek-V3's: hidden 256, 6 layers (the first dense, SwiGLU of width 1024, the
@@ -107,7 +110,7 @@ using deepseek_config_in =
                                       rt::seq_aux_loss<1e-4>>,
                     mm::dispatch::all_to_all, mm::expert::mlp<mm::expert::swiglu, Backend>,
                     Precision, job_mapping,
-                    md::decoder<md::layers<6>, md::heads<4>, md::vocabulary<256>,
+                    md::decoder<md::layers<6>, md::heads<4>, md::vocabulary<mm::dynamic>,
                                 md::dense_ffn<1024>, md::moe_layer_pattern<0, 1, 1, 1, 1, 1>,
                                 md::multi_latent_attention<96, 64, 32, 16, 32>, md::qk_layernorm<>,
                                 md::multi_token_prediction<1, 0.1>>,

@@ -102,7 +102,7 @@ def splitmix64(x):
 
 def load_corpus(path):
     """The bytes of a file, or of every regular file of a folder in name order (*.dat and *.u8
-    skipped), as train/corpus.hpp reads them; returns (training bytes, held-out bytes)."""
+    skipped); returns (training bytes, held-out bytes)."""
     if os.path.isdir(path):
         names = sorted(os.fsencode(n) for n in os.listdir(path))
         files = []

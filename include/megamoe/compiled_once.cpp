@@ -51,7 +51,7 @@
 #include <megamoe/parallel/watchdog.ipp>
 #include <megamoe/router/megatron_config.ipp>
 #include <megamoe/train/command_line.ipp>
-#include <megamoe/train/corpus.ipp>
+#include <megamoe/train/token_data.ipp>
 #include <megamoe/train/export.ipp>
 #include <megamoe/train/job_options.ipp>
 #include <megamoe/train/progress.ipp>

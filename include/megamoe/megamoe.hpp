@@ -113,6 +113,6 @@
 #include <megamoe/data/tokenizer.hpp>
 #include <megamoe/data/utf8.hpp>
 
-#include <megamoe/train/corpus.hpp>
+#include <megamoe/train/token_data.hpp>
 #include <megamoe/train/report.hpp>
 #include <megamoe/train/trainer.hpp>

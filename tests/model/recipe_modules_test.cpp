@@ -8,6 +8,7 @@
 #include "reference/recipe_reference.hpp"
 #include "support/expert_codes.hpp"
 #include "support/layer_helpers.hpp"
+#include "support/sample_data.hpp"
 
 #include <megamoe/config/config.hpp>
 #include <megamoe/expert/backends.hpp>
@@ -18,7 +19,7 @@
 #include <megamoe/model/mla.hpp>
 #include <megamoe/model/transformer.hpp>
 #include <megamoe/precision/operands.hpp>
-#include <megamoe/train/corpus.hpp>
+#include <megamoe/train/token_data.hpp>
 #include <megamoe/train/trainer.hpp>
 
 #include <gtest/gtest.h>
@@ -538,8 +539,7 @@ using tiny_model = mm::make_config<mm::shape<mm::hidden<64>, mm::ffn<64>, mm::ex
 /// Held-out bits per byte after a short run on the shipped sample.
 template <class Precision>
 double heldout_after_training() {
-  auto const corpus = megamoe::train::byte_corpus::load(std::filesystem::path(MEGAMOE_TEST_DATA) /
-                                                        "corpus_sample.txt");
+  auto const corpus = mm::testing::sample_data(32);
   mm::transformer<tiny_model<Precision>> model;
   model.initialize(1, 0.05);
   megamoe::train::train_settings settings;
@@ -557,9 +557,7 @@ double heldout_after_training() {
 // for NVFP4; and every recipe learns (below the sample's unigram baseline).
 TEST(RecipeModules, ATinyModelTrainsCloseToFp32UnderEveryRecipe) {
   double const fp32 = heldout_after_training<pr::fp32>();
-  auto const unigram = megamoe::train::byte_corpus::load(std::filesystem::path(MEGAMOE_TEST_DATA) /
-                                                         "corpus_sample.txt")
-                           .unigram_bits_per_byte();
+  auto const unigram = mm::testing::sample_data(32).unigram_bits_per_byte(0, 64, 4096);
   auto expect = [&](char const* name, double bpb, double bound) {
     std::cout << name << ": held-out " << bpb << " bits per byte (fp32 " << fp32 << ", "
               << 100.0 * (bpb / fp32 - 1.0) << " %)\n";
@@ -588,8 +586,7 @@ struct tiny_run {
 template <class Precision, class AfterStep>
 tiny_run train_tiny(mm::startup_values const& given, int steps, AfterStep&& after_step) {
   using config = tiny_model<Precision>;
-  auto const corpus = megamoe::train::byte_corpus::load(std::filesystem::path(MEGAMOE_TEST_DATA) /
-                                                        "corpus_sample.txt");
+  auto const corpus = mm::testing::sample_data(32);
   mm::transformer<config> model(given);
   model.initialize(1, 0.05);
   megamoe::train::train_settings settings;
@@ -1010,9 +1007,6 @@ using tiny_codes_model =
                     mm::memory::plan<mm::memory::quantized_weights>,
                     md::decoder<md::layers<2>, md::heads<4>, md::vocabulary<256>,
                                 md::dense_ffn<128>, md::moe_layer_freq<2>>>;
-std::filesystem::path sample() {
-  return std::filesystem::path(MEGAMOE_TEST_DATA) / "corpus_sample.txt";
-}
 
 /// What `steps` steps of the tiny model give: each step's loss, every parameter's fp32 values by
 /// name (for weights held as codes: the optimizer's masters; one rank holds every element) and,
@@ -1026,7 +1020,7 @@ struct codes_run {
 };
 template <class Config>
 codes_run train_codes_run(std::optional<int> bf16_start, int steps) {
-  auto const corpus = mm::train::byte_corpus::load(sample());
+  auto const corpus = mm::testing::sample_data(32);
   mm::startup_values given;
   given.bf16_layers_at_start = bf16_start;
   mm::transformer<Config> model(given);
@@ -1098,7 +1092,7 @@ TEST(QuantizedWeights, WholeModelTrainsAsQuantizingEveryForward) {
 // layer kept in BF16 keeps its fp32 weights.
 TEST(QuantizedWeights, ModulesHoldOnlyCodes) {
   using config = tiny_codes_model<fp8_current>;
-  auto const corpus = mm::train::byte_corpus::load(sample());
+  auto const corpus = mm::testing::sample_data(32);
   mm::startup_values given;
   given.bf16_layers_at_start = 1;  // layer 0 (MoE) in BF16, layer 1 (dense) under the recipe
   mm::transformer<config> model(given);

@@ -38,6 +38,7 @@
 // Layout: --tp, --cp, --pp, --ep, --etp (the world's other ranks are DP); --precision fp64 | fp32.
 // With --mtp 1 (modes resume, save, resave) the model has a multi-token prediction depth (an MoE
 // layer), whose table under PP is the last stage's copy of stage 0's: saved once, as stage 0's.
+#include "support/sample_data.hpp"
 #include "support/tally.hpp"
 
 #include <megamoe/config/config.hpp>
@@ -145,9 +146,11 @@ template <class Config>
 struct job {
   mm::transformer<Config> model;
   mt::trainer<Config> trainer;
-  job(mm::parallel::process_groups const& groups, mt::byte_corpus const& corpus, int steps)
+  job(mm::parallel::process_groups const& groups, mm::testing::sample_corpus const& corpus,
+      int steps)
       : model(groups),
-        trainer((model.initialize(9, 0.3), groups), model, corpus, job_settings(groups, steps)) {}
+        trainer((model.initialize(9, 0.3), groups), model,
+                corpus(job_settings(groups, steps).seq_length), job_settings(groups, steps)) {}
   std::vector<double> run(mm::context& ctx, int steps) {
     std::vector<double> losses;
     for (int k = 0; k < steps; ++k) losses.push_back(trainer.step(ctx).loss);
@@ -170,7 +173,7 @@ std::map<std::string, std::vector<double>> state_of(mm::transformer<Config>& mod
 
 template <class Config>
 void check_resume(mm::testing::tally& result, mm::parallel::process_groups const& groups,
-                  mt::byte_corpus const& corpus, mm::context& ctx, fs::path const& dir,
+                  mm::testing::sample_corpus const& corpus, mm::context& ctx, fs::path const& dir,
                   std::string const& what) {
   boost::mpi::communicator const world;
   job<Config> whole(groups, corpus, 5);
@@ -240,8 +243,9 @@ void write_dense(boost::mpi::communicator const& world, mm::transformer<Config>&
 template <class Precision, int DenseFfn>
 std::pair<double, double> upcycled_first_loss(boost::mpi::communicator const& world,
                                               mm::parallel::process_groups const& groups,
-                                              mt::byte_corpus const& corpus, mm::context& ctx,
-                                              fs::path const& file, int& granularity) {
+                                              mm::testing::sample_corpus const& corpus,
+                                              mm::context& ctx, fs::path const& file,
+                                              int& granularity) {
   mm::parallel::process_groups const dense_groups(world, mm::parallel::degrees{});
   mm::transformer<dense_config<Precision, DenseFfn>> dense(dense_groups);
   dense.initialize(5, 0.3);
@@ -250,8 +254,7 @@ std::pair<double, double> upcycled_first_loss(boost::mpi::communicator const& wo
   moe.initialize(6, 0.3);
   granularity = mt::upcycle(moe, world, file);
   std::vector<std::int32_t> tokens(8 * 2), targets(tokens.size());
-  corpus.training_batch(3, 1, static_cast<std::uint64_t>(groups.dp().rank() * 2), 8, 2, tokens,
-                        targets);
+  corpus(8).training_batch(groups.dp().rank() * 2, 8, 2, tokens, targets);
   double const a = dense.forward(ctx, tokens, targets, 8, 2).cross_entropy;
   double const b = moe.forward(ctx, tokens, targets, 8, 2).cross_entropy;
   return {a, b};
@@ -293,7 +296,7 @@ void compare_checkpoints(mm::testing::tally& result, boost::mpi::communicator co
 
 template <class Config>
 int run(arguments const& a, mm::parallel::process_groups const& groups,
-        mt::byte_corpus const& corpus) {
+        mm::testing::sample_corpus const& corpus) {
   boost::mpi::communicator const world;
   mm::context ctx(1);
   mm::testing::tally result;
@@ -518,8 +521,7 @@ int main(int argc, char** argv) {
     auto const& world = env.world();
     if (a.mode == "convert") return check_conversion(world, a.dir);
     mm::parallel::process_groups const groups(world, a.degrees);
-    auto const corpus =
-        mt::byte_corpus::load(std::string(MEGAMOE_TEST_DATA) + "/corpus_sample.txt");
+    mm::testing::sample_corpus const corpus;
     if (a.mode == "killed" || a.mode == "after_kill") {
       mm::context ctx(1);
       mm::testing::tally result;

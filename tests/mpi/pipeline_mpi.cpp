@@ -20,6 +20,7 @@
 //   mpiexec -n 4 megamoe_pipeline_mpi --pp 2 [--vpp 2] [--tp 2] [--cp 2] [--etp 1] [--ep 2]
 //                                     [--micro-batches 4] [--first 3 --last 3] [--steps 3]
 //                                     [--layout "Et|ttt|ttt|tL"] [--mtp 1]
+#include "support/sample_data.hpp"
 #include "support/tally.hpp"
 
 #include <megamoe/config/config.hpp>
@@ -78,7 +79,7 @@ struct options {
 /// waiting on messages) with V = 2 below V = 1 on the same model and batches: fp32, hidden 128,
 /// 8 micro-batches per step, steps of the two alternating, medians compared.
 int compare_bubbles(mp::process_groups const& groups, options const& o,
-                    mt::byte_corpus const& corpus, mm::context& ctx) {
+                    mm::testing::sample_corpus const& corpus, mm::context& ctx) {
   using wide =
       mm::make_config<mm::shape<mm::hidden<128>, mm::ffn<128>, mm::experts<8>>, softmax_aux,
                       mm::dispatch::all_to_all, mm::expert::mlp<mm::expert::swiglu>,
@@ -96,7 +97,8 @@ int compare_bubbles(mp::process_groups const& groups, options const& o,
   mm::transformer<wide> interleaved(groups, given);
   plain.initialize(5);
   interleaved.initialize(5);
-  mt::trainer<wide> a(groups, plain, corpus, s), b(groups, interleaved, corpus, s);
+  mt::trainer<wide> a(groups, plain, corpus(s.seq_length), s),
+      b(groups, interleaved, corpus(s.seq_length), s);
   std::vector<double> one, two;
   for (int k = 0; k < o.steps; ++k) {
     one.push_back(a.step(ctx).pipeline_bubble);
@@ -312,8 +314,8 @@ void checks_can_fail(mm::testing::tally& result, place const& at, int M) {
 
 template <class Router, class Dispatch = mm::dispatch::all_to_all, class Decoder = decoder>
 void against_one_rank(mp::process_groups const& groups, options const& o,
-                      mt::byte_corpus const& corpus, mm::context& ctx, mm::testing::tally& result,
-                      std::string const& what) {
+                      mm::testing::sample_corpus const& corpus, mm::context& ctx,
+                      mm::testing::tally& result, std::string const& what) {
   using job_config = config<Dispatch, mapped, Router, Decoder>;
   using one_config = config<mm::dispatch::local, mp::mapping<>, Router, Decoder>;
   int const DP = groups.dp().size();
@@ -327,13 +329,13 @@ void against_one_rank(mp::process_groups const& groups, options const& o,
   mm::startup_values given = mp::with_layout(o.pipeline, groups.layout());
   mm::transformer<job_config> model(groups, given);
   model.initialize(9, 0.3);
-  mt::trainer<job_config> job(groups, model, corpus, s);
+  mt::trainer<job_config> job(groups, model, corpus(s.seq_length), s);
   if (o.merged) job.template use_schedule<mp::merged_one_f_one_b>();
   mt::train_settings s1 = s;
   s1.micro_batches = s.micro_batches * DP;
   mm::transformer<one_config> one;
   one.initialize(9, 0.3);
-  mt::trainer<one_config> reference(one, corpus, s1);
+  mt::trainer<one_config> reference(one, corpus(s1.seq_length), s1);
   auto const& layout = model.pipeline();
   place const at{layout.pp(), model.pipeline_rank(), layout.vpp()};
   for (int k = 1; k <= o.steps; ++k) {
@@ -450,8 +452,7 @@ int main(int argc, char** argv) {
     });
     auto const& world = env.world();
     mp::process_groups const groups(world, o.degrees);
-    auto const corpus =
-        mt::byte_corpus::load(std::string(MEGAMOE_TEST_DATA) + "/corpus_sample.txt");
+    mm::testing::sample_corpus const corpus;
     mm::context ctx(1);
     mm::testing::tally result;
     if (o.bubble) return compare_bubbles(groups, o, corpus, ctx);
@@ -463,7 +464,7 @@ int main(int argc, char** argv) {
       s.micro_batches = o.micro_batches;
       mm::transformer<job_config> model(groups, mp::with_layout(o.pipeline, groups.layout()));
       model.initialize(9, 0.3);
-      mt::trainer<job_config> job(groups, model, corpus, s);
+      mt::trainer<job_config> job(groups, model, corpus(s.seq_length), s);
       // The short stage goes on to the step's reduction over the stages and waits there too; its
       // watchdog waits longer, so the first stage's, which names the pass, fires first.
       if (groups.pp().rank() == groups.pp().size() - 1) {

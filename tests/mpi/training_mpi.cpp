@@ -22,6 +22,7 @@
 // under CP the all_gather exchange).
 //
 //   mpiexec -n 4 megamoe_training_mpi --ep 2 [--tp 2] [--cp 2] [--etp 2] [--steps 3]
+#include "support/sample_data.hpp"
 #include "support/tally.hpp"
 
 #include <megamoe/config/config.hpp>
@@ -145,9 +146,9 @@ void compare(mm::testing::tally& result, std::string const& what, numbered_value
 /// fp32 first global batch (loss and reduced gradients, 1e-5) of the job against one rank, with
 /// `Router`.
 template <class Router, class Mapping = mapped, class Decoder = decoder>
-void against_one_rank(mm::parallel::process_groups const& groups, mt::byte_corpus const& corpus,
-                      mm::context& ctx, mm::testing::tally& result, int steps,
-                      std::string const& what) {
+void against_one_rank(mm::parallel::process_groups const& groups,
+                      mm::testing::sample_corpus const& corpus, mm::context& ctx,
+                      mm::testing::tally& result, int steps, std::string const& what) {
   int const DP = groups.dp().size(), CP = groups.cp().size();
   // fp64, whole steps through the trainer, clipping every step.
   {
@@ -159,12 +160,12 @@ void against_one_rank(mm::parallel::process_groups const& groups, mt::byte_corpu
     s.optimizer.clip_grad = 1e-3;
     mm::transformer<job_config> model(groups);
     model.initialize(9, 0.3);
-    mt::trainer<job_config> job(groups, model, corpus, s);
+    mt::trainer<job_config> job(groups, model, corpus(s.seq_length), s);
     mt::train_settings s1 = s;
     s1.micro_batches = s.micro_batches * DP;
     mm::transformer<one_config> one;
     one.initialize(9, 0.3);
-    mt::trainer<one_config> reference(one, corpus, s1);
+    mt::trainer<one_config> reference(one, corpus(s1.seq_length), s1);
     for (int k = 1; k <= steps; ++k) {
       auto const a = job.step(ctx);
       auto const b = reference.step(ctx);
@@ -205,8 +206,7 @@ void against_one_rank(mm::parallel::process_groups const& groups, mt::byte_corpu
     ctx.step.loss_backward_scale = CP;  // the reference's cp / micro-batches
     model.zero_grad();
     one.zero_grad();
-    corpus.training_batch(5, 1, static_cast<std::uint64_t>(groups.dp().rank() * micro), seq, micro,
-                          tokens, targets);
+    corpus(seq).training_batch(groups.dp().rank() * micro, seq, micro, tokens, targets);
     auto const mine = model.forward(ctx, tokens, targets, seq, micro);
     // And computes only its part: each attention keeps its S/CP x B input rows, its 1/TP of the
     // q k v and context columns and of the heads' log-sum-exp (and with all_gather the gathered
@@ -243,8 +243,7 @@ void against_one_rank(mm::parallel::process_groups const& groups, mt::byte_corpu
     ctx.step.loss_backward_scale = 1.0 / DP;
     double total = 0.0, total_mtp = 0.0;
     for (int r = 0; r < DP; ++r) {
-      corpus.training_batch(5, 1, static_cast<std::uint64_t>(r * micro), seq, micro, tokens,
-                            targets);
+      corpus(seq).training_batch(r * micro, seq, micro, tokens, targets);
       auto const out = one.forward(ctx, tokens, targets, seq, micro);
       total += out.cross_entropy;
       total_mtp += out.mtp_loss;
@@ -285,8 +284,7 @@ int main(int argc, char** argv) {
     auto const& world = env.world();
     mm::parallel::process_groups const groups(world, d);
     int const DP = groups.dp().size(), CP = groups.cp().size();
-    auto const corpus =
-        mt::byte_corpus::load(std::string(MEGAMOE_TEST_DATA) + "/corpus_sample.txt");
+    mm::testing::sample_corpus const corpus;
     mm::context ctx(1);
     mm::testing::tally result;
 
@@ -317,8 +315,8 @@ int main(int argc, char** argv) {
       mm::transformer<codes_config> codes(groups);
       plain.initialize(3, 0.3);
       codes.initialize(3, 0.3);
-      mt::trainer<plain_config> plain_job(groups, plain, corpus, s);
-      mt::trainer<codes_config> codes_job(groups, codes, corpus, s);
+      mt::trainer<plain_config> plain_job(groups, plain, corpus(s.seq_length), s);
+      mt::trainer<codes_config> codes_job(groups, codes, corpus(s.seq_length), s);
       for (int k = 1; k <= steps; ++k) {
         auto const a = plain_job.step(ctx);
         auto const b = codes_job.step(ctx);
@@ -327,8 +325,7 @@ int main(int argc, char** argv) {
       }
       // One more forward: the plain job quantizes its updated fp32 weights.
       std::vector<std::int32_t> tokens(seq * micro), targets(tokens.size());
-      corpus.training_batch(77, 1, static_cast<std::uint64_t>(groups.dp().rank() * micro), seq,
-                            micro, tokens, targets);
+      corpus(seq).training_batch(groups.dp().rank() * micro, seq, micro, tokens, targets);
       result.close("quantized weights: loss after the last update",
                    codes.forward(ctx, tokens, targets, seq, micro).cross_entropy,
                    plain.forward(ctx, tokens, targets, seq, micro).cross_entropy, 1.0, 0.0);

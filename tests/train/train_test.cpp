@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// The byte corpus (split, windows, unigram baseline, errors) and a short training run on the
-// shipped sample (tests/data/corpus_sample.txt) whose held-out loss must fall below the unigram
-// baseline.
+// The training job's token data (micro-batches, the end-of-document mask, the unigram baseline,
+// errors) and a short training run on the shipped sample (tests/data/corpus_sample.txt) whose
+// held-out loss must fall below the unigram baseline.
 #include <megamoe/config/config.hpp>
-#include <megamoe/train/corpus.hpp>
 #include <megamoe/train/trainer.hpp>
 
 #include "support/allocation_counter.hpp"
+#include "support/sample_data.hpp"
 
 #include <gtest/gtest.h>
 
@@ -23,70 +23,108 @@ namespace mt = megamoe::train;
 
 namespace {
 
-std::filesystem::path sample() {
-  return std::filesystem::path(MEGAMOE_TEST_DATA) / "corpus_sample.txt";
-}
+using mm::testing::sample_data;
 
-TEST(ByteCorpus, HoldsOutTheLastBytesAndCutsWindows) {
-  std::vector<std::uint8_t> bytes(200);
-  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::uint8_t>(i % 7 + 97);
-  mt::byte_corpus const corpus(bytes, 0.05);
-  EXPECT_EQ(corpus.training().size(), 190u);
-  EXPECT_EQ(corpus.heldout().size(), 10u);
-  EXPECT_EQ(corpus.heldout()[0], bytes[190]);
-  int const S = 4, B = 3;
+// A micro-batch is the train split's samples in order: position t = s B + b holds token s of
+// sample first + b, its target token s + 1.
+TEST(TokenData, AMicroBatchIsTheTrainSamplesInOrder) {
+  auto const data = sample_data(16);
+  int const S = 16, B = 3;
   std::vector<std::int32_t> tokens(S * B), targets(S * B);
-  corpus.training_batch(7, 2, 0, S, B, tokens, targets);
-  for (int b = 0; b < B; ++b)
+  data.training_batch(5, S, B, tokens, targets);
+  for (int b = 0; b < B; ++b) {
+    auto const text = data.train().sample(5 + b).text;
+    ASSERT_EQ(text.size(), static_cast<std::size_t>(S + 1));
     for (int s = 0; s < S; ++s) {
       auto const t = static_cast<std::size_t>(s * B + b);
-      EXPECT_EQ(targets[t], (tokens[t] - 97 + 1) % 7 + 97) << "the target is the next byte";
+      EXPECT_EQ(tokens[t], text[static_cast<std::size_t>(s)]);
+      EXPECT_EQ(targets[t], text[static_cast<std::size_t>(s) + 1]);
     }
-  // The same sequence whichever micro-batch holds it.
-  std::vector<std::int32_t> one(S), next(S);
-  corpus.training_batch(7, 2, 2, S, 1, one, next);
-  for (int s = 0; s < S; ++s)
-    EXPECT_EQ(one[static_cast<std::size_t>(s)], tokens[static_cast<std::size_t>(s * B + 2)]);
-  EXPECT_EQ(corpus.heldout_windows(3), 3);
+  }
+  EXPECT_THROW(data.training_batch(0, S + 1, 1, tokens, targets), mm::input_error);
 }
 
-TEST(ByteCorpus, UnigramBaselineIsTheSmoothedCrossEntropy) {
-  std::vector<std::uint8_t> bytes{'a', 'a', 'b', 'a', 'c', 'a', 'a', 'b', 'a', 'b'};
-  mt::byte_corpus const corpus(bytes, 0.2);  // train: aabacaab, held out: ab
-  double const total = 8 + 256;
-  double const expected = -(std::log2((5 + 1) / total) + std::log2((2 + 1) / total)) / 2;
-  EXPECT_NEAR(corpus.unigram_bits_per_byte(), expected, 1e-12);
+// --eod-mask-loss: no loss on the token after an end of document (the input is the end), as
+// GPTDataset's loss mask; the end of a document is no byte of the text.
+TEST(TokenData, EodMaskLossIgnoresTheTargetAfterAnEndOfDocument) {
+  int const S = 64;
+  auto const plain = sample_data(S, {.append_eod = true});
+  auto const masked = sample_data(S, {.append_eod = true, .eod_mask_loss = true});
+  std::vector<std::int32_t> tokens(S), targets(S), masked_targets(S);
+  int ends = 0, ignored = 0;
+  std::int64_t bytes = 0;
+  for (int i = 0; i < 40; ++i) {
+    plain.training_batch(i, S, 1, tokens, targets);
+    masked.training_batch(i, S, 1, tokens, masked_targets);
+    for (int s = 0; s < S; ++s) {
+      auto const t = static_cast<std::size_t>(s);
+      ends += tokens[t] == 256;
+      EXPECT_NE(targets[t], mt::ignored_token);
+      if (masked_targets[t] == mt::ignored_token) {
+        ++ignored;
+        EXPECT_EQ(tokens[t], 256);
+      } else {
+        EXPECT_EQ(masked_targets[t], targets[t]);
+      }
+      bytes += targets[t] != 256;
+    }
+    EXPECT_EQ(masked.target_bytes(masked_targets, 1, 0),
+              std::count_if(masked_targets.begin(), masked_targets.end(),
+                            [](std::int32_t id) { return id != 256 && id != mt::ignored_token; }));
+  }
+  EXPECT_GT(ends, 10);
+  EXPECT_EQ(ignored, ends);
+  EXPECT_NEAR(plain.bytes_per_token(40), static_cast<double>(bytes) / (40.0 * S), 1e-12);
 }
 
-// Over windows: exactly the held-out bytes the windows predict (bytes 1 .. windows*S), never the
-// first held-out byte, which no window predicts.
-TEST(ByteCorpus, WindowedUnigramBaselineCoversThePredictedBytes) {
-  std::vector<std::uint8_t> bytes(20, 'a');
-  for (auto b : {'a', 'b', 'c', 'b', 'b', 'a'}) bytes.push_back(static_cast<std::uint8_t>(b));
-  mt::byte_corpus const corpus(bytes, 6.0 / 26.0);  // held out: a b c b b a
-  ASSERT_EQ(corpus.heldout().size(), 6u);
-  double const total = 20 + 256;
-  auto bits = [&](double count) { return -std::log2((count + 1) / total); };
-  EXPECT_EQ(corpus.heldout_windows(2), 2);  // windows [a b c] and [c b b]: predicts b c b b
-  EXPECT_NEAR(corpus.unigram_bits_per_byte(2, 2), bits(0), 1e-12);
-  EXPECT_NEAR(corpus.unigram_bits_per_byte(2, 1), bits(0), 1e-12);
-  EXPECT_NEAR(corpus.unigram_bits_per_byte(2, 9), bits(0), 1e-12);  // at most every window
-  EXPECT_EQ(corpus.heldout_windows(5), 1);                          // predicts b c b b a
-  EXPECT_NEAR(corpus.unigram_bits_per_byte(5, 1), (4 * bits(0) + bits(20)) / 5, 1e-12);
-  EXPECT_NEAR(corpus.unigram_bits_per_byte(), (4 * bits(0) + 2 * bits(20)) / 6, 1e-12);
-  EXPECT_THROW((void)corpus.unigram_bits_per_byte(2, 0), mm::input_error);
+// The unigram baseline against the same sums written out: add-one frequencies of the first train
+// samples' targets over the 257 ids, the cross-entropy of the valid samples' targets per byte.
+TEST(TokenData, UnigramBaselineIsTheSmoothedCrossEntropyPerByte) {
+  int const S = 32;
+  auto const data = sample_data(S, {.append_eod = true});
+  std::vector<double> counts(257, 1.0);
+  double total = 257;
+  std::vector<std::int32_t> tokens(S), targets(S);
+  for (int i = 0; i < 50; ++i) {
+    data.training_batch(i, S, 1, tokens, targets);
+    for (auto id : targets) counts[static_cast<std::size_t>(id)] += 1, total += 1;
+  }
+  double nats = 0;
+  double bytes = 0;
+  for (int i = 3; i < 3 + 20; ++i) {
+    data.valid_sample(i, 1, 0, tokens, targets);
+    for (auto id : targets) {
+      nats -= std::log(counts[static_cast<std::size_t>(id)] / total);
+      bytes += id != 256;
+    }
+  }
+  EXPECT_NEAR(data.unigram_bits_per_byte(3, 20, 50), nats / std::log(2.0) / bytes, 1e-9);
 }
 
-TEST(ByteCorpus, MissingEmptyOrTooSmallCorporaAreErrors) {
-  EXPECT_THROW(mt::byte_corpus::load("/nonexistent/corpus.txt"), mm::input_error);
-  auto const empty = std::filesystem::temp_directory_path() / "megamoe_empty_corpus.txt";
-  std::ofstream(empty).close();
-  EXPECT_THROW(mt::byte_corpus::load(empty), mm::input_error);
-  std::filesystem::remove(empty);
-  mt::byte_corpus const tiny(std::vector<std::uint8_t>(40, 'x'), 0.05);
-  EXPECT_THROW(tiny.require_windows(16), mm::input_error);
-  auto const corpus = mt::byte_corpus::load(sample());
-  EXPECT_EQ(corpus.training().size() + corpus.heldout().size(), 60000u);
+TEST(TokenData, DataThatCannotServeTheRunIsAnError) {
+  // A sequence longer than the train split's tokens.
+  EXPECT_THROW(sample_data(100000, {.train_samples = 1, .valid_samples = 1}), mm::input_error);
+  // A split that leaves the train part no documents.
+  EXPECT_THROW(sample_data(16, {.split = "0, 100, 0"}), mm::input_error);
+  // Tokens beyond the tokenizer's vocabulary (byte data read as ids of a vocabulary of 100).
+  std::string folder = (std::filesystem::temp_directory_path() / "megamoe_vocab_XXXXXX").string();
+  ASSERT_NE(::mkdtemp(folder.data()), nullptr);
+  mm::data::preprocess_options p;
+  p.inputs = {mm::testing::corpus_sample()};
+  p.format = mm::data::text_format::text;
+  p.output_prefix = std::filesystem::path(folder) / "sample";
+  auto const report = mm::data::preprocess(mm::data::byte_tokenizer{}, p);
+  mt::data_options d;
+  d.data_path = {report.prefixes.front().string()};
+  EXPECT_THROW(mt::token_data(d, mm::data::null_tokenizer(100), 16, 1, {64, 8, 0}),
+               mm::input_error);
+  EXPECT_NO_THROW(mt::token_data(d, mm::data::byte_tokenizer{}, 16, 1, {64, 8, 0}));
+  // No data, or both kinds of paths.
+  EXPECT_THROW(mt::token_data(mt::data_options{}, mm::data::byte_tokenizer{}, 16, 1, {64, 8, 0}),
+               mm::input_error);
+  d.split_path[0] = d.data_path;
+  EXPECT_THROW(mt::token_data(d, mm::data::byte_tokenizer{}, 16, 1, {64, 8, 0}), mm::input_error);
+  std::filesystem::remove_all(folder);
 }
 
 namespace rt = mm::router;
@@ -105,7 +143,7 @@ mm::transformer<tiny_moe> two_layer_model() {
 }
 
 TEST(Training, HeldOutLossFallsBelowTheUnigramBaselineOnTheSample) {
-  auto const corpus = mt::byte_corpus::load(sample());
+  auto const corpus = sample_data(32);
   auto model = two_layer_model();
   mt::train_settings settings;
   settings.seq_length = 32;
@@ -119,7 +157,7 @@ TEST(Training, HeldOutLossFallsBelowTheUnigramBaselineOnTheSample) {
   mt::step_metrics last;
   for (int i = 0; i < settings.steps; ++i) last = trainer.step(ctx);
   double const after = trainer.heldout_bits_per_byte(ctx, 32);
-  double const unigram = corpus.unigram_bits_per_byte();
+  double const unigram = corpus.unigram_bits_per_byte(0, 32, 4096);
   EXPECT_FALSE(last.skipped);
   EXPECT_EQ(last.expert_load.size(), 1u);
   double load = 0.0;
@@ -132,7 +170,7 @@ TEST(Training, HeldOutLossFallsBelowTheUnigramBaselineOnTheSample) {
 }
 
 TEST(Training, ANonFiniteGradientSkipsTheStepOrStops) {
-  auto const corpus = mt::byte_corpus::load(sample());
+  auto const corpus = sample_data(16);
   auto model = two_layer_model();
   mt::train_settings settings;
   settings.seq_length = 16;
@@ -165,7 +203,7 @@ TEST(Training, ANonFiniteGradientSkipsTheStepOrStops) {
 // backward, loss, clipping, the optimizer and the metrics included; and the bytes held stay the
 // same.
 TEST(Training, AStepAfterTheFirstAllocatesNothing) {
-  auto const corpus = mt::byte_corpus::load(sample());
+  auto const corpus = sample_data(32);
   auto model = two_layer_model();
   mt::train_settings settings;
   settings.seq_length = 32;

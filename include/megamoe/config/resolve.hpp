@@ -29,6 +29,9 @@ struct startup_values {
   std::optional<int> world_size{};
   std::optional<int> layers{}, heads{}, query_groups{}, vocabulary{}, dense_ffn{};  // model sizes
   std::optional<int> moe_layer_freq{};  // for a model slot that leaves moe_layer_freq dynamic
+  // The padding multiple of the vocabulary (the reference's --make-vocab-size-divisible-by): the
+  // type's is a default, so a given value replaces it.
+  std::optional<int> vocab_multiple{};
   // The pipeline's chunks per rank (V) and the first and last virtual stages' layer counts (the
   // rest split evenly; evenly over all without them).
   std::optional<int> vpp{}, first_stage_layers{}, last_stage_layers{};

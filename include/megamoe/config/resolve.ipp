@@ -37,6 +37,7 @@ MEGAMOE_DECL config_values resolve(config_values v, startup_values const& given)
   detail::fill(v.model.query_groups, given.query_groups, "model num_query_groups");
   detail::fill(v.model.vocabulary, given.vocabulary, "model vocab_size");
   detail::fill(v.model.dense_ffn, given.dense_ffn, "model ffn_hidden_size");
+  if (given.vocab_multiple) v.model.vocab_multiple = *given.vocab_multiple;
   if (given.moe_layer_freq && v.model.moe_layers.is_list())
     throw input_error("start-up value for model moe_layer_freq is " +
                       std::to_string(*given.moe_layer_freq) +

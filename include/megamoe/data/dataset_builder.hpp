@@ -71,6 +71,9 @@ class gpt_split_dataset {
   [[nodiscard]] gpt_sample sample(std::int64_t i, std::int64_t pad = -1) const {
     return query_sample(*dataset_, indices_, options_, i, pad);
   }
+  void sample(std::int64_t i, std::int64_t pad, gpt_sample& out) const {
+    query_sample(*dataset_, indices_, options_, i, pad, out);
+  }
   [[nodiscard]] indexed_dataset const& dataset() const noexcept { return *dataset_; }
   [[nodiscard]] gpt_indices const& indices() const noexcept { return indices_; }
   [[nodiscard]] gpt_dataset_options const& options() const noexcept { return options_; }
@@ -95,6 +98,8 @@ class split_dataset {
   [[nodiscard]] std::int64_t size() const noexcept { return size_; }
   /// Sample i (seq_length + 1 ids) and the dataset of the blend it comes from.
   [[nodiscard]] gpt_sample sample(std::int64_t i, std::int64_t pad = -1) const;
+  /// The same into `out` (its vectors keep their capacity).
+  void sample(std::int64_t i, std::int64_t pad, gpt_sample& out) const;
   [[nodiscard]] std::int16_t dataset_of(std::int64_t i) const;
   [[nodiscard]] std::span<gpt_split_dataset const> datasets() const noexcept { return datasets_; }
   [[nodiscard]] std::span<double const> weights() const noexcept { return weights_; }

@@ -129,11 +129,17 @@ MEGAMOE_DECL std::int16_t split_dataset::dataset_of(std::int64_t i) const {
 }
 
 MEGAMOE_DECL gpt_sample split_dataset::sample(std::int64_t i, std::int64_t pad) const {
+  gpt_sample out;
+  sample(i, pad, out);
+  return out;
+}
+
+MEGAMOE_DECL void split_dataset::sample(std::int64_t i, std::int64_t pad, gpt_sample& out) const {
   check_index(i);
-  if (!blending_) return datasets_.front().sample(i, pad);
+  if (!blending_) return datasets_.front().sample(i, pad, out);
   auto const s = static_cast<std::size_t>(i);
-  return datasets_[static_cast<std::size_t>(blending_->dataset_index[s])].sample(
-      blending_->dataset_sample_index[s], pad);
+  datasets_[static_cast<std::size_t>(blending_->dataset_index[s])].sample(
+      blending_->dataset_sample_index[s], pad, out);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -149,6 +149,10 @@ struct gpt_sample {
 MEGAMOE_DECL gpt_sample query_sample(indexed_dataset const& dataset, gpt_indices const& indices,
                                      gpt_dataset_options const& options, std::int64_t index,
                                      std::int64_t pad = -1);
+/// The same into `out`, whose vectors keep their capacity from sample to sample.
+MEGAMOE_DECL void query_sample(indexed_dataset const& dataset, gpt_indices const& indices,
+                               gpt_dataset_options const& options, std::int64_t index,
+                               std::int64_t pad, gpt_sample& out);
 
 /// What GPTDataset.__getitem__ makes of a sample.
 struct gpt_item_options {

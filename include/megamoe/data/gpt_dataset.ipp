@@ -103,8 +103,7 @@ MEGAMOE_DECL gpt_indices build_gpt_indices(std::span<std::int32_t const> lengths
                       std::to_string(o.seq_length));
   if (begin < 0 || end < begin || end > static_cast<std::int64_t>(lengths.size()))
     throw input_error("GPT dataset: sequences [" + std::to_string(begin) + ", " +
-                      std::to_string(end) + ") of a dataset of " +
-                      std::to_string(lengths.size()));
+                      std::to_string(end) + ") of a dataset of " + std::to_string(lengths.size()));
   if (end > INT32_MAX)
     throw input_error("GPT dataset: " + std::to_string(end) +
                       " sequences; the document index holds int32 sequence ids");
@@ -161,8 +160,8 @@ MEGAMOE_DECL gpt_indices build_gpt_indices(std::span<std::int32_t const> lengths
   std::int64_t const total = out.epochs * out.tokens_per_epoch - extra;
   std::int64_t const samples =
       o.drop_last ? total / o.seq_length
-                  : static_cast<std::int64_t>(std::ceil(static_cast<float>(total) /
-                                                        static_cast<float>(o.seq_length)));
+                  : static_cast<std::int64_t>(
+                        std::ceil(static_cast<float>(total) / static_cast<float>(o.seq_length)));
   auto const last_position = static_cast<std::int64_t>(doc.size()) - 1;
   auto const rows = [&]<class T>(std::vector<T> index) {
     index.assign(static_cast<std::size_t>(2 * (samples + 1)), 0);
@@ -189,7 +188,8 @@ MEGAMOE_DECL gpt_indices build_gpt_indices(std::span<std::int32_t const> lengths
     return index_array(std::move(index));
   };
   // int32 unless a position or a sequence length does not fit (the reference's rule).
-  std::int64_t const longest = lengths.empty() ? 0 : *std::max_element(lengths.begin(), lengths.end());
+  std::int64_t const longest =
+      lengths.empty() ? 0 : *std::max_element(lengths.begin(), lengths.end());
   bool const wide = std::max(static_cast<std::int64_t>(doc.size()), longest) > INT32_MAX;
   out.sample_index = wide ? rows(std::vector<std::int64_t>()) : rows(std::vector<std::int32_t>());
   out.document_index = index_array(std::move(doc));
@@ -203,22 +203,32 @@ MEGAMOE_DECL gpt_indices build_gpt_indices(std::span<std::int32_t const> lengths
     if (first != samples) rng.shuffle(std::span(ids).subspan(static_cast<std::size_t>(first)));
     return index_array(std::move(ids));
   };
-  out.shuffle_index = samples < std::int64_t{UINT32_MAX} - 1 ? shuffled(std::vector<std::uint32_t>())
-                                                            : shuffled(std::vector<std::int64_t>());
+  out.shuffle_index = samples < std::int64_t{UINT32_MAX} - 1
+                          ? shuffled(std::vector<std::uint32_t>())
+                          : shuffled(std::vector<std::int64_t>());
   return out;
 }
 
 MEGAMOE_DECL gpt_sample query_sample(indexed_dataset const& dataset, gpt_indices const& indices,
                                      gpt_dataset_options const& o, std::int64_t index,
                                      std::int64_t pad) {
+  gpt_sample out;
+  query_sample(dataset, indices, o, index, pad, out);
+  return out;
+}
+
+MEGAMOE_DECL void query_sample(indexed_dataset const& dataset, gpt_indices const& indices,
+                               gpt_dataset_options const& o, std::int64_t index, std::int64_t pad,
+                               gpt_sample& out) {
   if (index < 0 || index >= indices.size())
     throw std::out_of_range("GPT dataset: sample " + std::to_string(index) + " of " +
                             std::to_string(indices.size()));
   std::int64_t const extra = o.add_extra_token ? 1 : 0;
   // Every index value is checked before it is used: a cache file is mapped, not verified.
   auto const damaged = [] {
-    return input_error("GPT dataset: an index value out of range (a damaged --data-cache-path "
-                       "file? remove it to rebuild)");
+    return input_error(
+        "GPT dataset: an index value out of range (a damaged --data-cache-path "
+        "file? remove it to rebuild)");
   };
   auto const j = static_cast<std::uint64_t>(indices.shuffle_index[static_cast<std::size_t>(index)]);
   if (j + 1 >= indices.sample_index.size() / 2) throw damaged();
@@ -234,11 +244,15 @@ MEGAMOE_DECL gpt_sample query_sample(indexed_dataset const& dataset, gpt_indices
   if (o0 > dataset.sequence_length(sequence(d0)) ||
       o1 + extra > dataset.sequence_length(sequence(d1)) || (d0 == d1 && o1 < o0))
     throw damaged();
-  gpt_sample out;
+  out.text.clear();
+  out.document_ids.clear();
   auto const append = [&](std::int64_t d, std::int64_t from, std::optional<std::int64_t> count) {
-    auto const tokens = dataset.get(sequence(d), from, count);
-    out.text.insert(out.text.end(), tokens.begin(), tokens.end());
-    out.document_ids.push_back(sequence(d));
+    auto const id = sequence(d);
+    auto const n = count.value_or(dataset.sequence_length(id) - from);
+    auto const at = out.text.size();
+    out.text.resize(at + static_cast<std::size_t>(n));
+    dataset.read(id, from, std::span(out.text).subspan(at));
+    out.document_ids.push_back(id);
   };
   if (d0 == d1) {
     append(d0, o0, o1 - o0 + extra);
@@ -250,7 +264,6 @@ MEGAMOE_DECL gpt_sample query_sample(indexed_dataset const& dataset, gpt_indices
   out.text.resize(static_cast<std::size_t>(std::max<std::int64_t>(
                       static_cast<std::int64_t>(out.text.size()), o.seq_length + extra)),
                   pad);
-  return out;
 }
 
 MEGAMOE_DECL gpt_item make_item(std::span<std::int64_t const> text, gpt_item_options const& o) {

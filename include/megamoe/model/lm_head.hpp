@@ -104,6 +104,12 @@ class lm_head {
   /// again in backward.
   double forward(expert::executor<T>& exec, const_row_matrix_map<T> h,
                  std::span<std::int32_t const> targets);
+  /// The same, the sum divided by `divisor` (under CP: the micro-batch's counted targets over
+  /// CP, so that the CP ranks' losses add up to the mean over the whole sequences).
+  double forward(expert::executor<T>& exec, const_row_matrix_map<T> h,
+                 std::span<std::int32_t const> targets, double divisor) {
+    return forward(exec, main_, h, targets, divisor);
+  }
   /// One pass: the cross-entropy of the targets that are not ignored_target, summed and divided
   /// by `divisor`; `pass` keeps what backward needs.
   double forward(expert::executor<T>& exec, cross_entropy_pass<T>& pass, const_row_matrix_map<T> h,

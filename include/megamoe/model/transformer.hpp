@@ -284,6 +284,10 @@ class transformer {
   [[nodiscard]] std::span<std::int32_t const> mtp_targets(int k) const {
     return mtp_.depth(k).pass.targets;
   }
+  /// This rank's targets in the last forward with targets, as token_losses() orders them.
+  [[nodiscard]] std::span<std::int32_t const> kept_targets() const noexcept {
+    return chunks_.targets();
+  }
 
   /// Logits [rows, V / TP] of the last forward's final hidden states: every row of this rank's
   /// CP chunks, this rank's part of the vocabulary (all of it without TP).
@@ -696,6 +700,10 @@ class transformer {
     if constexpr (mtp_depths > 0)
       if (holds_head_ && !targets.empty())
         mtp_.inputs().shift(tokens, targets, seq, batch, chunks_.ranks(), chunks_.rank());
+    // The loss's divisor: the micro-batch's counted targets over CP (each CP rank holds its
+    // chunks' part of the sum).
+    counted_targets_ = static_cast<double>(
+        std::ranges::count_if(targets, [](std::int32_t id) { return id != ignored_target; }));
     seq = chunks_.keep(tokens, targets, seq, batch);
     // This rank's rows: its CP chunks' N = S/CP * B tokens, of which it keeps N / TP in the
     // residual stream (sequence parallelism); attention, the dense FFN and the output layer see
@@ -718,7 +726,8 @@ class transformer {
       auto const hidden = s_.sp.all_rows(const_view(s_.normed));
       final_hidden_ = hidden.data();  // for logits()
       if (!chunks_.targets().empty())
-        out.cross_entropy = head_.forward(ctx.executor<scalar>(), hidden, chunks_.targets());
+        out.cross_entropy = head_.forward(ctx.executor<scalar>(), hidden, chunks_.targets(),
+                                          std::max(1.0, counted_targets_) / context_parallel());
       if constexpr (mtp_depths > 0) {  // the depths write over the gathered rows and s_.normed
         final_rows_ = hidden;
         final_hidden_ = final_rows_.data();
@@ -801,6 +810,7 @@ class transformer {
   lm_head<scalar> head_{1, 1};
   parallel::process_groups const* groups_ = nullptr;  // kept by reference; null on one rank
   int seq_ = 0, batch_ = 0;                           // this rank's positions, sequences
+  double counted_targets_ = 0.0;                      // the micro-batch's, for the loss's divisor
   // The micro-batch run: under CP this rank's chunks of it (no CP buffers where the type fixes CP
   // 1).
   context_chunks<Config::parallel::value.cp != 1> chunks_;

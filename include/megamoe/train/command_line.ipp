@@ -161,8 +161,61 @@ MEGAMOE_DECL std::optional<int> command_line::parse(boost::mpi::communicator con
 
 MEGAMOE_DECL void command_line::add_model_options() {
   namespace g = option_group;
-  app_->add_option("--data", o_.data, "corpus: a text file or a folder of them")
+  auto* text = app_->add_option("--data", o_.data,
+                                "text to train on: a file or a folder of them, documents ending "
+                                "at lines of %; tokenized into --out's data/ folder")
+                   ->capture_default_str()
+                   ->group(g::model);
+  auto& d = o_.dataset;
+  auto* blend = app_->add_option("--data-path", d.data_path,
+                                 "tokenized datasets (.bin/.idx prefixes), or weight prefix pairs "
+                                 "(Megatron's)")
+                    ->expected(1, -1)
+                    ->group(g::model);
+  text->excludes(blend);
+  std::array<char const*, 3> const split_flags{"--train-data-path", "--valid-data-path",
+                                               "--test-data-path"};
+  for (std::size_t i = 0; i < 3; ++i)
+    app_->add_option(split_flags[i], d.split_path[i],
+                     "this split's datasets, or weight prefix pairs")
+        ->expected(1, -1)
+        ->excludes(blend)
+        ->excludes(text)
+        ->group(g::model);
+  app_->add_option("--split", d.split, "train, valid and test shares of --data-path's documents")
       ->capture_default_str()
+      ->group(g::model);
+  app_->add_option("--data-cache-path", d.cache,
+                   "folder for the sample indices (built by rank 0, mapped by the others)")
+      ->group(g::model);
+  app_->add_option("--mid-level-dataset-surplus", d.mid_level_surplus,
+                   "extra share of samples each dataset of a weighted blend builds")
+      ->capture_default_str()
+      ->group(g::model);
+  app_->add_flag("--eod-mask-loss", d.eod_mask_loss,
+                 "no loss on the token after an end of document")
+      ->group(g::model);
+  auto& t = d.tokenizer;
+  app_->add_option("--tokenizer-type", t.type,
+                   "ByteTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer, "
+                   "SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer or "
+                   "NullTokenizer")
+      ->capture_default_str()
+      ->group(g::model);
+  app_->add_option("--vocab-file", t.vocab_file, "GPT-2's vocab.json (GPT2BPETokenizer)")
+      ->group(g::model);
+  app_->add_option("--merge-file", t.merge_file, "GPT-2's merges.txt (GPT2BPETokenizer)")
+      ->group(g::model);
+  app_->add_option("--tokenizer-model", t.model,
+                   "tokenizer.json (HuggingFaceTokenizer) or a SentencePiece model")
+      ->group(g::model);
+  app_->add_option("--vocab-size", t.vocab_size, "NullTokenizer's vocabulary")->group(g::model);
+  app_->add_option("--null-tokenizer-eod-id", t.null_eod,
+                   "NullTokenizer's end of document (default: its last id)")
+      ->group(g::model);
+  app_->add_option("--make-vocab-size-divisible-by", o_.vocab_multiple,
+                   "pad the vocabulary to a multiple of this times TP (default: the "
+                   "configuration's, 128)")
       ->group(g::model);
   app_->add_option("--steps", o_.steps, "optimizer steps")->capture_default_str()->group(g::model);
   app_->add_option("--micro-batch", o_.micro_batch, "sequences per micro-batch")
@@ -172,7 +225,7 @@ MEGAMOE_DECL void command_line::add_model_options() {
                    "sequences per step (micro-batch x micro-batches x DP; default: one "
                    "micro-batch per DP rank)")
       ->group(g::model);
-  app_->add_option("--seq-len", o_.seq_len, "bytes per sequence")
+  app_->add_option("--seq-len,--seq-length", o_.seq_len, "tokens per sequence")
       ->capture_default_str()
       ->group(g::model);
   app_->add_option("--lr", o_.lr, "peak learning rate (warmup 5 %, cosine to a tenth)")
@@ -334,13 +387,17 @@ MEGAMOE_DECL void command_line::add_output_options() {
       ->capture_default_str()
       ->group(g::output);
   app_->add_option("--eval-interval", o_.eval_interval,
-                   "held-out evaluation every N steps (default: a quarter of --steps)")
+                   "evaluation on the valid split every N steps and at the end (default: a "
+                   "quarter of --steps)")
       ->group(g::output);
   app_->add_option("--eval-iters", o_.eval_iters,
-                   "global batches of held-out windows per evaluation (default: every window)")
+                   "global batches of valid samples per evaluation, each evaluation continuing "
+                   "the valid split's samples (0: none)")
+      ->capture_default_str()
       ->group(g::output);
   app_->add_option("--sample-bytes", o_.sample_bytes,
-                   "bytes of text the trained model writes after \"The \" at the end (0: none)")
+                   "bytes of text (at least; whole tokens) the trained model writes after \"The \" "
+                   "at the end (0: none)")
       ->capture_default_str()
       ->group(g::output);
   app_->add_flag("--profile", o_.profile,

@@ -9,6 +9,7 @@
 #include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/error.hpp>
 #include <megamoe/parallel/process_groups.hpp>
+#include <megamoe/train/token_data.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -28,11 +29,15 @@ struct job_options {
   int first_stage_layers = -1, last_stage_layers = -1;  // -1: an even split
   std::string pipeline_layout;                          // the reference's layout text
   bool merged_schedule = false;                         // --overlap-moe-expert-parallel-comm
-  int eval_interval = 0, eval_iters = 0;                // 0: steps / 4, and every held-out window
-  int sample_bytes = 200;                               // generated after training; 0: none
+  int eval_interval = 0, eval_iters = 10;               // eval_interval 0: steps / 4
+  int sample_bytes = 200;  // text generated after training, in bytes at least; 0: none
   double lr = 3e-3;
   std::uint64_t seed = 1234;
+  // Text to train on (a file or a folder; documents end at lines of "%"), tokenized into the
+  // run's folder, unless the data flags name tokenized datasets.
   std::string data = "/usr/share/games/fortunes", out = "megamoe-train-out";
+  data_options dataset{};        // Megatron's data and tokenizer flags
+  int vocab_multiple = 0;        // --make-vocab-size-divisible-by (0: the type's)
   std::string preset = "small";  // the model's name (a program of one configuration: its own)
   std::string precision = "fp32";
   std::string backend = "auto";  // as given, then the unit that runs
@@ -96,9 +101,26 @@ job_options with_virtual_stages(job_options o) {
   return o;
 }
 
-/// The start-up values of this job: its degrees, its world size and its pipeline's split.
+/// The job's steps between evaluations (--eval-interval, or a quarter of the steps).
+[[nodiscard]] inline int eval_interval_of(job_options const& o) {
+  return o.eval_interval > 0 ? o.eval_interval : std::max(1, o.steps / 4);
+}
+
+/// The job's data, the same on every rank of `world`: the datasets the data flags name, or the
+/// text of --data tokenized by rank 0 into `<--out>/data/` (documents ending at "%" lines, each
+/// with the end-of-document id); Megatron's train and valid samples for --steps global batches
+/// of `global_batch` and the evaluations (data::requested_samples; no test split). With
+/// --data-cache-path rank 0 builds the indices first and the others map its files. An error is
+/// the same input_error on every rank.
+MEGAMOE_DECL token_data job_data(boost::mpi::communicator const& world, job_options const& o,
+                                 std::int64_t global_batch);
+
+/// The start-up values of this job: its degrees, its world size, its pipeline's split, and the
+/// vocabulary: the tokenizer's where the type's `vocabulary` is dynamic; a type that fixes it
+/// trains when it holds the tokenizer's (the rest is padding), and is an error otherwise.
 MEGAMOE_DECL startup_values job_values(parallel::degrees const& d, int world_size,
-                                       job_options const& o);
+                                       job_options const& o, int vocabulary,
+                                       std::int64_t tokenizer_vocabulary);
 
 }  // namespace megamoe::train
 

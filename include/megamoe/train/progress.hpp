@@ -47,10 +47,11 @@ class metrics_log {
   std::ofstream out_;
 };
 
-/// A step's line of metrics.jsonl; its expert loads go into `history` too.
+/// A step's line of metrics.jsonl (train_bpb: the loss per byte at the data's `bytes_per_token`);
+/// its expert loads go into `history` too.
 MEGAMOE_DECL nlohmann::ordered_json step_line(int step, step_metrics const& m,
                                               double flops_per_token, bool pipelined, bool has_mtp,
-                                              training_history& history);
+                                              double bytes_per_token, training_history& history);
 
 /// The progress bar on stderr: redrawn in place on a terminal; elsewhere (a log file) one line
 /// per evaluation.

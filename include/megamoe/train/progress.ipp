@@ -24,8 +24,8 @@ MEGAMOE_DECL std::string duration(double seconds) {
 
 MEGAMOE_DECL nlohmann::ordered_json step_line(int step, step_metrics const& m,
                                               double flops_per_token, bool pipelined, bool has_mtp,
-                                              training_history& history) {
-  double const bpb = m.loss / std::log(2.0);
+                                              double bytes_per_token, training_history& history) {
+  double const bpb = m.loss / std::log(2.0) / bytes_per_token;
   history.train_bpb.push_back(bpb);
   nlohmann::ordered_json line;
   line["step"] = step;

@@ -4,10 +4,11 @@
 //
 //   int main(int argc, char** argv) { return megamoe::train::run<my_config>(argc, argv); }
 //
-// with every flag of megamoe-train (train/command_line.hpp): the corpus and the schedule, the
+// with every flag of megamoe-train (train/command_line.hpp): the data and the schedule, the
 // degrees (TP, CP, PP with its virtual stages, EP, ETP; DP takes the rest of the world), the
 // reference's precision flags (which must name the recipe the type holds), checkpoints (save at
-// intervals, resume on any layout, SIGTERM), held-out evaluation, --profile, --describe. Rank 0
+// intervals, resume on any layout, SIGTERM), evaluation on the valid split, --profile, --describe.
+// Rank 0
 // shows progress on stderr and writes to --out: metrics.jsonl, training.svg and model.safetensors
 // (every weight whole, under the reference's names); the last line of stdout is one JSON object,
 // {"final": {...}}.
@@ -25,7 +26,6 @@
 #include <megamoe/parallel/traffic.hpp>
 #include <megamoe/precision/tags.hpp>
 #include <megamoe/train/command_line.hpp>
-#include <megamoe/train/corpus.hpp>
 #include <megamoe/train/export.hpp>
 #include <megamoe/train/generate.hpp>
 #include <megamoe/train/job_options.hpp>
@@ -54,6 +54,12 @@
 
 namespace megamoe::train {
 
+/// An evaluation's measure, or null where none ran.
+inline nlohmann::ordered_json measured(std::optional<evaluation> const& e,
+                                       double (evaluation::*measure)() const) {
+  return e ? nlohmann::ordered_json(((*e).*measure)()) : nlohmann::ordered_json();
+}
+
 /// --describe: the configuration resolved for this job, with its size and cost, as one JSON line.
 template <class Config>
 int describe_job(parallel::environment& env, job_options o) {
@@ -63,8 +69,10 @@ int describe_job(parallel::environment& env, job_options o) {
   parallel::check_on_every_rank(world, [&] {
     if (o.seq_len < 2) throw o.error("--seq-len must be at least 2");
     o = with_virtual_stages<Config>(o);
-    auto const given = job_values(
-        job_degrees(world.size(), o, Config::shape::value.experts), world.size(), o);
+    auto const tokenizer = data::make_tokenizer(o.dataset.tokenizer);
+    auto const given =
+        job_values(job_degrees(world.size(), o, Config::shape::value.experts), world.size(), o,
+                   Config::model::value.vocabulary, data::vocab_size(tokenizer));
     values = resolve<Config>(given);
     pipeline = parallel::pipeline_layout::of(values.model.layers, values.parallel.pp,
                                              given.pipeline_layout, given.vpp,
@@ -99,8 +107,8 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
   bool const resuming = resume != nullptr && !o.finetune;
   int saved_total = 0;
   if (resuming)
-    parallel::check_on_every_rank(
-        world, [&] { saved_total = take_saved_settings(resume->state(), o); });
+    parallel::check_on_every_rank(world,
+                                  [&] { saved_total = take_saved_settings(resume->state(), o); });
   auto const degrees = job_degrees(world.size(), o, Config::shape::value.experts);
   parallel::process_groups const groups(world, degrees);
   int const dp = groups.dp().size();
@@ -123,17 +131,21 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
                     " over " + std::to_string(dp) + " data-parallel ranks");
     settings.micro_batches = global / (o.micro_batch * dp);
   });
-  byte_corpus corpus = [&] {
-    std::optional<byte_corpus> loaded;
-    parallel::check_on_every_rank(world, [&] { loaded = byte_corpus::load(o.data); });
-    return std::move(*loaded);
-  }();
+  int const global_sequences = o.micro_batch * settings.micro_batches * dp;
+  token_data const corpus = job_data(world, o, global_sequences);
   settings.seq_length = o.seq_len;
   settings.micro_batch = o.micro_batch;
   settings.steps = o.steps;
   settings.seed = o.seed;
   settings.schedule = {o.lr, o.lr / 10, std::max(1, o.steps / 20), o.steps};
-  transformer<Config> model(groups, job_values(degrees, world.size(), o));
+  std::optional<transformer<Config>> built;
+  parallel::check_on_every_rank(world, [&] {
+    built.emplace(groups, job_values(degrees, world.size(), o, Config::model::value.vocabulary,
+                                     corpus.vocab_size()));
+  });
+  auto& model = *built;
+  auto const padded_vocabulary = data::padded_vocab_size(
+      model.values().model.vocabulary, model.values().model.vocab_multiple, degrees.tp);
   model.initialize(o.seed, 0.02);
   std::string upcycled_line;
   if (!o.upcycle.empty()) {
@@ -190,11 +202,22 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
     resumed_line = line.str();
   }
   int const first_step = trainer.steps_done() + 1;
+  // Evaluation: --eval-iters global batches of valid samples, each evaluation continuing the
+  // valid split's samples where the last one stopped (a resumed run where its checkpoint did).
+  bool const evaluates = o.eval_iters > 0 && corpus.has_valid();
+  std::int64_t const eval_samples = std::int64_t{o.eval_iters} * global_sequences;
+  std::int64_t valid_consumed = resuming ? resume->state()
+                                               .value("job", nlohmann::json::object())
+                                               .value("consumed_valid_samples", std::int64_t{0})
+                                         : 0;
   if (o.exit_signal_handler) handle_termination_signal();
   int last_saved = resuming ? trainer.steps_done() : -1;
   auto save = [&] {
     if (o.save.empty() || last_saved == trainer.steps_done()) return;
-    auto const report = save_checkpoint(trainer, world, o.save, job_state(o));
+    auto state = job_state(o);
+    state["consumed_train_samples"] = trainer.steps_done() * trainer.global_batch_samples();
+    state["consumed_valid_samples"] = valid_consumed;
+    auto const report = save_checkpoint(trainer, world, o.save, state);
     last_saved = trainer.steps_done();
     if (root)
       std::fprintf(stderr, "\n  saved iteration %d to %s (%.1f MB in %.2f s)\n", report.iteration,
@@ -205,12 +228,15 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
   auto const out_dir = std::filesystem::absolute(o.out);
   auto const metrics_path = out_dir / "metrics.jsonl", plot_path = out_dir / "training.svg",
              weights_path = out_dir / "model.safetensors";
-  // Held-out evaluation: --eval-iters global batches of windows (0: every window).
-  int const global_sequences = settings.micro_batch * settings.micro_batches * dp;
-  int const eval_windows = o.eval_iters > 0 ? std::min(corpus.heldout_windows(o.seq_len),
-                                                       o.eval_iters * global_sequences)
-                                            : corpus.heldout_windows(o.seq_len);
-  double const unigram = corpus.unigram_bits_per_byte(o.seq_len, eval_windows);
+  // The unigram baseline over the first evaluation's samples, from the tokens of the first
+  // train samples (about 4 M tokens at most).
+  std::int64_t const counted_train =
+      std::min<std::int64_t>(std::int64_t{o.steps} * global_sequences,
+                             std::max<std::int64_t>(1, (std::int64_t{1} << 22) / o.seq_len));
+  double const unigram =
+      evaluates ? corpus.unigram_bits_per_byte(valid_consumed, eval_samples, counted_train) : 0.0;
+  double const bytes_per_token =
+      corpus.bytes_per_token(std::min<std::int64_t>(counted_train, 4096));
   training_history history;
   history.unigram_bpb = unigram;
   history.load.resize(static_cast<std::size_t>(model.moe_layer_count()));
@@ -221,16 +247,20 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
   if (!bf16_layers_note.empty()) bf16_layers_note += " in BF16)";
   if (root)
     std::cerr << o.program << ": preset " << o.preset << ", precision " << o.precision
-              << bf16_layers_note << " on " << o.backend << ", " << corpus.training().size()
-              << " training bytes, " << corpus.heldout().size() << " held out (unigram " << unigram
-              << " bits/byte); " << world.size() << " rank(s), TP " << degrees.tp << ", CP "
-              << degrees.cp << ", PP " << degrees.pp
+              << bf16_layers_note << " on " << o.backend << ", " << o.dataset.tokenizer.type
+              << " (vocabulary " << corpus.vocab_size() << ", padded to " << padded_vocabulary
+              << "), " << corpus.train().size() << " train samples"
+              << (corpus.has_valid() ? ", " + std::to_string(corpus.valid().size()) + " valid"
+                                     : std::string())
+              << " of " << o.seq_len + 1 << " tokens, " << bytes_per_token
+              << " bytes per token (unigram " << unigram << " bits/byte); " << world.size()
+              << " rank(s), TP " << degrees.tp << ", CP " << degrees.cp << ", PP " << degrees.pp
               << (model.pipeline().vpp() > 1 ? " x V " + std::to_string(model.pipeline().vpp())
                                              : std::string())
               << ", EP " << degrees.ep << ", global batch " << global_sequences << " x "
-              << o.seq_len << " bytes; Adam moments " << o.moments << " ("
-              << std::lround(moment_bytes[0] / 1e3) << " kB, "
-              << std::lround(moment_bytes[1] / 1e3) << " kB saved)"
+              << o.seq_len << " tokens; Adam moments " << o.moments << " ("
+              << std::lround(moment_bytes[0] / 1e3) << " kB, " << std::lround(moment_bytes[1] / 1e3)
+              << " kB saved)"
               << (o.quantized_weights ? "; linear weights as " + o.precision + " codes (" +
                                             std::to_string(std::lround(moment_bytes[3] / 1e3)) +
                                             " kB of fp32 values freed, " +
@@ -239,16 +269,17 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
                                       : std::string())
               << (resumed_line.empty() ? std::string() : "; " + resumed_line) << upcycled_line
               << "\n";
-  int const eval_every = o.eval_interval > 0 ? o.eval_interval : std::max(1, o.steps / 4);
+  int const eval_every = eval_interval_of(o);
   progress_bar const bar(o.steps);
   double const model_flops = model.flops_per_token(o.seq_len);
   // With multi-token prediction its loss is reported beside the main head's.
   constexpr bool has_mtp = transformer<Config>::mtp_depths > 0;
-  double heldout = 0.0;
-  if (first_step == 1) {
-    heldout = trainer.heldout_bits_per_byte(ctx, eval_windows);
-    history.heldout_bpb.emplace_back(1, heldout);
-  }
+  std::optional<evaluation> heldout;
+  auto evaluate = [&] {
+    heldout = trainer.evaluate(ctx, valid_consumed, eval_samples);
+    valid_consumed += eval_samples;
+    return *heldout;
+  };
   if (first_step > o.steps && root)
     std::fprintf(stderr, "%s: --steps %d already reached at iteration %d\n", o.program.c_str(),
                  o.steps, first_step - 1);
@@ -275,18 +306,21 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
     bubble += m.pipeline_bubble;
     tokens_per_s =
         static_cast<double>(trainer.global_batch_tokens()) * (step - first_step + 1) / elapsed;
-    auto line = step_line(step, m, model_flops, model.pipelined(), has_mtp, history);
+    auto line =
+        step_line(step, m, model_flops, model.pipelined(), has_mtp, bytes_per_token, history);
     if (m.skipped && root)
       std::fprintf(stderr, "\nstep %d skipped: non-finite loss or gradient (first in %s)\n", step,
                    m.nonfinite_at.empty() ? "the loss" : m.nonfinite_at.c_str());
     std::optional<double> evaluated, evaluated_mtp;
-    if (step % eval_every == 0 || step == o.steps) {
-      heldout = trainer.heldout_bits_per_byte(ctx, eval_windows);
-      history.heldout_bpb.emplace_back(step, heldout);
-      line["heldout_bpb"] = heldout;
-      evaluated = heldout;
+    if (evaluates && (step % eval_every == 0 || step == o.steps)) {
+      auto const e = evaluate();
+      history.heldout_bpb.emplace_back(step, e.bits_per_byte());
+      line["heldout_bpb"] = e.bits_per_byte();
+      line["heldout_loss"] = e.loss_per_token();
+      line["heldout_ppl"] = e.perplexity();
+      evaluated = e.bits_per_byte();
       if constexpr (has_mtp) {
-        evaluated_mtp = trainer.heldout_mtp_bits_per_byte();
+        evaluated_mtp = e.mtp_bits_per_byte();
         line["heldout_mtp_bpb"] = *evaluated_mtp;
       }
     }
@@ -304,7 +338,7 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
                unigram, evaluated_mtp);
   }
   save();
-  if (first_step > o.steps) heldout = trainer.heldout_bits_per_byte(ctx, eval_windows);
+  if (evaluates && !heldout) evaluate();
   int const steps_run = o.steps - first_step + 1;
   nlohmann::ordered_json profile, traffic_report;
   if (o.profile && elapsed > 0) {
@@ -316,19 +350,25 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
       profile["pipeline_bubble_analytical"] = (p - 1) / (mb + p - 1) / model.pipeline().vpp();
     }
     if (root) print_profile(o.program, profile);
-    traffic_report =
-        group_traffic(groups, model, settings, trainer.schedule(),
-                      trainer.pipeline().repeated_forwards(), decoder_bytes, expert_bytes, steps_run);
+    traffic_report = group_traffic(groups, model, settings, trainer.schedule(),
+                                   trainer.pipeline().repeated_forwards(), decoder_bytes,
+                                   expert_bytes, steps_run);
     if (root && !traffic_report.empty()) print_traffic(o.program, traffic_report);
   }
-  std::string const sample =
-      o.sample_bytes > 0 ? generate(ctx, trainer, "The ", o.sample_bytes, o.seq_len, o.seed) : "";
+  std::string const sample = o.sample_bytes > 0 ? generate(ctx, trainer, corpus.tokenizer(), "The ",
+                                                           o.sample_bytes, o.seq_len, o.seed)
+                                                : "";
   if (root) {
     std::fprintf(stderr,
                  "%s: %d steps run, %.0f tokens/s, %.2f effective model GFLOP/s (%.3g FLOPs per "
-                 "token, forward + backward), held-out %.3f bits/byte (unigram %.3f)\n",
+                 "token, forward + backward)",
                  o.program.c_str(), std::max(0, steps_run), tokens_per_s,
-                 tokens_per_s * model_flops / 1e9, model_flops, heldout, unigram);
+                 tokens_per_s * model_flops / 1e9, model_flops);
+    if (heldout)
+      std::fprintf(
+          stderr, ", valid: %.4f nats/token, perplexity %.2f, %.3f bits/byte (unigram %.3f)",
+          heldout->loss_per_token(), heldout->perplexity(), heldout->bits_per_byte(), unigram);
+    std::fprintf(stderr, "\n");
     if (!sample.empty()) std::cout << "sample:\n" << sample << "\n" << std::flush;
   }
   export_whole_model(
@@ -344,8 +384,8 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
                     {"precision", o.precision},
                     {"backend", o.backend},
                     {"tokens_per_s", tokens_per_s},
-                    {"heldout_bpb", heldout},
-                    {"unigram_bpb", unigram},
+                    {"heldout_bpb", measured(heldout, &evaluation::bits_per_byte)},
+                    {"unigram_bpb", heldout ? nlohmann::ordered_json(unigram) : nullptr},
                     {"metrics_path", metrics_path.string()},
                     {"plot_path", plot_path.string()},
                     {"weights_path", weights_path.string()},
@@ -355,8 +395,19 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
                     {"bf16_layers", layers_in_bf16(model.layers(), o.bf16_layers)},
                     {"quantized_weights", o.quantized_weights},
                     {"weight_master_bytes", moment_bytes[2]}};
+  auto& last = final["final"];
+  last["heldout_loss"] = measured(heldout, &evaluation::loss_per_token);
+  last["heldout_ppl"] = measured(heldout, &evaluation::perplexity);
+  last["heldout_tokens"] = heldout ? heldout->tokens : 0.0;
+  last["heldout_bytes"] = heldout ? heldout->bytes : 0.0;
+  last["tokenizer"] = o.dataset.tokenizer.type;
+  last["vocab_size"] = corpus.vocab_size();
+  last["padded_vocab_size"] = padded_vocabulary;
+  last["consumed_train_samples"] = trainer.steps_done() * trainer.global_batch_samples();
+  last["consumed_valid_samples"] = valid_consumed;
   if (model.pipelined() && steps_run > 0) final["final"]["pipeline_bubble"] = bubble / steps_run;
-  if constexpr (has_mtp) final["final"]["heldout_mtp_bpb"] = trainer.heldout_mtp_bits_per_byte();
+  if constexpr (has_mtp)
+    if (heldout) final["final"]["heldout_mtp_bpb"] = heldout->mtp_bits_per_byte();
   if (!profile.empty()) final["final"]["profile"] = profile;
   if (!traffic_report.empty()) final["final"]["traffic"] = traffic_report;
   std::cout << final.dump() << std::endl;
@@ -406,8 +457,9 @@ void check_built_for(job_options& o, std::optional<std::array<int, 2>> saved) {
         "memory::quantized_weights)");
   o.quantized_weights = codes;
   if (o.moments == "bf16" && !Bf16Moments)
-    throw o.error("Adam's moments in bf16 are not built into this program (train::run<Config, "
-                  "true> builds them)");
+    throw o.error(
+        "Adam's moments in bf16 are not built into this program (train::run<Config, "
+        "true> builds them)");
 }
 
 /// The whole job of configuration `Config` from the command line: parse, check the flags against

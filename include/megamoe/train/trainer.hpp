@@ -5,10 +5,11 @@
 // micro-batches' passes run in a pipeline schedule's order (train/pipeline_runner.hpp; one stage
 // without PP: forward then backward of each in turn).
 //
-// Global batch = micro_batch x micro_batches x DP sequences; sequence g of step k is the corpus
-// window drawn from (seed, k, g), DP rank r's micro-batch m holding sequences
-// [(m*DP + r) * micro_batch, +micro_batch). So one rank with micro_batches * DP micro-batches
-// trains on exactly the same global batch as DP ranks with micro_batches each.
+// Global batch = micro_batch x micro_batches x DP samples, consumed as Megatron's pretraining
+// sampler does: step k's global batch is train samples [(k - 1) G, k G), DP rank r's micro-batch m
+// holding samples (k - 1) G + [(m*DP + r) * micro_batch, +micro_batch). So one rank with
+// micro_batches * DP micro-batches trains on exactly the same global batch as DP ranks with
+// micro_batches each.
 #pragma once
 
 #include <megamoe/core/error.hpp>
@@ -20,8 +21,8 @@
 #include <megamoe/parallel/pipeline_schedule.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 #include <megamoe/parallel/watchdog.hpp>
-#include <megamoe/train/corpus.hpp>
 #include <megamoe/train/pipeline_runner.hpp>
+#include <megamoe/train/token_data.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -35,6 +36,26 @@
 
 namespace megamoe::train {
 
+static_assert(ignored_token == ignored_target);
+
+/// What an evaluation measured, summed over the job.
+struct evaluation {
+  double nats = 0.0;                // the main head's cross-entropy of the counted targets
+  double tokens = 0.0;              // the counted targets
+  double bytes = 0.0;               // the UTF-8 bytes of their text
+  double mtp_nats_per_token = 0.0;  // the MTP depths' mean (0 without)
+
+  [[nodiscard]] double loss_per_token() const { return nats / std::max(1.0, tokens); }
+  [[nodiscard]] double perplexity() const { return std::exp(loss_per_token()); }
+  [[nodiscard]] double bits_per_byte() const {
+    return nats / std::numbers::ln2 / std::max(1.0, bytes);
+  }
+  /// The MTP depths' mean in bits per byte (their tokens' bytes taken as the main head's).
+  [[nodiscard]] double mtp_bits_per_byte() const {
+    return mtp_nats_per_token * tokens / std::numbers::ln2 / std::max(1.0, bytes);
+  }
+};
+
 struct train_settings {
   int seq_length = 64;
   int micro_batch = 8;    // sequences per micro-batch
@@ -42,7 +63,7 @@ struct train_settings {
   int steps = 100;
   optim::lr_schedule schedule;
   optim::adamw_settings optimizer;
-  std::uint64_t seed = 1234;
+  std::uint64_t seed = 1234;       // the job's: kept in its checkpoints
   bool stop_on_nonfinite = false;  // otherwise a non-finite step is reported and skipped
 };
 
@@ -75,18 +96,18 @@ class trainer {
   using optimizer_type = optim::distributed_adamw<scalar, Moments>;
 
   /// One rank.
-  trainer(model_type& model, byte_corpus const& corpus, train_settings const& settings)
-      : model_(model), corpus_(corpus), settings_(settings), optimizer_(model, settings.optimizer) {
+  trainer(model_type& model, token_data const& data, train_settings const& settings)
+      : model_(model), data_(data), settings_(settings), optimizer_(model, settings.optimizer) {
     check();
     use_default_schedule();
   }
   /// On a job (DP = world / (TP CP PP)). Every rank of a TP x CP group trains on the same
   /// micro-batches, each on its chunks of the sequences (and under TP its sequence-parallel
   /// part of them).
-  trainer(parallel::process_groups const& groups, model_type& model, byte_corpus const& corpus,
+  trainer(parallel::process_groups const& groups, model_type& model, token_data const& data,
           train_settings const& settings)
       : model_(model),
-        corpus_(corpus),
+        data_(data),
         settings_(settings),
         groups_(&groups),
         optimizer_(groups, model, settings.optimizer) {
@@ -98,10 +119,13 @@ class trainer {
   [[nodiscard]] int dp_rank() const { return groups_ ? groups_->dp().rank() : 0; }
   [[nodiscard]] int cp_size() const { return groups_ ? groups_->cp().size() : 1; }
   [[nodiscard]] int tp_size() const { return groups_ ? groups_->tp().size() : 1; }
-  [[nodiscard]] std::int64_t global_batch_tokens() const {
-    return std::int64_t{settings_.micro_batch} * settings_.micro_batches * dp_size() *
-           settings_.seq_length;
+  [[nodiscard]] std::int64_t global_batch_samples() const {
+    return std::int64_t{settings_.micro_batch} * settings_.micro_batches * dp_size();
   }
+  [[nodiscard]] std::int64_t global_batch_tokens() const {
+    return global_batch_samples() * settings_.seq_length;
+  }
+  [[nodiscard]] token_data const& data() const noexcept { return data_; }
   [[nodiscard]] optimizer_type const& optimizer() const { return optimizer_; }
   [[nodiscard]] optimizer_type& optimizer() { return optimizer_; }
   [[nodiscard]] model_type& model() noexcept { return model_; }
@@ -148,9 +172,10 @@ class trainer {
     targets_.resize(tokens_.size());
     times.time(step_stage::batches, [&] {
       for (int m = 0; m < M; ++m)
-        corpus_.training_batch(settings_.seed, static_cast<std::uint64_t>(step_), first_sequence(m),
-                               S, B, std::span(tokens_).subspan(m * per_batch, per_batch),
-                               std::span(targets_).subspan(m * per_batch, per_batch));
+        data_.training_batch(
+            (step_ - 1) * global_batch_samples() + static_cast<std::int64_t>(first_sequence(m)), S,
+            B, std::span(tokens_).subspan(m * per_batch, per_batch),
+            std::span(targets_).subspan(m * per_batch, per_batch));
     });
     // Every layer's loads on every rank (a stage without the layer adds zeros), so the sums have
     // one length on all ranks.
@@ -233,42 +258,50 @@ class trainer {
     return out;
   }
 
-  /// Bits per byte of the held-out bytes: the first `max_windows` windows of S + 1 bytes, dealt
-  /// to the DP ranks in micro-batches, in eval mode. The last round's places beyond the windows
-  /// repeat window 0 and are not counted, so every mapping measures the same windows. The main
-  /// next-token head's; the MTP depths' are heldout_mtp_bits_per_byte() after it.
-  double heldout_bits_per_byte(context& ctx, int max_windows) {
+  /// Valid samples [first, first + count) in eval mode, dealt as a training step deals its
+  /// samples (in rounds of micro_batch x DP, DP rank r's slice r); places of the last round
+  /// beyond `count` repeat sample `first` and are not counted, so every mapping measures the same
+  /// samples. The main next-token head's losses, and the MTP depths' mean.
+  evaluation evaluate(context& ctx, std::int64_t first, std::int64_t count) {
     int const S = settings_.seq_length, B = settings_.micro_batch, DP = dp_size();
-    int const windows = std::max(1, std::min(max_windows, corpus_.heldout_windows(S)));
-    int const rounds = (windows + B * DP - 1) / (B * DP);
+    count = std::max<std::int64_t>(count, 1);
+    auto const rounds = (count + B * DP - 1) / (B * DP);
     ctx.step.mode = router::pass::eval;
     tokens_.resize(static_cast<std::size_t>(S) * B);
     targets_.resize(tokens_.size());
     bool const has_losses = model_.chunk_has_head(model_.pipeline().vpp() - 1);
+    bool const counts_bytes = has_losses && (groups_ == nullptr || groups_->cp().rank() == 0);
     constexpr int depths = model_type::mtp_depths;
-    std::vector<double> sums(2 + 2 * depths, 0.0);  // nats, tokens; per MTP depth the same
+    // nats, tokens, bytes; per MTP depth nats and tokens
+    std::vector<double> sums(3 + 2 * depths, 0.0);
     runner_.share_embedding();  // the MTP depths' table, as the last update left stage 0's
-    for (int r = 0; r < rounds; ++r) {
-      int const first = (r * DP + dp_rank()) * B;
+    for (std::int64_t r = 0; r < rounds; ++r) {
+      auto const at = (r * DP + dp_rank()) * B;
       for (int b = 0; b < B; ++b)
-        corpus_.heldout_window(first + b < windows ? first + b : 0, S, B, b, tokens_, targets_);
+        data_.valid_sample(first + (at + b < count ? at + b : 0), B, b, tokens_, targets_);
       runner_.run_forward_only(ctx, tokens_, targets_, S, B);
       if (!has_losses) continue;
       auto const losses = model_.token_losses();  // this rank's S / CP positions
+      auto const kept = model_.kept_targets();
       int const positions = S / cp_size();
-      for (int b = 0; b < B && first + b < windows; ++b) {
-        for (int s = 0; s < positions; ++s) sums[0] += losses[static_cast<std::size_t>(s) * B + b];
-        sums[1] += positions;
+      for (int b = 0; b < B && at + b < count; ++b) {
+        for (int s = 0; s < positions; ++s) {
+          auto const t = static_cast<std::size_t>(s) * B + b;
+          if (kept[t] == ignored_target) continue;
+          sums[0] += losses[t];
+          sums[1] += 1.0;
+        }
+        if (counts_bytes) sums[2] += static_cast<double>(data_.target_bytes(targets_, B, b));
       }
       for (int k = 1; k <= depths; ++k) {  // a depth's targets past its window are ignored
         auto const mtp_losses = model_.mtp_token_losses(k);
         auto const mtp_targets = model_.mtp_targets(k);
-        for (int b = 0; b < B && first + b < windows; ++b)
+        for (int b = 0; b < B && at + b < count; ++b)
           for (int s = 0; s < positions; ++s) {
             auto const t = static_cast<std::size_t>(s) * B + b;
             if (mtp_targets[t] == ignored_target) continue;
-            sums[2 * static_cast<std::size_t>(k)] += mtp_losses[t];
-            sums[2 * static_cast<std::size_t>(k) + 1] += 1.0;
+            sums[1 + 2 * static_cast<std::size_t>(k)] += mtp_losses[t];
+            sums[2 + 2 * static_cast<std::size_t>(k)] += 1.0;
           }
       }
     }
@@ -277,19 +310,20 @@ class trainer {
       parallel::all_reduce_sum(groups_->dp_cp(), std::span<double>(sums));
       parallel::all_reduce_sum(groups_->pp(), std::span<double>(sums));
     }
-    heldout_mtp_bpb_ = 0.0;
+    evaluation out{.nats = sums[0], .tokens = sums[1], .bytes = sums[2]};
     for (int k = 1; k <= depths; ++k)
-      heldout_mtp_bpb_ += sums[2 * static_cast<std::size_t>(k)] /
-                          sums[2 * static_cast<std::size_t>(k) + 1] / std::numbers::ln2 / depths;
-    return sums[0] / sums[1] / std::numbers::ln2;
+      out.mtp_nats_per_token += sums[1 + 2 * static_cast<std::size_t>(k)] /
+                                std::max(1.0, sums[2 + 2 * static_cast<std::size_t>(k)]) / depths;
+    return out;
   }
-  /// The last heldout_bits_per_byte's MTP depths' mean bits per byte of the bytes 2 .. D + 1
-  /// places ahead (0 without MTP).
-  [[nodiscard]] double heldout_mtp_bits_per_byte() const noexcept { return heldout_mtp_bpb_; }
+  /// Bits per UTF-8 byte of the first `count` valid samples' text (evaluate's).
+  double heldout_bits_per_byte(context& ctx, std::int64_t count) {
+    return evaluate(ctx, 0, count).bits_per_byte();
+  }
 
-  /// The schedule of every step from now on (the pipeline's, parallel/pipeline_schedule.hpp): by default
-  /// interleaved 1F1B with V chunks per rank, 1F1B otherwise (one stage: forward then backward of
-  /// each micro-batch in turn).
+  /// The schedule of every step from now on (the pipeline's, parallel/pipeline_schedule.hpp): by
+  /// default interleaved 1F1B with V chunks per rank, 1F1B otherwise (one stage: forward then
+  /// backward of each micro-batch in turn).
   template <class Schedule>
   void use_schedule() {
     static_assert(
@@ -317,7 +351,10 @@ class trainer {
           settings_.steps < 0)
         throw input_error("training: seq_length, micro_batch and micro_batches must be >= 1");
       model_.check_sequence(settings_.seq_length);
-      corpus_.require_windows(settings_.seq_length);
+      if (data_.seq_length() != settings_.seq_length)
+        throw input_error("training: samples of " + std::to_string(data_.seq_length()) +
+                          " tokens for a sequence length of " +
+                          std::to_string(settings_.seq_length));
       parallel::check_micro_batches(pipeline_shape());
     });
   }
@@ -347,7 +384,7 @@ class trainer {
   }
 
   model_type& model_;
-  byte_corpus const& corpus_;
+  token_data const& data_;
   train_settings settings_;
   parallel::process_groups const* groups_ = nullptr;
   optimizer_type optimizer_;
@@ -355,7 +392,6 @@ class trainer {
   pipeline_runner<model_type> runner_{groups_, model_};
   std::vector<std::int32_t> tokens_, targets_;
   step_metrics metrics_;
-  double heldout_mtp_bpb_ = 0.0;
   std::vector<double> sums_;       // the logged values summed over DP
   bool gradients_zeroed_ = false;  // by the last step's update
   int step_ = 0;
