@@ -3,7 +3,8 @@
 # megamoe-train on a folded layout follows the one-rank run: 20 steps of the `tiny` preset on the
 # same global batches (8 sequences of 32 bytes; FOLDED_SIZES replaces the preset and sizes), alone
 # and on RANKS ranks with the given degree flags; every step's loss must agree within RTOL
-# relative, model.safetensors must hold the same whole tensors, and the folded run ends with its
+# relative (the first three within RTOL / 10: a wrong gradient shows by step 2, before rounding
+# has moved many routing decisions or BF16 roundings), model.safetensors must hold the same whole tensors, and the folded run ends with its
 # sample and final line (the one-rank run writes no sample: the two samples may part, since a byte
 # drawn near a boundary of the sampling distribution follows float rounding). The folded run's
 # --profile reports the bytes each group carried per step: where the layout implies a volume, the
@@ -29,7 +30,8 @@ losses folded/metrics.jsonl >folded.txt
 [ "$(wc -l <one.txt)" = 20 ] && [ "$(wc -l <folded.txt)" = 20 ] || fail "not 20 steps each"
 paste one.txt folded.txt | awk -v rtol="$rtol" '
   { d = ($2 - $4) / $2; if (d < 0) d = -d; if (d > worst) worst = d
-    if ($1 != $3 || d > rtol) { printf "step %s: one rank %s, folded %s\n", $1, $2, $4; bad = 1 } }
+    tol = $1 <= 3 ? rtol / 10 : rtol
+    if ($1 != $3 || d > tol) { printf "step %s: one rank %s, folded %s\n", $1, $2, $4; bad = 1 } }
   END { printf "worst relative difference over 20 steps: %.3g\n", worst; exit bad }' ||
   fail "the loss curves differ by more than $rtol"
 grep -aq '^sample:' folded.log && grep -aq '^{"final":{"steps":20,' folded.log ||

@@ -225,7 +225,7 @@ MEGAMOE_DECL void command_line::add_model_options() {
                    "sequences per step (micro-batch x micro-batches x DP; default: one "
                    "micro-batch per DP rank)")
       ->group(g::model);
-  app_->add_option("--seq-len,--seq-length", o_.seq_len, "tokens per sequence")
+  app_->add_option("--seq-len", o_.seq_len, "tokens per sequence")
       ->capture_default_str()
       ->group(g::model);
   app_->add_option("--lr", o_.lr, "peak learning rate (warmup 5 %, cosine to a tenth)")

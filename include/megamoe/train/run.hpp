@@ -205,6 +205,11 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
   // Evaluation: --eval-iters global batches of valid samples, each evaluation continuing the
   // valid split's samples where the last one stopped (a resumed run where its checkpoint did).
   bool const evaluates = o.eval_iters > 0 && corpus.has_valid();
+  if (root && o.eval_iters > 0 && !corpus.has_valid())
+    std::fprintf(stderr,
+                 "%s: warning: no valid split (--split gives it no documents, or no "
+                 "--valid-data-path): no evaluation\n",
+                 o.program.c_str());
   std::int64_t const eval_samples = std::int64_t{o.eval_iters} * global_sequences;
   std::int64_t valid_consumed = resuming ? resume->state()
                                                .value("job", nlohmann::json::object())
@@ -359,16 +364,19 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
                                                            o.sample_bytes, o.seq_len, o.seed)
                                                 : "";
   if (root) {
-    std::fprintf(stderr,
-                 "%s: %d steps run, %.0f tokens/s, %.2f effective model GFLOP/s (%.3g FLOPs per "
-                 "token, forward + backward)",
-                 o.program.c_str(), std::max(0, steps_run), tokens_per_s,
-                 tokens_per_s * model_flops / 1e9, model_flops);
-    if (heldout)
-      std::fprintf(
-          stderr, ", valid: %.4f nats/token, perplexity %.2f, %.3f bits/byte (unigram %.3f)",
-          heldout->loss_per_token(), heldout->perplexity(), heldout->bits_per_byte(), unigram);
-    std::fprintf(stderr, "\n");
+    // One write: under mpiexec stdout and stderr reach the terminal apart, line by line.
+    char line[512];
+    int n = std::snprintf(line, sizeof line,
+                          "%s: %d steps run, %.0f tokens/s, %.2f effective model GFLOP/s (%.3g "
+                          "FLOPs per token, forward + backward)",
+                          o.program.c_str(), std::max(0, steps_run), tokens_per_s,
+                          tokens_per_s * model_flops / 1e9, model_flops);
+    if (heldout && n > 0 && n < static_cast<int>(sizeof line))
+      n += std::snprintf(line + n, sizeof line - static_cast<std::size_t>(n),
+                         ", valid: %.4f nats/token, perplexity %.2f, %.3f bits/byte (unigram %.3f)",
+                         heldout->loss_per_token(), heldout->perplexity(),
+                         heldout->bits_per_byte(), unigram);
+    if (n > 0) std::fprintf(stderr, "%s\n", line);
     if (!sample.empty()) std::cout << "sample:\n" << sample << "\n" << std::flush;
   }
   export_whole_model(
