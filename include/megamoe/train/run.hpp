@@ -238,10 +238,12 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
   std::int64_t const counted_train =
       std::min<std::int64_t>(std::int64_t{o.steps} * global_sequences,
                              std::max<std::int64_t>(1, (std::int64_t{1} << 22) / o.seq_len));
-  double const unigram =
-      evaluates ? corpus.unigram_bits_per_byte(valid_consumed, eval_samples, counted_train) : 0.0;
-  double const bytes_per_token =
-      corpus.bytes_per_token(std::min<std::int64_t>(counted_train, 4096));
+  double unigram = 0.0, bytes_per_token = 1.0;
+  parallel::check_on_every_rank(world, [&] {  // they read samples the start-up did not check
+    if (evaluates)
+      unigram = corpus.unigram_bits_per_byte(valid_consumed, eval_samples, counted_train);
+    bytes_per_token = corpus.bytes_per_token(std::min<std::int64_t>(counted_train, 4096));
+  });
   training_history history;
   history.unigram_bpb = unigram;
   history.load.resize(static_cast<std::size_t>(model.moe_layer_count()));

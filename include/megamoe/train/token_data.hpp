@@ -71,7 +71,8 @@ class token_data {
   /// Valid sample `index` (modulo the split's size) as sequence b of a micro-batch of `batch`.
   void valid_sample(std::int64_t index, int batch, int b, std::span<std::int32_t> tokens,
                     std::span<std::int32_t> targets) const;
-  /// The UTF-8 bytes of the counted targets of sequence b (those not ignored).
+  /// The UTF-8 bytes of the text of sequence b's counted targets (those not ignored; the end of a
+  /// document and the pad hold no text).
   [[nodiscard]] std::int64_t target_bytes(std::span<std::int32_t const> targets, int batch,
                                           int b) const;
 
@@ -90,10 +91,12 @@ class token_data {
 
   data::tokenizer tokenizer_;
   int seq_length_ = 0;
-  std::int64_t eod_ = -1, pad_ = -1, vocabulary_ = 0;
+  std::int64_t eod_ = -1, pad_ = -1, vocabulary_ = 0;  // eod_ -1: the tokenizer names none
   bool eod_mask_loss_ = false;
   std::optional<data::split_dataset> train_, valid_;
-  mutable data::gpt_sample sample_;  // a sample's tokens, kept between samples
+  // Buffers kept between samples, so that a step allocates nothing: a token_data serves one
+  // thread at a time.
+  mutable data::gpt_sample sample_;
   mutable std::vector<std::int64_t> ids_;
 };
 

@@ -55,7 +55,18 @@ MEGAMOE_DECL token_data::token_data(data_options const& options, data::tokenizer
       vocabulary_(data::vocab_size(tokenizer_)),
       eod_mask_loss_(options.eod_mask_loss) {
   if (seq_length < 1) throw input_error("data: the sequence length must be at least 1");
-  if (eod_mask_loss_) eod_ = data::eod(tokenizer_);
+  if (eod_mask_loss_) {
+    eod_ = data::eod(tokenizer_);
+  } else {
+    try {
+      eod_ = data::eod(tokenizer_);
+    } catch (input_error const&) {
+      eod_ = -1;  // a tokenizer without one (needed only by --eod-mask-loss)
+    }
+  }
+  // A sample of S + 1 tokens spans at most S + 1 documents: its buffers never grow in a step.
+  sample_.text.reserve(static_cast<std::size_t>(seq_length) + 1);
+  sample_.document_ids.reserve(static_cast<std::size_t>(seq_length) + 2);
   auto splits = data::build_datasets(builder_options(options, seq_length, seed), samples);
   if (!splits[0])
     throw input_error("data: no train split (--split " + options.split +
@@ -100,18 +111,21 @@ MEGAMOE_DECL void token_data::fill(data::split_dataset const& split, std::int64_
   split.sample(index, -1, sample_);
   auto const& text = sample_.text;
   auto const S = static_cast<std::size_t>(seq_length_);
+  char const* name = &split == &*train_ ? "train" : "valid";
   if (text.size() != S + 1)
-    throw input_error("data: sample " + std::to_string(index) + " holds " +
-                      std::to_string(text.size()) + " tokens, not " + std::to_string(S + 1));
+    throw input_error(std::string("data: ") + name + " sample " + std::to_string(index) +
+                      " holds " + std::to_string(text.size()) + " tokens, not " +
+                      std::to_string(S + 1));
   for (std::size_t s = 0; s < S; ++s) {
     auto const t = s * static_cast<std::size_t>(batch) + static_cast<std::size_t>(b);
     auto const token = text[s], label = text[s + 1];
     if (token >= vocabulary_ || label >= vocabulary_)
-      throw input_error("data: token " + std::to_string(std::max(token, label)) + " of sample " +
-                        std::to_string(index) + " is outside the tokenizer's vocabulary of " +
-                        std::to_string(vocabulary_));
+      throw input_error("data: token " + std::to_string(std::max(token, label)) + " of " + name +
+                        " sample " + std::to_string(index) +
+                        " is outside the tokenizer's vocabulary of " + std::to_string(vocabulary_));
+    // GPTDataset's masks, then its pads as id 0.
     bool const ignored = label == pad_ || label < 0 || (eod_mask_loss_ && token == eod_);
-    tokens[t] = token < 0 ? 0 : static_cast<std::int32_t>(token);
+    tokens[t] = token < 0 || token == pad_ ? 0 : static_cast<std::int32_t>(token);
     targets[t] = ignored ? ignored_token : static_cast<std::int32_t>(label);
   }
 }
@@ -137,7 +151,8 @@ MEGAMOE_DECL std::int64_t token_data::target_bytes(std::span<std::int32_t const>
   ids_.clear();
   for (std::size_t t = static_cast<std::size_t>(b); t < targets.size();
        t += static_cast<std::size_t>(batch))
-    if (targets[t] != ignored_token) ids_.push_back(targets[t]);
+    if (targets[t] != ignored_token && targets[t] != eod_ && targets[t] != pad_)
+      ids_.push_back(targets[t]);
   return text_bytes(tokenizer_, ids_);
 }
 
