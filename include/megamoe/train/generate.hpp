@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// megamoe/train/generate.hpp — a sample from a trained model: the prompt, encoded by the data's
-// tokenizer, continued token by token through every pipeline stage, the same on every rank.
+// megamoe/train/generate.hpp — a sample from a trained model: the prompt, encoded by the training
+// data's tokenizer, continued token by token through every pipeline stage, the same on every rank.
 #pragma once
 
-#include <megamoe/core/error.hpp>
 #include <megamoe/core/random.hpp>
 #include <megamoe/data/tokenizer.hpp>
 #include <megamoe/model/context.hpp>
 #include <megamoe/router/output.hpp>
+#include <megamoe/train/token_data.hpp>
 
 #include <Eigen/Core>
 #include <boost/mpi/collectives/broadcast.hpp>
@@ -15,19 +15,19 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
-#include <variant>
 #include <vector>
 
 namespace megamoe::train {
 
-/// Continues `prompt` by sampling tokens (temperature 0.8) of the tokenizer's vocabulary (the
-/// padding never) from the model `trainer` trains, over windows of at most `window` tokens, until
-/// the text holds `length` bytes more or the end of a document comes; every rank returns the
+/// Continues `prompt` by sampling tokens (temperature 0.8) of the data's tokenizer's vocabulary
+/// (the padding never) from the model `trainer` trains, over windows of at most `window` tokens,
+/// until the text holds `length` bytes more or the end of a document comes; every rank returns the
 /// same text.
 template <class Trainer>
-std::string generate(context& ctx, Trainer& trainer, data::tokenizer const& tokenizer,
-                     std::string const& prompt, int length, int window, std::uint64_t seed) {
+std::string generate(context& ctx, Trainer& trainer, std::string const& prompt, int length,
+                     int window, std::uint64_t seed) {
   auto& model = trainer.model();
+  auto const& tokenizer = trainer.data().tokenizer();
   auto const encoded = data::encode(tokenizer, prompt);
   std::vector<std::int32_t> tokens(encoded.begin(), encoded.end());
   std::vector<std::int64_t> generated;
@@ -39,15 +39,7 @@ std::string generate(context& ctx, Trainer& trainer, data::tokenizer const& toke
   int const multiple = (cp > 1 ? 2 * cp : 1) * model.tensor_parallel();
   int const vocabulary = static_cast<int>(
       std::min<std::int64_t>(data::vocab_size(tokenizer), model.values().model.vocabulary));
-  auto const eod = std::visit(
-      [](auto const& t) -> std::int64_t {
-        try {
-          return t.eod();
-        } catch (input_error const&) {
-          return -1;  // a tokenizer without one
-        }
-      },
-      tokenizer);
+  auto const eod = trainer.data().end_of_document();
   std::vector<std::int32_t> context;
   std::vector<double> logits;
   if (tokens.empty()) tokens.push_back(0);

@@ -362,9 +362,8 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
                                    expert_bytes, steps_run);
     if (root && !traffic_report.empty()) print_traffic(o.program, traffic_report);
   }
-  std::string const sample = o.sample_bytes > 0 ? generate(ctx, trainer, corpus.tokenizer(), "The ",
-                                                           o.sample_bytes, o.seq_len, o.seed)
-                                                : "";
+  std::string const sample =
+      o.sample_bytes > 0 ? generate(ctx, trainer, "The ", o.sample_bytes, o.seq_len, o.seed) : "";
   if (root) {
     // One write: under mpiexec stdout and stderr reach the terminal apart, line by line.
     char line[512];
@@ -376,8 +375,8 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
     if (heldout && n > 0 && n < static_cast<int>(sizeof line))
       n += std::snprintf(line + n, sizeof line - static_cast<std::size_t>(n),
                          ", valid: %.4f nats/token, perplexity %.2f, %.3f bits/byte (unigram %.3f)",
-                         heldout->loss_per_token(), heldout->perplexity(),
-                         heldout->bits_per_byte(), unigram);
+                         heldout->loss_per_token(), heldout->perplexity(), heldout->bits_per_byte(),
+                         unigram);
     if (n > 0) std::fprintf(stderr, "%s\n", line);
     if (!sample.empty()) std::cout << "sample:\n" << sample << "\n" << std::flush;
   }

@@ -59,6 +59,8 @@ class token_data {
   [[nodiscard]] int seq_length() const noexcept { return seq_length_; }
   [[nodiscard]] data::tokenizer const& tokenizer() const noexcept { return tokenizer_; }
   [[nodiscard]] std::int64_t vocab_size() const { return data::vocab_size(tokenizer_); }
+  /// The tokenizer's end-of-document id; -1 where it names none.
+  [[nodiscard]] std::int64_t end_of_document() const noexcept { return eod_; }
   [[nodiscard]] data::split_dataset const& train() const noexcept { return *train_; }
   [[nodiscard]] bool has_valid() const noexcept { return valid_.has_value(); }
   /// Throws input_error when the split is not built (--split gives it no documents).
