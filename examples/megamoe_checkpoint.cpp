@@ -10,6 +10,15 @@
 //   megamoe-checkpoint import FILE DIR              a single safetensors file (an export, or
 //                                                   megamoe-train's model.safetensors) to a
 //                                                   checkpoint any layout loads
+//   megamoe-checkpoint export --format hf --arch A [--dtype f32|bf16] [--max-shard-size BYTES] SRC OUT
+//                                                   a checkpoint or model.safetensors as a Hugging
+//                                                   Face folder of architecture A (mixtral,
+//                                                   qwen3_moe, deepseek_v3): config.json, the
+//                                                   weights under the Hub's names, sharded above
+//                                                   the size, and the run's tokenizer files
+//   megamoe-checkpoint import --format hf SRC DIR   a Hugging Face folder of those architectures
+//                                                   (F32, BF16 or F16; one or many files) to a
+//                                                   weights-only checkpoint for --finetune
 //   megamoe-checkpoint upcycle FILE DIR [--preset P] [--seed K]
 //                                                   a dense model's model.safetensors (the dense
 //                                                   preset's) upcycled into preset P (small) as
@@ -21,6 +30,7 @@
 #include "presets.hpp"
 
 #include <megamoe/io/checkpoint_files.hpp>
+#include <megamoe/io/hugging_face.hpp>
 #include <megamoe/io/safetensors.hpp>
 #include <megamoe/io/whole_tensors.hpp>
 #include <megamoe/model/transformer.hpp>
@@ -33,9 +43,11 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -164,6 +176,144 @@ int import_file(boost::mpi::communicator const& world, fs::path const& file, fs:
   return 0;
 }
 
+namespace hf = megamoe::io::hugging_face;
+
+/// What an export reads: the model configuration, the weights (whole, fp32), the training
+/// sequence length and the tokenizer the run used (megamoe-train records both).
+struct exported_model {
+  nlohmann::json model, tokenizer;
+  std::int64_t seq_length = 4096;
+  hf::named_tensors tensors;
+};
+
+exported_model read_model(boost::mpi::communicator const& world, fs::path const& source) {
+  exported_model m;
+  auto json_of = [&](std::string const& text, char const* what) {
+    auto j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_object())
+      throw mm::input_error(source.string() + ": its " + what + " is not a JSON object");
+    return j;
+  };
+  if (fs::is_regular_file(source)) {
+    io::readable_file const in(source);
+    auto const header = io::read_safetensors_header(in);
+    auto const c = header.metadata.find("configuration");
+    if (c == header.metadata.end())
+      throw mm::input_error(source.string() +
+                            " holds no megamoe configuration in its metadata (megamoe-train's "
+                            "model.safetensors and megamoe-checkpoint export write one)");
+    m.model = json_of(c->second, "configuration");
+    if (auto const t = header.metadata.find("tokenizer"); t != header.metadata.end())
+      m.tokenizer = json_of(t->second, "tokenizer");
+    if (auto const s = header.metadata.find("seq_length"); s != header.metadata.end())
+      m.seq_length = std::stoll(s->second);
+    for (auto const& t : header.tensors) {
+      if (optimizer_tensor(t.name)) continue;
+      std::vector<float> values;
+      with_element_type(t.type, source.string() + ": " + t.name, [&]<class T>() {
+        for (auto v : io::read_tensor<T>(in, t)) values.push_back(static_cast<float>(v));
+      });
+      m.tensors.emplace_back(t.name, hf::tensor{t.shape, std::move(values)});
+    }
+    return m;
+  }
+  io::checkpoint_reader reader(world, source, io::checkpoint_reader::latest_iteration(world, source));
+  auto const& state = reader.state();
+  if (!state.contains("configuration") || !state["configuration"].contains("model"))
+    throw mm::input_error(reader.folder().string() + " records no model configuration");
+  m.model = state["configuration"]["model"];
+  m.tokenizer = state.value("job", nlohmann::json::object()).value("tokenizer", nlohmann::json());
+  m.seq_length = state.value("seq_length", std::int64_t{4096});
+  for (auto const& [name, t] : reader.tensors()) {
+    if (optimizer_tensor(name)) continue;
+    m.tensors.emplace_back(name, hf::tensor{t.shape, reader.read_whole<float>(name)});
+  }
+  return m;
+}
+
+/// The tokenizer's files a run read (megamoe-train's record of its --tokenizer-* flags).
+std::vector<fs::path> tokenizer_files(nlohmann::json const& tokenizer) {
+  std::vector<fs::path> files;
+  if (!tokenizer.is_object()) return files;
+  for (char const* key : {"vocab_file", "merge_file", "model"})
+    if (tokenizer.contains(key) && tokenizer[key].is_string() &&
+        !tokenizer[key].get<std::string>().empty())
+      files.emplace_back(tokenizer[key].get<std::string>());
+  return files;
+}
+
+int export_hf(boost::mpi::communicator const& world, fs::path const& source, fs::path const& out,
+              hf::architecture arch, io::dtype stored, std::uint64_t shard_bytes) {
+  auto m = read_model(world, source);
+  std::optional<std::int64_t> eos;
+  if (m.tokenizer.is_object() && m.tokenizer.contains("eod") && m.tokenizer["eod"].is_number())
+    eos = m.tokenizer["eod"].get<std::int64_t>();
+  auto const config = hf::config_of(m.model, arch, stored, eos, m.seq_length);
+  auto const files = tokenizer_files(m.tokenizer);
+  for (auto const& f : files)
+    if (!fs::is_regular_file(f))
+      throw mm::input_error("the run's tokenizer file " + f.string() +
+                            " is gone; put it back there to export it beside the weights");
+  auto const tensors = hf::to_hugging_face(m.model, arch, std::move(m.tensors));
+  auto written = hf::write_folder(out, config, tensors, stored, shard_bytes);
+  for (auto const& f : files) {
+    // Hugging Face's loaders look for tokenizer.json, vocab.json / merges.txt and tokenizer.model.
+    auto const name = f.filename();
+    fs::copy_file(f, out / name);
+    written.push_back(out / name);
+  }
+  std::uint64_t bytes = 0;
+  for (auto const& f : written) bytes += fs::file_size(f);
+  std::cout << "exported " << tensors.size() << " tensors as " << hf::architecture_class(arch)
+            << " (" << io::dtype_name(stored) << ") to " << out.string() << ": " << written.size()
+            << " files, " << bytes << " bytes"
+            << (files.empty() ? std::string(m.tokenizer.is_object()
+                                                ? ", no tokenizer files (the run's " +
+                                                      m.tokenizer.value("type", std::string("?")) +
+                                                      " has none)"
+                                                : ", no tokenizer recorded")
+                              : ", with the tokenizer's files")
+            << "\n";
+  return 0;
+}
+
+int import_hf(boost::mpi::communicator const& world, fs::path const& source, fs::path const& dir) {
+  auto folder = hf::read_folder(source);
+  auto const arch = hf::architecture_of(folder.config);
+  auto const imported = hf::from_hugging_face(folder.config, std::move(folder.tensors));
+  auto const& model = imported.model;
+  auto const& tensors = imported.tensors;
+  for (auto const& note : imported.notes) std::cout << "note: " << note << "\n";
+  io::checkpoint_writer writer(world, dir, 0);
+  for (auto const& [name, t] : tensors) {
+    std::int64_t const rows = t.shape.size() == 1 ? 1 : t.shape[0];
+    writer.add_whole(name, t.shape, rows, t.shape.back(), t.values.data());
+  }
+  nlohmann::json const state = {
+      {"configuration", {{"model", model}}},
+      {"weights_only", true},
+      {"imported_configuration", true},
+      {"imported_from",
+       {{"format", "hf"}, {"architecture", hf::architecture_class(arch)}, {"path", source.string()}}}};
+  auto const bytes = writer.commit(state);
+  std::cout << "imported " << tensors.size() << " tensors of " << hf::architecture_class(arch)
+            << " from " << source.string() << " to " << (dir / io::iteration_folder(0)).string()
+            << " (" << bytes << " bytes, weights only: load with --finetune)\n"
+            << "the configuration it needs (the loading type must agree on every field):\n"
+            << model.dump() << "\n";
+  for (char const* name : {"tokenizer.json", "tokenizer.model"})
+    if (fs::is_regular_file(source / name))
+      std::cout << "its tokenizer: --tokenizer-type "
+                << (std::string(name) == "tokenizer.json" ? "HuggingFaceTokenizer"
+                                                          : "SentencePieceTokenizer")
+                << " --tokenizer-model " << (source / name).string() << "\n";
+  if (fs::is_regular_file(source / "vocab.json") && fs::is_regular_file(source / "merges.txt"))
+    std::cout << "its tokenizer: --tokenizer-type GPT2BPETokenizer --vocab-file "
+              << (source / "vocab.json").string() << " --merge-file "
+              << (source / "merges.txt").string() << "\n";
+  return 0;
+}
+
 /// The dense model in `file` upcycled into `Config` (initialised from `seed` as megamoe-train
 /// does), saved whole as a weights-only checkpoint of iteration 0.
 template <class Config>
@@ -218,12 +368,41 @@ int main(int argc, char** argv) {
     bool optimizer = false;
     auto* inspect_cmd = app.add_subcommand("inspect", "step, configuration, layout and tensors");
     inspect_cmd->add_option("DIR", dir, "checkpoint folder")->required();
-    auto* export_cmd = app.add_subcommand("export", "one safetensors file, every tensor whole");
-    export_cmd->add_option("DIR", dir, "checkpoint folder")->required();
-    export_cmd->add_option("FILE", file, "safetensors file to write")->required();
+    auto* export_cmd = app.add_subcommand(
+        "export", "one safetensors file, every tensor whole (or a Hugging Face folder)");
+    export_cmd
+        ->add_option("DIR", dir, "checkpoint folder (with --format hf also a model.safetensors)")
+        ->required();
+    export_cmd
+        ->add_option("FILE", file, "safetensors file to write (with --format hf a new folder)")
+        ->required();
     export_cmd->add_flag("--optimizer", optimizer, "with Adam's moments and the training state");
-    auto* import_cmd = app.add_subcommand("import", "a safetensors file to a checkpoint");
-    import_cmd->add_option("FILE", file, "safetensors file to read")->required();
+    std::string format = "megamoe", arch, dtype = "f32";
+    std::uint64_t shard_bytes = 5'000'000'000;
+    export_cmd
+        ->add_option("--format", format,
+                     "megamoe (one safetensors file) or hf (a Hugging Face folder: SRC a "
+                     "checkpoint or model.safetensors, OUT a new folder)")
+        ->check(CLI::IsMember({"megamoe", "hf"}))
+        ->capture_default_str();
+    export_cmd->add_option("--arch", arch, "with --format hf: mixtral | qwen3_moe | deepseek_v3")
+        ->check(CLI::IsMember({"mixtral", "qwen3_moe", "deepseek_v3"}));
+    export_cmd->add_option("--dtype", dtype, "with --format hf: the weights' dtype, f32 | bf16")
+        ->check(CLI::IsMember({"f32", "bf16"}))
+        ->capture_default_str();
+    export_cmd
+        ->add_option("--max-shard-size", shard_bytes,
+                     "with --format hf: bytes per safetensors file before the next one starts")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    auto* import_cmd = app.add_subcommand(
+        "import", "a safetensors file (or a Hugging Face folder) to a checkpoint");
+    import_cmd->add_option("FILE", file, "safetensors file (a Hugging Face folder with --format hf)")
+        ->required();
+    import_cmd
+        ->add_option("--format", format, "megamoe (one safetensors file) or hf (a Hugging Face folder)")
+        ->check(CLI::IsMember({"megamoe", "hf"}))
+        ->capture_default_str();
     import_cmd->add_option("DIR", dir, "checkpoint folder to write")->required();
     std::string preset = "small";
     std::uint64_t seed = 1234;
@@ -247,7 +426,18 @@ int main(int argc, char** argv) {
       });
     }
     if (*inspect_cmd) return inspect(world, dir);
-    if (*export_cmd) return export_file(world, dir, file, optimizer);
+    if (*export_cmd && format == "hf") {
+      if (arch.empty()) throw mm::input_error("export --format hf needs --arch");
+      if (optimizer) throw mm::input_error("export --format hf writes the model only (no --optimizer)");
+      return export_hf(world, dir, file, *hf::parse_architecture(arch),
+                       dtype == "bf16" ? io::dtype::bf16 : io::dtype::f32, shard_bytes);
+    }
+    if (*export_cmd) {
+      if (!arch.empty() || dtype != "f32")
+        throw mm::input_error("--arch and --dtype belong to export --format hf");
+      return export_file(world, dir, file, optimizer);
+    }
+    if (*import_cmd && format == "hf") return import_hf(world, file, dir);
     if (*upcycle_cmd) {
       auto run = [&]<class Config>() {
         return upcycle_file<Config>(world, file, dir, preset, seed);

@@ -101,8 +101,8 @@ using mixtral_config = mixtral_config_in<mm::precision::fp32>;
 /// rest MoE), multi-head latent attention (4 heads, q_lora_rank 96, kv_lora_rank 64, qk_head_dim
 /// 32, qk_pos_emb_head_dim 16, v_head_dim 32) with its latents normed (qk_layernorm), 32 routed
 /// experts of width 128 top-4 with sigmoid scores and the expert bias, 4 groups of which the top
-/// 2, scaling 2.5, one shared expert of width 128, the sequence aux loss 1e-4, and one
-/// multi-token prediction depth with loss scale 0.1.
+/// 2, scaling 2.5, one shared expert of width 128, the sequence aux loss 1e-4, one
+/// multi-token prediction depth with loss scale 0.1, and DeepSeek-V3's RMSNorm epsilon 1e-6.
 template <class Precision, class Backend = mm::expert::grouped, class Memory = mm::memory::keep_all>
 using deepseek_config_in =
     mm::make_config<mm::shape<mm::hidden<256>, mm::ffn<128>, mm::experts<32>, mm::shared_ffn<128>>,
@@ -113,7 +113,7 @@ using deepseek_config_in =
                     md::decoder<md::layers<6>, md::heads<4>, md::vocabulary<mm::dynamic>,
                                 md::dense_ffn<1024>, md::moe_layer_pattern<0, 1, 1, 1, 1, 1>,
                                 md::multi_latent_attention<96, 64, 32, 16, 32>, md::qk_layernorm<>,
-                                md::multi_token_prediction<1, 0.1>>,
+                                md::multi_token_prediction<1, 0.1>, md::norm_epsilon<1e-6>>,
                     Memory>;
 using deepseek_config = deepseek_config_in<mm::precision::fp32>;
 static_assert(mm::rules::check<qwen3_config>() && mm::rules::check<mixtral_config>() &&

@@ -30,6 +30,7 @@
 #include <megamoe/io/checkpoint_reader.ipp>
 #include <megamoe/io/checkpoint_writer.ipp>
 #include <megamoe/io/files.ipp>
+#include <megamoe/io/hugging_face.ipp>
 #include <megamoe/io/safetensors.ipp>
 #include <megamoe/io/whole_tensors.ipp>
 #include <megamoe/model/context.ipp>

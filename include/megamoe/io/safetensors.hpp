@@ -35,8 +35,8 @@ namespace megamoe::io {
 static_assert(std::endian::native == std::endian::little,
               "megamoe: safetensors are little-endian; this writer copies native bytes");
 
-/// The element types megamoe writes.
-enum class dtype { f32, f64, i64, i32, u8, bf16 };
+/// The element types megamoe writes, and F16, which Hugging Face checkpoints may hold (read only).
+enum class dtype { f32, f64, i64, i32, u8, bf16, f16 };
 
 inline constexpr char const* dtype_name(dtype t) noexcept {
   switch (t) {
@@ -46,6 +46,7 @@ inline constexpr char const* dtype_name(dtype t) noexcept {
     case dtype::i32: return "I32";
     case dtype::u8: return "U8";
     case dtype::bf16: return "BF16";
+    case dtype::f16: return "F16";
   }
   return "?";
 }
@@ -56,7 +57,8 @@ inline constexpr std::size_t dtype_size(dtype t) noexcept {
     case dtype::f64:
     case dtype::i64: return 8;
     case dtype::u8: return 1;
-    case dtype::bf16: return 2;
+    case dtype::bf16:
+    case dtype::f16: return 2;
   }
   return 0;
 }

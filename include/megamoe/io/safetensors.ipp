@@ -8,7 +8,8 @@
 namespace megamoe::io {
 
 MEGAMOE_DECL std::optional<dtype> parse_dtype(std::string const& name) {
-  for (dtype t : {dtype::f32, dtype::f64, dtype::i64, dtype::i32, dtype::u8, dtype::bf16})
+  for (dtype t : {dtype::f32, dtype::f64, dtype::i64, dtype::i32, dtype::u8, dtype::bf16,
+                  dtype::f16})
     if (name == dtype_name(t)) return t;
   return std::nullopt;
 }

@@ -400,6 +400,18 @@ MEGAMOE_DECL void command_line::add_output_options() {
                    "at the end (0: none)")
       ->capture_default_str()
       ->group(g::output);
+  app_->add_flag("--skip-train", o_.skip_train,
+                 "run no step: with --load, the loaded model's evaluation, sample, logits and "
+                 "model.safetensors")
+      ->group(g::output);
+  app_->add_option("--logits-out", o_.logits_out,
+                   "write the logits of the first --logits-samples valid samples (their tokens "
+                   "too) to this safetensors file at the end")
+      ->group(g::output);
+  app_->add_option("--logits-samples", o_.logits_samples, "valid samples for --logits-out")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber)
+      ->group(g::output);
   app_->add_flag("--profile", o_.profile,
                  "print the share of the step in each stage at the end (and in the final JSON)")
       ->group(g::output);

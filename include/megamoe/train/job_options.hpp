@@ -31,6 +31,9 @@ struct job_options {
   bool merged_schedule = false;                         // --overlap-moe-expert-parallel-comm
   int eval_interval = 0, eval_iters = 10;               // eval_interval 0: steps / 4
   int sample_bytes = 200;  // text generated after training, in bytes at least; 0: none
+  bool skip_train = false;  // --skip-train: no step; evaluation, logits and the export only
+  std::string logits_out;   // --logits-out: the logits of the first valid samples to this file
+  int logits_samples = 2;   // --logits-samples: how many
   double lr = 3e-3;
   std::uint64_t seed = 1234;
   // Text to train on (a file or a folder; documents end at lines of "%"), tokenized into the

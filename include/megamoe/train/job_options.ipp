@@ -129,6 +129,8 @@ MEGAMOE_DECL token_data job_data(boost::mpi::communicator const& world, job_opti
   auto sizes = data::requested_samples(o.steps, global_batch, eval_interval_of(o), o.eval_iters);
   sizes[2] = 0;  // the job never tests
   if (o.eval_iters == 0) sizes[1] = 0;
+  if (!o.logits_out.empty())  // --logits-out's windows are the first valid samples
+    sizes[1] = std::max<std::int64_t>(sizes[1].value_or(0), o.logits_samples);
   std::optional<token_data> out;
   auto const seed = static_cast<std::uint32_t>(o.seed);
   if (!d.cache.empty())  // rank 0 writes the cache's files, then the others map them

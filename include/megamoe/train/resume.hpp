@@ -19,6 +19,10 @@
 
 namespace megamoe::train {
 
+/// The tokenizer flags as a checkpoint and model.safetensors record them: the type and its
+/// files' absolute paths (megamoe-checkpoint export copies the files beside the weights).
+MEGAMOE_DECL nlohmann::json tokenizer_record(data::tokenizer_options const& t);
+
 /// The job state a training job keeps in its checkpoints (`take_saved_recipe` and
 /// `take_saved_settings` read it back).
 MEGAMOE_DECL nlohmann::json job_state(job_options const& o);

@@ -15,7 +15,21 @@ MEGAMOE_DECL nlohmann::json job_state(job_options const& o) {
           {"steps", o.steps},
           {"micro_batch", o.micro_batch},
           {"bf16_layers", o.bf16_layers},
-          {"quantized_weights", o.quantized_weights}};
+          {"quantized_weights", o.quantized_weights},
+          {"tokenizer", tokenizer_record(o.dataset.tokenizer)}};
+}
+
+MEGAMOE_DECL nlohmann::json tokenizer_record(data::tokenizer_options const& t) {
+  auto path = [](std::filesystem::path const& p) {
+    return p.empty() ? std::string() : std::filesystem::absolute(p).string();
+  };
+  nlohmann::json record = {{"type", t.type},
+                           {"vocab_file", path(t.vocab_file)},
+                           {"merge_file", path(t.merge_file)},
+                           {"model", path(t.model)}};
+  if (t.vocab_size) record["vocab_size"] = *t.vocab_size;
+  if (t.null_eod) record["null_eod"] = *t.null_eod;
+  return record;
 }
 
 MEGAMOE_DECL std::string saved_job_setting(io::checkpoint_reader const& checkpoint, char const* key,

@@ -28,6 +28,7 @@
 #include <megamoe/train/command_line.hpp>
 #include <megamoe/train/export.hpp>
 #include <megamoe/train/generate.hpp>
+#include <megamoe/train/logits.hpp>
 #include <megamoe/train/job_options.hpp>
 #include <megamoe/train/progress.hpp>
 #include <megamoe/train/report.hpp>
@@ -220,6 +221,7 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
   auto save = [&] {
     if (o.save.empty() || last_saved == trainer.steps_done()) return;
     auto state = job_state(o);
+    state["tokenizer"]["eod"] = corpus.end_of_document();
     state["consumed_train_samples"] = trainer.steps_done() * trainer.global_batch_samples();
     state["consumed_valid_samples"] = valid_consumed;
     auto const report = save_checkpoint(trainer, world, o.save, state);
@@ -287,7 +289,8 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
     valid_consumed += eval_samples;
     return *heldout;
   };
-  if (first_step > o.steps && root)
+  int const last_step = o.skip_train ? first_step - 1 : o.steps;
+  if (first_step > o.steps && !o.skip_train && root)
     std::fprintf(stderr, "%s: --steps %d already reached at iteration %d\n", o.program.c_str(),
                  o.steps, first_step - 1);
   double tokens_per_s = 0.0, elapsed = 0.0, bubble = 0.0;
@@ -297,7 +300,7 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
   std::array<double, groups_type::decoder_names.size()> decoder_bytes{};
   std::array<double, groups_type::expert_names.size()> expert_bytes{};
   auto& traffic = parallel::traffic::instance();
-  for (int step = first_step; step <= o.steps; ++step) {
+  for (int step = first_step; step <= last_step; ++step) {
     ctx.stages.clear();
     ctx.step_stages.clear();
     traffic.reset();
@@ -346,7 +349,7 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
   }
   save();
   if (evaluates && !heldout) evaluate();
-  int const steps_run = o.steps - first_step + 1;
+  int const steps_run = last_step - first_step + 1;
   nlohmann::ordered_json profile, traffic_report;
   if (o.profile && elapsed > 0) {
     profile = profiled.shares(elapsed, steps_run);
@@ -364,6 +367,10 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
   }
   std::string const sample =
       o.sample_bytes > 0 ? generate(ctx, trainer, "The ", o.sample_bytes, o.seq_len, o.seed) : "";
+  if (!o.logits_out.empty())
+    parallel::check_on_every_rank(world, [&] {
+      write_logits(world, ctx, trainer, o.logits_out, o.logits_samples);
+    });
   if (root) {
     // One write: under mpiexec stdout and stderr reach the terminal apart, line by line.
     char line[512];
@@ -385,11 +392,17 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
       {{"format", "pt"},
        {"producer", o.program},
        {"preset", o.preset},
-       {"configuration", checkpoint_configuration(model.values()).at("model").dump()}});
+       {"configuration", checkpoint_configuration(model.values()).at("model").dump()},
+       {"tokenizer", [&] {
+          auto record = tokenizer_record(o.dataset.tokenizer);
+          record["eod"] = corpus.end_of_document();
+          return record.dump();
+        }()},
+       {"seq_length", std::to_string(o.seq_len)}});
   if (!root) return 0;
   write_svg(plot_path, history);
   nlohmann::ordered_json final;
-  final["final"] = {{"steps", std::max(o.steps, first_step - 1)},
+  final["final"] = {{"steps", trainer.steps_done()},
                     {"precision", o.precision},
                     {"backend", o.backend},
                     {"tokens_per_s", tokens_per_s},

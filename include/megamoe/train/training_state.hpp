@@ -152,8 +152,11 @@ checkpoint_report save_checkpoint(trainer<Config, Moments>& t,
   return report;
 }
 
-/// Why a checkpoint's model differs from `values`' ("" when it is the same model).
-MEGAMOE_DECL std::string model_difference(nlohmann::json const& saved, config_values const& values);
+/// Why a checkpoint's model differs from `values`' ("" when it is the same model). With
+/// `saved_fields_only` (an imported model, which records the fields its format decides) the
+/// fields the checkpoint does not record are the loading job's.
+MEGAMOE_DECL std::string model_difference(nlohmann::json const& saved, config_values const& values,
+                                          bool saved_fields_only = false);
 
 /// Loads an opened checkpoint into a trainer built for this job (any layout), collectively over
 /// `world`. Every check fails on every rank with the same error.
@@ -170,7 +173,7 @@ checkpoint_report load_checkpoint(trainer<Config, Moments>& t,
     std::string const why = model_difference(
         state.contains("configuration") ? state["configuration"].value("model", nlohmann::json())
                                         : nlohmann::json(),
-        model.values());
+        model.values(), state.value("imported_configuration", false));
     if (!why.empty())
       throw input_error("checkpoint " + reader.folder().string() +
                         " was saved by another model: " + why);

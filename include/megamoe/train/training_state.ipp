@@ -5,6 +5,8 @@
 
 #include <megamoe/train/training_state.hpp>
 
+#include <megamoe/io/hugging_face.hpp>
+
 namespace megamoe::train {
 
 MEGAMOE_DECL bool runtime_field(std::string const& key) {
@@ -85,13 +87,28 @@ MEGAMOE_DECL std::map<std::string, element_numbering> numbering_by_name(
   return numbering_by_name_of(parameters);
 }
 
-MEGAMOE_DECL std::string model_difference(nlohmann::json const& saved,
-                                          config_values const& values) {
+MEGAMOE_DECL std::string model_difference(nlohmann::json const& saved, config_values const& values,
+                                          bool saved_fields_only) {
   auto const mine = checkpoint_configuration(values).at("model");
   if (!saved.is_object()) return "it records no model configuration";
+  // The layer kinds compare as lists: an imported model lists them, a type may give a frequency.
+  auto const same = [&](std::string const& key, nlohmann::json const& there,
+                        nlohmann::json const& here) {
+    if (key != "moe_layer_freq" || there == here) return there == here;
+    try {
+      int const layers = mine.value("num_layers", 0);
+      return io::hugging_face::moe_layer_pattern(there, layers) ==
+             io::hugging_face::moe_layer_pattern(here, layers);
+    } catch (input_error const&) {
+      return false;
+    }
+  };
   for (auto const& [key, value] : mine.items()) {
-    if (!saved.contains(key)) return key + " is missing there";
-    if (saved.at(key) != value)
+    if (!saved.contains(key)) {
+      if (saved_fields_only) continue;
+      return key + " is missing there";
+    }
+    if (!same(key, saved.at(key), value))
       return key + " is " + saved.at(key).dump() + " there, " + value.dump() + " here";
   }
   for (auto const& [key, value] : saved.items())
