@@ -15,9 +15,9 @@ to check megamoe's conversions against.
   hf_forward.py random --like CONFIG --out DIR [--seed K] [--dtype bf16|f16|f32] [--shard-bytes B]
       writes a folder of CONFIG's architecture and sizes with random weights, sharded with an
       index above B bytes (default: two files at least).
-  hf_forward.py same-tensors A B
+  hf_forward.py same-tensors A B [--bf16]
       exits 0 when the safetensors files A and B hold the same tensors (Adam's moments left out)
-      with the same bytes.
+      with the same bytes (with --bf16: A's values rounded to BF16 are B's).
 
 Only Debian's python3-numpy is needed.
 """
@@ -58,9 +58,8 @@ def write_safetensors(path, tensors, dtype):
     header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
     for name, a in tensors.items():
         a = np.ascontiguousarray(a, dtype=np.float32)
-        if dtype == "BF16":  # round to nearest even
-            bits = a.view(np.uint32)
-            b = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16).tobytes()
+        if dtype == "BF16":
+            b = (round_to_bf16(a).view(np.uint32) >> 16).astype(np.uint16).tobytes()
         elif dtype == "F16":
             b = a.astype(np.float16).tobytes()
         else:
@@ -388,8 +387,15 @@ def random_folder(args):
     return 0
 
 
+def round_to_bf16(a):
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    return (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+
+
 def same_tensors(args):
     a, b = read_safetensors(args.a), read_safetensors(args.b)
+    if args.bf16:  # A's values rounded to BF16 (nearest even) must be B's
+        a = {k: round_to_bf16(v) if v.dtype == np.float32 else v for k, v in a.items()}
     ka = {k for k in a if not k.startswith("optimizer.")}
     kb = {k for k in b if not k.startswith("optimizer.")}
     differ = sorted(k for k in ka & kb if a[k].dtype != b[k].dtype or a[k].shape != b[k].shape or a[k].tobytes() != b[k].tobytes())
@@ -417,6 +423,7 @@ def main():
     s = sub.add_parser("same-tensors")
     s.add_argument("a")
     s.add_argument("b")
+    s.add_argument("--bf16", action="store_true", help="compare A rounded to BF16 with B")
     args = parser.parse_args()
     return {"compare": compare, "random": random_folder, "same-tensors": same_tensors}[args.command](args)
 

@@ -6,7 +6,8 @@
 #      hf_forward.py gives the same from the folder (1e-5 of the largest logit), and not with a
 #      planted fault (gate and up swapped, an expert's rows shifted, the other RoPE pairing);
 #   4. import --format hf gives back the checkpoint's tensors bit for bit;
-#   5. the same from the run's model.safetensors, exported as one file;
+#   5. the same from the run's model.safetensors, exported as one file, and as BF16 values
+#      rounded to nearest even;
 #   6. a folder hf_forward.py writes with random weights (BF16, sharded) imports, loads on the
 #      layout and gives hf_forward.py's logits;
 #   7. with REFUSALS: bad folders and a mismatched preset fail, naming what is wrong.
@@ -82,6 +83,18 @@ run("import of one file" ${CHECKPOINT} import --format hf ${OUT}/hf_whole ${OUT}
 run("export of that import" ${CHECKPOINT} export ${OUT}/imported_whole ${OUT}/imported_whole.safetensors)
 run("model.safetensors's round trip" ${PYTHON} ${SCRIPT} same-tensors ${OUT}/trained.safetensors
     ${OUT}/imported_whole.safetensors)
+
+# As BF16: config.json says so, and the import holds the trained values rounded to BF16.
+run("export as BF16" ${CHECKPOINT} export --format hf --arch ${ARCH} --dtype bf16
+    ${OUT}/trained ${OUT}/hf_bf16)
+file(READ ${OUT}/hf_bf16/config.json text)
+if(NOT text MATCHES "\"torch_dtype\": \"bfloat16\"")
+  message(FATAL_ERROR "a BF16 export's config.json does not say bfloat16")
+endif()
+run("import of BF16" ${CHECKPOINT} import --format hf ${OUT}/hf_bf16 ${OUT}/imported_bf16)
+run("export of that import" ${CHECKPOINT} export ${OUT}/imported_bf16 ${OUT}/imported_bf16.safetensors)
+run("the BF16 round trip" ${PYTHON} ${SCRIPT} same-tensors --bf16 ${OUT}/trained.safetensors
+    ${OUT}/imported_bf16.safetensors)
 
 # A folder with random weights, loaded on the layout.
 run("a random folder" ${PYTHON} ${SCRIPT} random --like ${OUT}/hf/config.json --out ${OUT}/random)
