@@ -49,8 +49,10 @@
 #include <megamoe/parallel/shared_window.ipp>
 #include <megamoe/parallel/threads.ipp>
 #include <megamoe/parallel/traffic.ipp>
+#include <megamoe/parallel/wait_clock.ipp>
 #include <megamoe/parallel/watchdog.ipp>
 #include <megamoe/router/megatron_config.ipp>
+#include <megamoe/train/async_save.ipp>
 #include <megamoe/train/command_line.ipp>
 #include <megamoe/train/token_data.ipp>
 #include <megamoe/train/export.ipp>
@@ -58,6 +60,9 @@
 #include <megamoe/train/progress.ipp>
 #include <megamoe/train/report.ipp>
 #include <megamoe/train/resume.ipp>
+#include <megamoe/train/faults.ipp>
 #include <megamoe/train/signals.ipp>
+#include <megamoe/train/stragglers.ipp>
+#include <megamoe/train/supervisor.ipp>
 #include <megamoe/train/training_state.ipp>
 #include <megamoe/train/upcycle.ipp>

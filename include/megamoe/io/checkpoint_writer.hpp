@@ -78,6 +78,17 @@ class checkpoint_writer {
   /// the bytes written by all ranks (every rank the same).
   std::uint64_t commit(nlohmann::json const& state);
 
+  /// commit() in three parts, for a save written while training goes on: prepare() (collective)
+  /// makes the checkpoint's temporary folder; write_file() (local, on any thread, no MPI) writes
+  /// this rank's file from the staged copies, then frees them, keeping a failure for finish();
+  /// finish(state) (collective) agrees on every rank's write and records the checkpoint as
+  /// commit() does. Until finish() has renamed the folder, the tracker names the previous
+  /// checkpoint.
+  void prepare();
+  void write_file() noexcept;
+  std::uint64_t finish(nlohmann::json const& state);
+  [[nodiscard]] int iteration() const noexcept { return iteration_; }
+
  private:
   struct staged {
     std::string name;
@@ -92,6 +103,8 @@ class checkpoint_writer {
   std::filesystem::path root_;
   int iteration_;
   std::vector<staged> staged_;
+  nlohmann::json written_;    // this rank's file: its pieces, bytes and CRC-32
+  std::string write_error_;  // write_file()'s failure, thrown by finish() on every rank
 };
 
 }  // namespace megamoe::io

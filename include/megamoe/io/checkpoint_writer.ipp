@@ -22,11 +22,15 @@ MEGAMOE_DECL auto checkpoint_writer::staged_bytes() const noexcept -> std::size_
 }
 
 MEGAMOE_DECL auto checkpoint_writer::commit(nlohmann::json const& state) -> std::uint64_t {
-  int const rank = world_.rank();
-  auto const folder = iteration_folder(iteration_);
-  auto const partial = root_ / ("." + folder + ".partial");
+  prepare();
+  write_file();
+  return finish(state);
+}
+
+MEGAMOE_DECL auto checkpoint_writer::prepare() -> void {
+  auto const partial = root_ / ("." + iteration_folder(iteration_) + ".partial");
   parallel::check_on_every_rank(world_, [&] {
-    if (rank != 0) return;
+    if (world_.rank() != 0) return;
     std::error_code error;
     std::filesystem::create_directories(root_, error);
     if (error || !std::filesystem::is_directory(root_))
@@ -42,10 +46,12 @@ MEGAMOE_DECL auto checkpoint_writer::commit(nlohmann::json const& state) -> std:
     if (!std::filesystem::create_directory(partial, error))
       throw input_error("checkpoint: cannot create " + partial.string() + ": " + error.message());
   });
+}
 
-  // Each rank's file, in parallel.
-  nlohmann::json mine = nlohmann::json::object();
-  parallel::check_on_every_rank(world_, [&] {
+MEGAMOE_DECL auto checkpoint_writer::write_file() noexcept -> void {
+  int const rank = world_.rank();
+  auto const partial = root_ / ("." + iteration_folder(iteration_) + ".partial");
+  try {
     durable_file file(partial / rank_file(rank), checkpoint_fault(rank));
     std::vector<tensor_bytes> tensors;
     nlohmann::json pieces = nlohmann::json::array();
@@ -67,9 +73,21 @@ MEGAMOE_DECL auto checkpoint_writer::commit(nlohmann::json const& state) -> std:
                        {"iteration", std::to_string(iteration_)},
                        {"rank", std::to_string(rank)}});
     file.finish();
-    mine = {{"pieces", pieces}, {"bytes", file.size()}, {"crc32", crc_text(file.crc())}};
-  });
+    written_ = {{"pieces", pieces}, {"bytes", file.size()}, {"crc32", crc_text(file.crc())}};
+  } catch (std::exception const& e) {
+    write_error_ = e.what();
+  }
+  staged_ = {};
+}
 
+MEGAMOE_DECL auto checkpoint_writer::finish(nlohmann::json const& state) -> std::uint64_t {
+  int const rank = world_.rank();
+  auto const folder = iteration_folder(iteration_);
+  auto const partial = root_ / ("." + folder + ".partial");
+  parallel::check_on_every_rank(world_, [&] {
+    if (!write_error_.empty()) throw input_error(write_error_);
+  });
+  nlohmann::json const& mine = written_;
   std::vector<std::string> all;
   boost::mpi::gather(world_, mine.dump(), all, 0);
   std::uint64_t total = 0;

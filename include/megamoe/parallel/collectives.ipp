@@ -4,6 +4,9 @@
 #pragma once
 
 #include <megamoe/parallel/collectives.hpp>
+#include <megamoe/parallel/wait_clock.hpp>
+
+#include <chrono>
 
 namespace megamoe::parallel {
 
@@ -49,7 +52,18 @@ MEGAMOE_DECL request& request::operator=(request&& other) noexcept {
 }
 
 MEGAMOE_DECL void request::wait() {
-  if (handle_ != MPI_REQUEST_NULL) MPI_Wait(&handle_, MPI_STATUS_IGNORE);
+  if (handle_ != MPI_REQUEST_NULL) {
+    if (wait_clock::on()) {
+      auto const start = std::chrono::steady_clock::now();
+      MPI_Wait(&handle_, MPI_STATUS_IGNORE);
+      wait_clock::add(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    } else {
+      MPI_Wait(&handle_, MPI_STATUS_IGNORE);
+    }
+  }
+  // Its time in flight overlapped other work: only the wait above counts.
+  wait_clock::close(watched_, false);
   watchdog::instance().end(std::exchange(watched_, 0));
 }
 
@@ -59,6 +73,7 @@ MEGAMOE_DECL bool request::done() {
     MPI_Test(&handle_, &flag, MPI_STATUS_IGNORE);
     if (flag == 0) return false;
   }
+  wait_clock::close(watched_, false);
   watchdog::instance().end(std::exchange(watched_, 0));
   return true;
 }

@@ -3,6 +3,7 @@
 // configuration (compiled once under MEGAMOE_SEPARATE_COMPILATION; core/compiled_once.hpp).
 #pragma once
 
+#include <megamoe/parallel/wait_clock.hpp>
 #include <megamoe/parallel/watchdog.hpp>
 
 namespace megamoe::parallel {
@@ -50,7 +51,7 @@ MEGAMOE_DECL void watchdog::set_pass(int micro_batch, int stage) {
 
 MEGAMOE_DECL std::uint64_t watchdog::begin(MPI_Comm comm, char const* operation,
                                            std::int64_t elements) {
-  if (!on()) return 0;
+  if (!on()) return wait_clock::open(0);
   char name[MPI_MAX_OBJECT_NAME] = {};
   int length = 0, size = 0;
   MPI_Comm_get_name(comm, name, &length);
@@ -68,11 +69,13 @@ MEGAMOE_DECL std::uint64_t watchdog::begin(MPI_Comm comm, char const* operation,
   r.stage = stage_;
   r.started = std::chrono::steady_clock::now();
   r.running = true;
-  return sequence;
+  return wait_clock::open(sequence);
 }
 
 MEGAMOE_DECL void watchdog::end(std::uint64_t sequence) {
   if (sequence == 0) return;
+  wait_clock::close(sequence, true);
+  if (!on()) return;
   std::lock_guard lock(mutex_);
   auto& r = ring_[sequence % ring_size];
   if (r.sequence == sequence) r.running = false;

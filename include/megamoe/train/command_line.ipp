@@ -153,6 +153,7 @@ MEGAMOE_DECL std::optional<int> command_line::parse(boost::mpi::communicator con
                   << "\n";
     };
     warn("--save-interval", "--save", "saves nothing");
+    warn("--async-save", "--save", "saves nothing");
     warn("--finetune", "--load", "has nothing to load");
     warn("--no-load-optim", "--load", "has nothing to load");
   }
@@ -376,8 +377,12 @@ MEGAMOE_DECL void command_line::add_checkpoint_options() {
   app_->add_flag("--finetune", o_.finetune,
                  "with --load: the weights only; fresh optimizer, step 0")
       ->group(g::checkpoints);
+  app_->add_flag("--async-save", o_.async_save,
+                 "write checkpoints in the background: the state is copied at the step's end, "
+                 "training goes on while each rank writes its file")
+      ->group(g::checkpoints);
   app_->add_flag("--exit-signal-handler", o_.exit_signal_handler,
-                 "on SIGTERM, save (with --save) after the current step and exit 0")
+                 "on SIGTERM or SIGUSR1, save (with --save) after the current step and exit 0")
       ->group(g::checkpoints);
 }
 
@@ -411,6 +416,17 @@ MEGAMOE_DECL void command_line::add_output_options() {
   app_->add_option("--logits-samples", o_.logits_samples, "valid samples for --logits-out")
       ->capture_default_str()
       ->check(CLI::PositiveNumber)
+      ->group(g::output);
+  app_->add_option("--log-straggler-interval", o_.log_straggler_interval,
+                   "every N steps, name in metrics.jsonl and on the progress line the ranks whose "
+                   "compute (their steps less their waits in communication) exceeds the median "
+                   "rank's by more than --straggler-threshold (0: never)")
+      ->check(CLI::NonNegativeNumber)
+      ->group(g::output);
+  app_->add_option("--straggler-threshold", o_.straggler_threshold,
+                   "the share over the median rank's compute that names a straggler")
+      ->check(CLI::PositiveNumber)
+      ->default_str("0.15")
       ->group(g::output);
   app_->add_flag("--profile", o_.profile,
                  "print the share of the step in each stage at the end (and in the final JSON)")

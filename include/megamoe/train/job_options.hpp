@@ -65,6 +65,9 @@ struct job_options {
   std::string save, load, upcycle;
   int save_interval = 0;
   bool no_load_optim = false, finetune = false, exit_signal_handler = false;
+  bool async_save = false;  // --async-save: checkpoints written in the background
+  int log_straggler_interval = 0;   // check for stragglers every N steps (0: never)
+  double straggler_threshold = 0.15;  // over the median rank's compute (train/stragglers.hpp)
   // Which flags the command line gave (a resumed run takes the others from the checkpoint).
   bool steps_given = false, seed_given = false, seq_len_given = false, global_batch_given = false,
        lr_given = false, preset_given = false, micro_batch_given = false, precision_given = false,

@@ -25,8 +25,10 @@
 #include <megamoe/parallel/process_groups.hpp>
 #include <megamoe/parallel/traffic.hpp>
 #include <megamoe/precision/tags.hpp>
+#include <megamoe/train/async_save.hpp>
 #include <megamoe/train/command_line.hpp>
 #include <megamoe/train/export.hpp>
+#include <megamoe/train/faults.hpp>
 #include <megamoe/train/generate.hpp>
 #include <megamoe/train/logits.hpp>
 #include <megamoe/train/job_options.hpp>
@@ -34,6 +36,7 @@
 #include <megamoe/train/report.hpp>
 #include <megamoe/train/resume.hpp>
 #include <megamoe/train/signals.hpp>
+#include <megamoe/train/stragglers.hpp>
 #include <megamoe/train/traffic_estimate.hpp>
 #include <megamoe/train/trainer.hpp>
 #include <megamoe/train/training_state.hpp>
@@ -43,6 +46,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -102,6 +106,8 @@ int describe_job(parallel::environment& env, job_options o) {
 /// from `resume` where given.
 template <class Config, class Moments>
 int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* resume) {
+  // First, so that a signal during the start-up stops the job after its first step.
+  if (o.exit_signal_handler) handle_termination_signal();
   auto const& world = env.world();
   parallel::check_on_every_rank(world, [&] { o = with_virtual_stages<Config>(o); });
   bool const root = world.rank() == 0;
@@ -216,19 +222,56 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
                                                .value("job", nlohmann::json::object())
                                                .value("consumed_valid_samples", std::int64_t{0})
                                          : 0;
-  if (o.exit_signal_handler) handle_termination_signal();
   int last_saved = resuming ? trainer.steps_done() : -1;
+  // Saves, synchronous or (--async-save) written in the background; `save_blocked` the seconds
+  // they held the training's steps up: the whole save, or the copy into host buffers, the checks
+  // after the steps, a wait for the save before and the recording of the index (the wait at the
+  // job's end holds no step up).
+  async_saver saver;
+  double save_blocked = 0.0;
+  int saves = 0;
+  auto seconds_since = [](auto start) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  auto print_recorded = [&](std::optional<recorded_save> const& done) {
+    if (root && done)
+      std::fprintf(
+          stderr, "\n  saved iteration %d to %s (%.1f MB, written in %.2f s while training)\n",
+          done->iteration, o.save.c_str(), static_cast<double>(done->bytes) / 1e6, done->seconds);
+  };
   auto save = [&] {
     if (o.save.empty() || last_saved == trainer.steps_done()) return;
+    auto const start = std::chrono::steady_clock::now();
     auto state = job_state(o);
     state["tokenizer"]["eod"] = corpus.end_of_document();
     state["consumed_train_samples"] = trainer.steps_done() * trainer.global_batch_samples();
     state["consumed_valid_samples"] = valid_consumed;
-    auto const report = save_checkpoint(trainer, world, o.save, state);
+    if (o.async_save) {
+      print_recorded(saver.wait());  // one save in flight at a time
+      auto staged = stage_checkpoint(trainer, world, o.save, state);
+      saver.start(std::move(staged.writer), std::move(staged.state));
+      double const held = seconds_since(start);
+      if (root)
+        std::fprintf(stderr, "\n  saving iteration %d to %s in the background (held up %.3f s)\n",
+                     trainer.steps_done(), o.save.c_str(), held);
+    } else {
+      auto const report = save_checkpoint(trainer, world, o.save, state);
+      if (root)
+        std::fprintf(stderr, "\n  saved iteration %d to %s (%.1f MB in %.2f s)\n",
+                     report.iteration, o.save.c_str(), static_cast<double>(report.bytes) / 1e6,
+                     report.seconds);
+    }
     last_saved = trainer.steps_done();
-    if (root)
-      std::fprintf(stderr, "\n  saved iteration %d to %s (%.1f MB in %.2f s)\n", report.iteration,
-                   o.save.c_str(), static_cast<double>(report.bytes) / 1e6, report.seconds);
+    save_blocked += seconds_since(start);
+    ++saves;
+  };
+  // A save in flight is recorded once every rank has written its file (checked after each step),
+  // and waited for before the job ends.
+  auto record_save = [&](bool at_the_end) {
+    if (!saver.in_flight()) return;
+    auto const start = std::chrono::steady_clock::now();
+    print_recorded(at_the_end ? saver.wait() : saver.poll(world));
+    if (!at_the_end) save_blocked += seconds_since(start);
   };
 
   std::filesystem::create_directories(o.out);
@@ -300,11 +343,18 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
   std::array<double, groups_type::decoder_names.size()> decoder_bytes{};
   std::array<double, groups_type::expert_names.size()> expert_bytes{};
   auto& traffic = parallel::traffic::instance();
+  straggler_detector stragglers(o.log_straggler_interval, o.straggler_threshold);
+  planted_faults faults;
+  parallel::check_on_every_rank(world,
+                                [&] { faults = planted_faults_from_environment(world.rank()); });
   for (int step = first_step; step <= last_step; ++step) {
     ctx.stages.clear();
     ctx.step_stages.clear();
     traffic.reset();
+    auto const step_start = std::chrono::steady_clock::now();
+    slow_down(faults);
     auto const& m = trainer.step(ctx);
+    double const step_seconds = seconds_since(step_start);
     for (std::size_t g = 0; g < decoder_bytes.size(); ++g)
       decoder_bytes[g] += static_cast<double>(
           traffic.bytes(MPI_Comm(groups.get(static_cast<parallel::decoder_group>(g)))));
@@ -334,20 +384,42 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
         line["heldout_mtp_bpb"] = *evaluated_mtp;
       }
     }
-    metrics.write(line);
-    if (o.save_interval > 0 && step % o.save_interval == 0) save();
-    if (o.exit_signal_handler && termination_requested(world)) {
-      save();
-      if (root)
-        std::fprintf(stderr, "\n%s: SIGTERM: %s after step %d, exiting\n", o.program.c_str(),
-                     o.save.empty() ? "no --save, nothing saved" : "saved", step);
-      return 0;
+    if (auto const report = stragglers.after_step(world, step, step_seconds); report && root) {
+      auto slow = nlohmann::ordered_json::array();
+      std::string named;
+      for (auto const& s : report->slow) {
+        slow.push_back({{"rank", s.rank}, {"relative", s.relative}});
+        char text[64];
+        std::snprintf(text, sizeof text, "%srank %d (%.2fx)", named.empty() ? "" : ", ", s.rank,
+                      s.relative);
+        named += text;
+      }
+      line["stragglers"] = std::move(slow);
+      line["median_compute_seconds"] = report->median_seconds / o.log_straggler_interval;
+      if (!named.empty())
+        std::fprintf(stderr,
+                     "\n  stragglers over steps %d-%d (compute over the median rank's): %s\n",
+                     step - o.log_straggler_interval + 1, step, named.c_str());
     }
+    metrics.write(line);
+    record_save(false);
+    if (o.save_interval > 0 && step % o.save_interval == 0) save();
+    if (o.exit_signal_handler)
+      if (int const signal = termination_requested(world)) {
+        save();
+        record_save(true);
+        if (root)
+          std::fprintf(stderr, "\n%s: %s: %s after step %d, exiting\n", o.program.c_str(),
+                       termination_signal_name(signal),
+                       o.save.empty() ? "no --save, nothing saved" : "saved", step);
+        return 0;
+      }
     if (root)
       bar.show(step, line["train_bpb"].template get<double>(), tokens_per_s, elapsed, evaluated,
                unigram, evaluated_mtp);
   }
   save();
+  record_save(true);
   if (evaluates && !heldout) evaluate();
   int const steps_run = last_step - first_step + 1;
   nlohmann::ordered_json profile, traffic_report;
@@ -427,6 +499,8 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
   last["padded_vocab_size"] = padded_vocabulary;
   last["consumed_train_samples"] = trainer.steps_done() * trainer.global_batch_samples();
   last["consumed_valid_samples"] = valid_consumed;
+  last["saves"] = saves;
+  last["save_blocked_seconds"] = save_blocked;
   if (model.pipelined() && steps_run > 0) final["final"]["pipeline_bubble"] = bubble / steps_run;
   if constexpr (has_mtp)
     if (heldout) final["final"]["heldout_mtp_bpb"] = heldout->mtp_bits_per_byte();

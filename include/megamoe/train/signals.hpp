@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// megamoe/train/signals.hpp — a termination request (SIGTERM) noted by a handler and agreed over
-// the job after a step, so every rank saves and stops at the same step (the reference's
-// --exit-signal-handler).
+// megamoe/train/signals.hpp — a termination request (SIGTERM, or SIGUSR1) noted by a handler and
+// agreed over the job after a step, so every rank saves and stops at the same step (the
+// reference's --exit-signal-handler). SIGUSR1 too, because Open MPI's mpiexec answers SIGTERM by
+// killing the ranks but forwards SIGUSR1 to them untouched (megamoe-run passes a SIGTERM on so).
 #pragma once
 
 #include <boost/mpi/collectives/all_reduce.hpp>
@@ -13,14 +14,19 @@
 
 namespace megamoe::train {
 
+/// The signal that asked this rank to terminate (0: none).
 inline volatile std::sig_atomic_t terminate_requested = 0;
-MEGAMOE_DECL void request_termination(int);
+MEGAMOE_DECL void request_termination(int signal);
 
-/// From now on SIGTERM asks the job to stop after its current step.
+/// From now on SIGTERM and SIGUSR1 ask the job to stop after its current step.
 MEGAMOE_DECL void handle_termination_signal();
 
-/// Whether any rank of `world` was asked to terminate (a collective: every rank calls it).
-MEGAMOE_DECL bool termination_requested(boost::mpi::communicator const& world);
+/// The signal that asked some rank of `world` to terminate, 0 if none (a collective: every rank
+/// calls it).
+MEGAMOE_DECL int termination_requested(boost::mpi::communicator const& world);
+
+/// "SIGTERM" or "SIGUSR1".
+MEGAMOE_DECL char const* termination_signal_name(int signal);
 
 }  // namespace megamoe::train
 

@@ -7,17 +7,22 @@
 
 namespace megamoe::train {
 
-MEGAMOE_DECL void request_termination(int) {
-  terminate_requested = 1;
+MEGAMOE_DECL void request_termination(int signal) {
+  terminate_requested = signal;
 }
 
 MEGAMOE_DECL void handle_termination_signal() {
   std::signal(SIGTERM, request_termination);
+  std::signal(SIGUSR1, request_termination);
 }
 
-MEGAMOE_DECL bool termination_requested(boost::mpi::communicator const& world) {
+MEGAMOE_DECL int termination_requested(boost::mpi::communicator const& world) {
   return boost::mpi::all_reduce(world, static_cast<int>(terminate_requested),
-                                boost::mpi::maximum<int>()) != 0;
+                                boost::mpi::maximum<int>());
+}
+
+MEGAMOE_DECL char const* termination_signal_name(int signal) {
+  return signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM";
 }
 
 }  // namespace megamoe::train

@@ -38,6 +38,7 @@
 #include <set>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace megamoe::train {
@@ -106,14 +107,18 @@ void for_each_owned_rectangle(Optimizer& optimizer, transformer<Config>& model, 
 
 }  // namespace detail
 
-/// Saves the trainer's whole state as iteration steps_done() under `root` (collective over
-/// `world`). `extra` goes into the index's state as "job" (the program's own settings).
+/// The trainer's whole state as iteration steps_done() under `root`, copied into a writer's host
+/// buffers, and the index's state (collective over `world`: the copy agrees on failure). `extra`
+/// goes into the state as "job" (the program's own settings).
+struct staged_checkpoint {
+  io::checkpoint_writer writer;
+  nlohmann::json state;
+};
 template <class Config, class Moments>
-checkpoint_report save_checkpoint(trainer<Config, Moments>& t,
-                                  boost::mpi::communicator const& world,
-                                  std::filesystem::path const& root,
-                                  nlohmann::json const& extra = nlohmann::json::object()) {
-  auto const start = std::chrono::steady_clock::now();
+staged_checkpoint stage_checkpoint(trainer<Config, Moments>& t,
+                                   boost::mpi::communicator const& world,
+                                   std::filesystem::path const& root,
+                                   nlohmann::json const& extra = nlohmann::json::object()) {
   auto& model = t.model();
   auto& optimizer = t.optimizer();
   auto const* groups = t.groups();
@@ -131,7 +136,7 @@ checkpoint_report save_checkpoint(trainer<Config, Moments>& t,
     detail::add_persistent_states(writer, groups, model.persistent_states());
   });
   auto const& settings = t.settings();
-  nlohmann::json const state = {
+  nlohmann::json state = {
       {"configuration", checkpoint_configuration(model.values())},
       {"step", t.steps_done()},
       {"optimizer_step", optimizer.steps()},
@@ -145,9 +150,21 @@ checkpoint_report save_checkpoint(trainer<Config, Moments>& t,
         {"warmup", settings.schedule.warmup},
         {"total", settings.schedule.total}}},
       {"job", extra}};
+  return {std::move(writer), std::move(state)};
+}
+
+/// Saves the trainer's whole state as iteration steps_done() under `root` (collective over
+/// `world`). `extra` goes into the index's state as "job" (the program's own settings).
+template <class Config, class Moments>
+checkpoint_report save_checkpoint(trainer<Config, Moments>& t,
+                                  boost::mpi::communicator const& world,
+                                  std::filesystem::path const& root,
+                                  nlohmann::json const& extra = nlohmann::json::object()) {
+  auto const start = std::chrono::steady_clock::now();
+  auto staged = stage_checkpoint(t, world, root, extra);
   checkpoint_report report;
   report.iteration = t.steps_done();
-  report.bytes = writer.commit(state);
+  report.bytes = staged.writer.commit(staged.state);
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;
 }

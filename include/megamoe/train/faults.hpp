@@ -1,0 +1,34 @@
+// SPDX-License-Identifier: Apache-2.0
+// megamoe/train/faults.hpp — faults a test plants in a training job through MEGAMOE_FAULT, in the
+// style of the checkpoint fault hook (MEGAMOE_CHECKPOINT_FAULT): a comma-separated list of
+//   slow:RANK:MILLISECONDS   world rank RANK works that much longer in every training step (a
+//                            sleep before the step, counted as its compute)
+// Each rank reads the same text; a rank another fault names does nothing.
+#pragma once
+
+#include <megamoe/core/compiled_once.hpp>
+#include <megamoe/core/error.hpp>
+
+#include <string_view>
+
+namespace megamoe::train {
+
+struct planted_faults {
+  double slow_milliseconds = 0.0;  // this rank's extra time per step
+};
+
+/// The faults `text` plants on world rank `rank`; input_error naming the entry when it is not one
+/// of the forms above.
+MEGAMOE_DECL planted_faults parse_planted_faults(std::string_view text, int rank);
+
+/// MEGAMOE_FAULT's faults on `rank` (none when unset).
+MEGAMOE_DECL planted_faults planted_faults_from_environment(int rank);
+
+/// Sleeps the step's planted delay, if any.
+MEGAMOE_DECL void slow_down(planted_faults const& faults);
+
+}  // namespace megamoe::train
+
+#if MEGAMOE_HEADER_ONLY
+#include <megamoe/train/faults.ipp>
+#endif
