@@ -15,6 +15,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -212,15 +213,142 @@ TEST(Training, ANonFiniteGradientSkipsTheStepOrStops) {
   });
   auto const m = trainer.step(ctx);
   EXPECT_TRUE(m.skipped);
-  EXPECT_FALSE(m.nonfinite_at.empty());
+  EXPECT_EQ(m.failed_check, "non-finite loss");
+  EXPECT_EQ(m.rerun, mt::rerun_outcome::persistent);
+  EXPECT_FALSE(m.fault_at.empty());
   model.for_each_parameter([&](std::string_view name, auto value, auto, mm::parameter_kind) {
     if (name == "output_layer.weight") {
       EXPECT_EQ(mm::row_matrix<float>(value), before);
     }
   });
-  settings.stop_on_nonfinite = true;
+  settings.stop_on_failed_check = true;
   mt::trainer<tiny_moe> strict(model, corpus, settings);
   EXPECT_THROW(strict.step(ctx), mm::input_error);
+}
+
+// The router's expert bias and global aux loss count tokens across a global batch's forwards: a
+// recomputed step must forget the first pass's counts.
+using biased_moe =
+    mm::make_config<mm::shape<mm::hidden<32>, mm::ffn<48>, mm::experts<4>>,
+                    rt::top_k<2, rt::sigmoid, rt::expert_bias<>, rt::global_aux_loss<1e-2>>,
+                    mm::dispatch::local, mm::expert::mlp<mm::expert::swiglu>, mm::precision::fp32,
+                    md::decoder<md::layers<2>, md::heads<4>, md::vocabulary<256>, md::dense_ffn<64>,
+                                md::moe_layer_freq<2>>>;
+
+struct checked_run {
+  std::vector<mt::step_metrics> steps;
+  std::vector<mm::row_matrix<float>> weights;
+};
+/// `steps` steps of a fresh biased_moe model with `faults` planted; every step's metrics and the
+/// final weights.
+checked_run run_checked(mt::train_settings settings, mt::planted_faults faults,
+                        std::function<void(int, mm::transformer<biased_moe>&)> before_step = {}) {
+  auto const corpus = sample_data(16);
+  mm::transformer<biased_moe> model;
+  model.initialize(3, 0.05);
+  settings.seq_length = 16;
+  settings.micro_batch = 4;
+  settings.micro_batches = 2;
+  settings.schedule = {3e-3, 3e-4, 2, settings.steps};
+  mt::trainer<biased_moe> trainer(model, corpus, settings);
+  trainer.plant(faults);
+  mm::context ctx(2);
+  checked_run out;
+  for (int i = 1; i <= settings.steps; ++i) {
+    if (before_step) before_step(i, model);
+    out.steps.push_back(trainer.step(ctx));
+  }
+  model.for_each_parameter([&](std::string_view, auto value, auto, mm::parameter_kind) {
+    out.weights.emplace_back(value);
+  });
+  return out;
+}
+
+// A bit flipped in one gradient once (the machine's fault): the large-gradient check fails, the
+// recomputation differs, and the run goes on with it: every later step and the final weights
+// equal the run without the fault, bit for bit (expert bias and global aux counts included).
+TEST(Training, AFlippedBitIsRecomputedAsTransient) {
+  mt::train_settings settings;
+  settings.steps = 8;
+  settings.check_large_grads = true;
+  auto const clean = run_checked(settings, {});
+  auto const flipped = run_checked(settings, {.bit_flip_step = 5});
+  for (int i = 0; i < settings.steps; ++i) {
+    auto const& m = flipped.steps[static_cast<std::size_t>(i)];
+    EXPECT_FALSE(m.skipped) << "step " << i + 1;
+    EXPECT_EQ(m.loss, clean.steps[static_cast<std::size_t>(i)].loss) << "step " << i + 1;
+    EXPECT_EQ(m.grad_norm, clean.steps[static_cast<std::size_t>(i)].grad_norm);
+    EXPECT_TRUE(clean.steps[static_cast<std::size_t>(i)].failed_check.empty());
+    if (i + 1 != 5) {
+      EXPECT_TRUE(m.failed_check.empty()) << "step " << i + 1;
+    }
+  }
+  auto const& hit = flipped.steps[4];
+  EXPECT_TRUE(hit.failed_check == "large gradient" || hit.failed_check == "non-finite gradient")
+      << hit.failed_check;
+  EXPECT_EQ(hit.rerun, mt::rerun_outcome::transient);
+  EXPECT_GT(hit.first_grad_norm, 1e10 * hit.grad_norm);
+  EXPECT_EQ(hit.fault_at, "embedding.word_embeddings.weight");
+  EXPECT_EQ(hit.fault_rank, 0);
+  EXPECT_EQ(flipped.weights, clean.weights);
+  // Without recomputation the step is skipped, and the weights part.
+  settings.recompute_failed_steps = false;
+  auto const skipped = run_checked(settings, {.bit_flip_step = 5});
+  EXPECT_TRUE(skipped.steps[4].skipped);
+  EXPECT_EQ(skipped.steps[4].rerun, mt::rerun_outcome::none);
+  EXPECT_NE(skipped.weights, clean.weights);
+}
+
+// A NaN written on every pass (the model's fault) repeats in the recomputation: persistent, the
+// step skipped with the tensor named, or the job stopped.
+TEST(Training, ANaNThatRecursIsPersistent) {
+  mt::train_settings settings;
+  settings.steps = 4;
+  auto const clean = run_checked(settings, {});
+  auto const run = run_checked(settings, {.nan_step = 3});
+  auto const& hit = run.steps[2];
+  EXPECT_EQ(hit.failed_check, "non-finite gradient");
+  EXPECT_EQ(hit.rerun, mt::rerun_outcome::persistent);
+  EXPECT_TRUE(hit.skipped);
+  EXPECT_TRUE(std::isnan(hit.first_grad_norm));
+  EXPECT_EQ(hit.fault_at, "embedding.word_embeddings.weight");
+  EXPECT_EQ(hit.loss, clean.steps[2].loss);  // the forward is untouched
+  EXPECT_FALSE(run.steps[3].skipped);
+  settings.stop_on_failed_check = true;
+  try {
+    (void)run_checked(settings, {.nan_step = 2});
+    ADD_FAILURE() << "no error";
+  } catch (mm::input_error const& e) {
+    EXPECT_NE(std::string(e.what()).find("non-finite gradient at step 2 (persistent), in "
+                                         "embedding.word_embeddings.weight on rank 0"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// A loss far above the recent ones (the output layer scaled up before step 5) fails the spiky-loss
+// check; the recomputation repeats it, so the step is skipped and the weights stay.
+TEST(Training, ASpikyLossThatRecursIsSkipped) {
+  mt::train_settings settings;
+  settings.steps = 5;
+  settings.check_spiky_loss = true;
+  settings.spike_factor = 3.0;
+  std::vector<mm::row_matrix<float>> before;
+  auto const run = run_checked(settings, {}, [&](int step, mm::transformer<biased_moe>& model) {
+    if (step != 5) return;
+    model.for_each_parameter([&](std::string_view name, auto value, auto, mm::parameter_kind) {
+      if (name == "output_layer.weight") value *= 400.0F;
+      before.emplace_back(value);
+    });
+  });
+  for (int i = 0; i < 4; ++i)
+    EXPECT_TRUE(run.steps[static_cast<std::size_t>(i)].failed_check.empty());
+  auto const& hit = run.steps[4];
+  EXPECT_EQ(hit.failed_check, "spiky loss");
+  EXPECT_EQ(hit.rerun, mt::rerun_outcome::persistent);
+  EXPECT_TRUE(hit.skipped);
+  EXPECT_GT(hit.loss, 3.0 * run.steps[0].loss);
+  EXPECT_EQ(run.weights, before);
 }
 
 // After the first steps have grown every buffer, a step on one rank allocates nothing: forward,

@@ -18,11 +18,15 @@ namespace megamoe {
 template <class T>
 class buffer {
  public:
-  /// At least `elements` elements; grows (dropping the contents) only when it has fewer.
+  /// At least `elements` elements; grows (dropping the contents) only when it has fewer. The new
+  /// memory is made resident at once (a byte of each page written), so that a buffer reserved
+  /// for more than it holds yet takes no new memory when a later step uses more of it.
   T* reserve(std::size_t elements) {
     if (elements > capacity_) {
       data_.reset(static_cast<T*>(Eigen::internal::aligned_malloc(elements * sizeof(T))));
       capacity_ = elements;
+      auto* const bytes = reinterpret_cast<unsigned char volatile*>(data_.get());
+      for (std::size_t at = 0; at < capacity_ * sizeof(T); at += page_bytes) bytes[at] = 0;
     }
     used_ = elements;
     return data_.get();
@@ -41,6 +45,7 @@ class buffer {
   struct free_aligned {
     void operator()(T* p) const noexcept { Eigen::internal::aligned_free(p); }
   };
+  static constexpr std::size_t page_bytes = 4096;
   std::unique_ptr<T[], free_aligned> data_;
   std::size_t capacity_ = 0;
   std::size_t used_ = 0;

@@ -90,6 +90,9 @@ class checkpoint_writer {
   [[nodiscard]] int iteration() const noexcept { return iteration_; }
 
  private:
+  /// Where the files go until finish() renames the folder (a dot folder no reader lists).
+  [[nodiscard]] std::filesystem::path partial_folder() const;
+
   struct staged {
     std::string name;
     dtype type;

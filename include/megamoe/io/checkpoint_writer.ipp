@@ -27,8 +27,12 @@ MEGAMOE_DECL auto checkpoint_writer::commit(nlohmann::json const& state) -> std:
   return finish(state);
 }
 
+MEGAMOE_DECL auto checkpoint_writer::partial_folder() const -> std::filesystem::path {
+  return root_ / ("." + iteration_folder(iteration_) + ".partial");
+}
+
 MEGAMOE_DECL auto checkpoint_writer::prepare() -> void {
-  auto const partial = root_ / ("." + iteration_folder(iteration_) + ".partial");
+  auto const partial = partial_folder();
   parallel::check_on_every_rank(world_, [&] {
     if (world_.rank() != 0) return;
     std::error_code error;
@@ -50,7 +54,7 @@ MEGAMOE_DECL auto checkpoint_writer::prepare() -> void {
 
 MEGAMOE_DECL auto checkpoint_writer::write_file() noexcept -> void {
   int const rank = world_.rank();
-  auto const partial = root_ / ("." + iteration_folder(iteration_) + ".partial");
+  auto const partial = partial_folder();
   try {
     durable_file file(partial / rank_file(rank), checkpoint_fault(rank));
     std::vector<tensor_bytes> tensors;
@@ -83,7 +87,7 @@ MEGAMOE_DECL auto checkpoint_writer::write_file() noexcept -> void {
 MEGAMOE_DECL auto checkpoint_writer::finish(nlohmann::json const& state) -> std::uint64_t {
   int const rank = world_.rank();
   auto const folder = iteration_folder(iteration_);
-  auto const partial = root_ / ("." + folder + ".partial");
+  auto const partial = partial_folder();
   parallel::check_on_every_rank(world_, [&] {
     if (!write_error_.empty()) throw input_error(write_error_);
   });

@@ -163,27 +163,34 @@ class expert_stage {
     }
   }
 
+  /// The most rows a forward can bring (the layer's bound from the configuration): every row
+  /// buffer is reserved for that many, so a step bringing more rows than any before takes no new
+  /// memory.
+  void bound_rows(int rows) noexcept { rows_bound_ = rows; }
   /// The forward views of N rows: the buffers the memory policy keeps in the stage, the others
   /// from `f`.
   routed_rows<scalar> forward_rows(frame& f, int n) {
-    auto r = views(n, [&](memory::layer_buffer b, std::size_t size) { return take(f, b, size); });
-    r.out = f.take(static_cast<std::size_t>(n) * hidden());
+    auto r = views(n, [&](memory::layer_buffer b, std::size_t per_row) {
+      return rows_of(Types::keeps(b) ? kept_[static_cast<std::size_t>(b)] : f.next(), n, per_row);
+    });
+    r.out = rows_of(f.next(), n, hidden());
     return r;
   }
   /// The forward's views of N rows in backward: the kept buffers; `f`'s where the policy keeps
   /// none (the recipe's operands keep codes instead, or backward recomputes into them).
   routed_rows<scalar> kept_rows(frame& f, int n) {
-    return views(n, [&](memory::layer_buffer b, std::size_t size) {
-      return Types::keeps(b) ? kept_[static_cast<std::size_t>(b)].data() : f.take(size);
+    return views(n, [&](memory::layer_buffer b, std::size_t per_row) {
+      return Types::keeps(b) ? kept_[static_cast<std::size_t>(b)].data()
+                             : rows_of(f.next(), n, per_row);
     });
   }
   /// The gradients' views of `rows` from `f`.
   routed_rows<scalar> with_gradients(frame& f, routed_rows<scalar> rows) {
-    auto const N = static_cast<std::size_t>(rows.count), H = hidden(), F = local_ffn();
-    rows.grad_rows = f.take(N * H);
-    rows.grad_probs = f.take(N);
-    rows.grad_act = f.take(N * F);
-    rows.grad_fc1 = f.take(N * static_cast<std::size_t>(fc1_width(F)));
+    auto const H = hidden(), F = static_cast<std::size_t>(local_ffn());
+    rows.grad_rows = rows_of(f.next(), rows.count, H);
+    rows.grad_probs = rows_of(f.next(), rows.count, 1);
+    rows.grad_act = rows_of(f.next(), rows.count, F);
+    rows.grad_fc1 = rows_of(f.next(), rows.count, static_cast<std::size_t>(fc1_width(local_ffn())));
     return rows;
   }
 
@@ -432,18 +439,21 @@ class expert_stage {
     if (Types::keeps(b)) return kept_[static_cast<std::size_t>(b)].reserve(n);
     return f.take(n);
   }
-  /// Rows, probs, fc1 output and activation of N rows, each from pick(buffer, elements).
+  /// `b` with room for n rows of `per_row` elements, reserved for the bound's rows.
+  scalar* rows_of(buffer<scalar>& b, int n, std::size_t per_row) const {
+    b.reserve(static_cast<std::size_t>(std::max(n, rows_bound_)) * per_row);
+    return b.reserve(static_cast<std::size_t>(n) * per_row);
+  }
+  /// Rows, probs, fc1 output and activation of N rows, each from pick(buffer, elements per row).
   template <class Pick>
   routed_rows<scalar> views(int n, Pick&& pick) {
-    auto const N = static_cast<std::size_t>(n), H = hidden(),
-               F = static_cast<std::size_t>(local_ffn());
     routed_rows<scalar> r;
     r.count = n;
-    r.rows = pick(memory::layer_buffer::expert_rows, N * H);
-    r.probs = pick(memory::layer_buffer::row_probs, N);
+    r.rows = pick(memory::layer_buffer::expert_rows, hidden());
+    r.probs = pick(memory::layer_buffer::row_probs, 1);
     r.fc1 = pick(memory::layer_buffer::fc1_output,
-                 N * static_cast<std::size_t>(fc1_width(local_ffn())));
-    r.act = pick(memory::layer_buffer::activation, N * F);
+                 static_cast<std::size_t>(fc1_width(local_ffn())));
+    r.act = pick(memory::layer_buffer::activation, static_cast<std::size_t>(local_ffn()));
     return r;
   }
   scalar*& shared_view(memory::layer_buffer b) {
@@ -490,6 +500,7 @@ class expert_stage {
   scalar* shared_out_ = nullptr;
   std::vector<scalar> gate_, gate_grad_, ones_;
   std::array<std::int64_t, 1> count_{};
+  int rows_bound_ = 0;  // bound_rows()
   experts_stash<scalar> stash_;
 };
 

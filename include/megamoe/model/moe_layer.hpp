@@ -39,6 +39,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -389,6 +390,11 @@ class moe_layer {
   /// Once per global batch (after its last backward): the router's expert-bias update from the
   /// token counts summed over TP x DP x CP. Collective over that group on a job.
   void finish_global_batch() { routing_.finish_global_batch(); }
+  /// The global batch's forwards will run again from the same state (a recomputed step).
+  void discard_global_batch() {
+    routing_.discard_global_batch();
+    clear_expert_load();
+  }
 
   /// Bytes kept from forward to backward under this layer's memory policy: the input copy, and the
   /// rows, fc1 output, activation, routing and recipe codes the policy does not recompute. Scratch
@@ -441,10 +447,30 @@ class moe_layer {
       dispatcher_.plan(ctx.pool(), routing.routing_map,
                        routing_.router().config().pad_to_capacity ? routing.capacity : 0, failure);
     });
+    experts_.bound_rows(expert_rows_bound(routing.capacity));
     auto rows = experts_.forward_rows(f, dispatcher_.expert_rows());
     if constexpr (requires { dispatcher_.expert_output_rows(); })
       rows.out = dispatcher_.expert_output_rows();  // combined in place (dispatch::shared_memory)
     return rows;
+  }
+
+  /// The most expert rows a forward of tokens_ tokens can bring this rank, from the configuration
+  /// alone: a token of any of the ETP x EP ranks reaches each local expert at most once, and at
+  /// most top-k experts unless the router pads their counts; with a capacity, at most C tokens of
+  /// each rank reach an expert. The experts' row buffers are sized by it, so that a step bringing
+  /// more rows than any before takes no new memory.
+  [[nodiscard]] int expert_rows_bound(int capacity) const {
+    std::int64_t const senders = groups_ == nullptr ? 1 : groups_->tp_ep().size();
+    auto const local = static_cast<std::int64_t>(local_experts());
+    auto const tokens = static_cast<std::int64_t>(tokens_);
+    std::int64_t const per_token =
+        types::recipe.padding_multiple > 1
+            ? local
+            : std::min<std::int64_t>(routing_.router().config().top_k, local);
+    std::int64_t bound = senders * tokens * per_token;
+    if (capacity > 0)
+      bound = std::min(bound, senders * local * std::min<std::int64_t>(capacity, tokens));
+    return static_cast<int>(std::min<std::int64_t>(bound, std::numeric_limits<int>::max()));
   }
 
   /// dispatch::fp8_wire: this rank's rows as codes (collective over EP, timed as permute), and

@@ -156,6 +156,12 @@ class routing_stage {
     router_.state().finish_global_batch(groups_);
     snapshots_used_ = 0;
   }
+  /// The global batch's forwards will run again (a recomputed step): what they counted is
+  /// forgotten, the expert bias kept.
+  void discard_global_batch() {
+    router_.state().discard_global_batch();
+    snapshots_used_ = 0;
+  }
   /// The backward of the forward with this key is done: its global-aux snapshot is not needed.
   void release_global_aux(std::uint64_t key) {
     for (std::size_t i = 0; i < snapshots_used_; ++i)

@@ -346,6 +346,12 @@ class transformer {
                                              : parallel::communicator_max(groups_->dp());
     decoder_.finish_global_batch(replicas);
   }
+  /// The global batch's forwards and backwards will run again from the same state (a recomputed
+  /// step): the MoE layers forget their counts. Delayed scaling's amaxes need nothing: a forward
+  /// records the largest it sees, so a second pass over the same batch records the same.
+  void discard_global_batch() {
+    for_each_moe_layer([](auto& layer, int) { layer.discard_global_batch(); });
+  }
 
   void zero_grad() {
     embedding_.zero_grad();

@@ -226,6 +226,19 @@ class distributed_adamw {
     return report;
   }
 
+  /// The global L2 norm of the gradients (collective over the world: every rank gets the same
+  /// value), for a caller that checks it before applying the step (`apply_and_zero_grad`).
+  double grad_norm(thread_pool& pool) { return global_norm(&pool); }
+  /// step_and_zero_grad with the norm `grad_norm` returned for these gradients: nothing is summed
+  /// again.
+  template <class... Models>
+  step_report apply_and_zero_grad(thread_pool& pool, double lr, double norm, Models&... models) {
+    auto const report = apply<kernels::gradient_after::zeroed>(&pool, lr, norm, models...);
+    if (report.finite)
+      for (auto& k : kinds_) zero_outside_shard(pool, k);
+    return report;
+  }
+
   /// Zeroes every parameter's gradient (the whole model's, not only this rank's shard), in chunks
   /// on the pool's threads.
   void zero_grad(thread_pool& pool) {
@@ -240,15 +253,22 @@ class distributed_adamw {
  private:
   template <kernels::gradient_after After = kernels::gradient_after::kept, class... Models>
   step_report step_on(thread_pool* pool, double lr, Models&... models) {
+    return apply<After>(pool, lr, global_norm(pool), models...);
+  }
+  double global_norm(thread_pool* pool) {
+    double squares = 0.0;
+    for (auto& k : kinds_) squares += shard_squares(pool, k);
+    if (world_) parallel::all_reduce_sum(*world_, std::span<double>(&squares, 1));
+    return std::sqrt(squares);
+  }
+  template <kernels::gradient_after After, class... Models>
+  step_report apply(thread_pool* pool, double lr, double norm, Models&... models) {
     if (quantized_total() > 0 && sizeof...(Models) == 0)
       throw input_error(
           "distributed_adamw: this optimizer holds the fp32 masters of quantized weights; call "
           "step(lr, model) so that the updated weights reach the model");
-    double squares = 0.0;
-    for (auto& k : kinds_) squares += shard_squares(pool, k);
-    if (world_) parallel::all_reduce_sum(*world_, std::span<double>(&squares, 1));
     step_report report;
-    report.grad_norm = std::sqrt(squares);
+    report.grad_norm = norm;
     report.finite = std::isfinite(report.grad_norm);
     if (!report.finite) return report;
     if (settings_.clip_grad > 0.0 && report.grad_norm > settings_.clip_grad)

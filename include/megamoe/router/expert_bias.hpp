@@ -45,6 +45,13 @@ struct router_state {
     std::fill(global_tokens_per_expert.begin(), global_tokens_per_expert.end(), 0.0);
     global_aux_steps = 0;
   }
+  /// Forgets the global batch's counts so far, the bias unchanged: its forwards run again (a
+  /// recomputed step).
+  void discard_global_batch() {
+    std::fill(local_tokens_per_expert.begin(), local_tokens_per_expert.end(), 0.0);
+    std::fill(global_tokens_per_expert.begin(), global_tokens_per_expert.end(), 0.0);
+    global_aux_steps = 0;
+  }
 };
 
 }  // namespace megamoe::router

@@ -18,9 +18,9 @@ MEGAMOE_DECL async_saver::~async_saver() {
 
 MEGAMOE_DECL void async_saver::start(io::checkpoint_writer&& writer, nlohmann::json state) {
   if (writer_) throw input_error("checkpoint: a save is in flight; record it before the next");
+  writer.prepare();  // a failure leaves nothing in flight
   writer_.emplace(std::move(writer));
   state_ = std::move(state);
-  writer_->prepare();
   written_.store(false, std::memory_order_relaxed);
   started_ = std::chrono::steady_clock::now();
   thread_ = std::thread([this] {

@@ -31,6 +31,7 @@ inline constexpr char const* parallelism = "Parallelism";
 inline constexpr char const* precision = "Precision";
 inline constexpr char const* checkpoints = "Checkpoints";
 inline constexpr char const* output = "Output";
+inline constexpr char const* checks = "Step checks";
 }  // namespace option_group
 
 /// The dtype of Adam's moments the precision-aware optimizer's flags name; as the reference, a

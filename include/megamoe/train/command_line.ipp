@@ -428,6 +428,43 @@ MEGAMOE_DECL void command_line::add_output_options() {
       ->check(CLI::PositiveNumber)
       ->default_str("0.15")
       ->group(g::output);
+  app_->add_option("--log-memory-interval", o_.log_memory_interval,
+                   "every N steps, every rank's resident memory in metrics.jsonl "
+                   "(\"resident_bytes\", by world rank; 0: never)")
+      ->check(CLI::NonNegativeNumber)
+      ->group(g::output);
+  app_->add_option("--rerun-mode", o_.rerun_mode,
+                   "validate_results: a step that fails a check (a non-finite loss or gradient "
+                   "norm, or with the checks below a spike) runs again from the same state once; "
+                   "differing bit for bit it was the machine's fault (transient, the recomputed "
+                   "step goes on), repeating it the model's (persistent); disabled: no "
+                   "recomputation")
+      ->check(CLI::IsMember({"validate_results", "disabled"}))
+      ->capture_default_str()
+      ->group(g::checks);
+  app_->add_flag("--check-for-spiky-loss", o_.check_spiky_loss,
+                 "a loss over --spike-factor times the largest of the last --spike-window steps' "
+                 "fails the step")
+      ->group(g::checks);
+  app_->add_flag("--check-for-large-grads", o_.check_large_grads,
+                 "a gradient norm over --spike-factor times the largest of the last "
+                 "--spike-window steps' fails the step")
+      ->group(g::checks);
+  app_->add_option("--spike-factor", o_.spike_factor, "the multiple of the recent maximum")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0 + 1e-9, 1e300))
+      ->group(g::checks);
+  app_->add_option("--spike-window", o_.spike_window,
+                   "the updated steps whose maximum the spike checks compare with")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber)
+      ->group(g::checks);
+  app_->add_option("--on-failed-check", o_.on_failed_check,
+                   "what a step still failing after its recomputation does: skip (no update) or "
+                   "stop (an error on every rank)")
+      ->check(CLI::IsMember({"skip", "stop"}))
+      ->capture_default_str()
+      ->group(g::checks);
   app_->add_flag("--profile", o_.profile,
                  "print the share of the step in each stage at the end (and in the final JSON)")
       ->group(g::output);

@@ -3,6 +3,11 @@
 // style of the checkpoint fault hook (MEGAMOE_CHECKPOINT_FAULT): a comma-separated list of
 //   slow:RANK:MILLISECONDS   world rank RANK works that much longer in every training step (a
 //                            sleep before the step, counted as its compute)
+//   bitflip:RANK:STEP        after step STEP's backward, world rank RANK flips the top exponent
+//                            bit of one gradient element (a machine's fault: once, so that a
+//                            recomputation of the step does not see it)
+//   nan:RANK:STEP            after step STEP's backward, world rank RANK writes a NaN into one
+//                            gradient element on every pass (a fault of the model: it recurs)
 // Each rank reads the same text; a rank another fault names does nothing.
 #pragma once
 
@@ -15,6 +20,8 @@ namespace megamoe::train {
 
 struct planted_faults {
   double slow_milliseconds = 0.0;  // this rank's extra time per step
+  int bit_flip_step = 0;           // the step whose gradients this rank corrupts once (0: none)
+  int nan_step = 0;                // the step whose every backward this rank corrupts (0: none)
 };
 
 /// The faults `text` plants on world rank `rank`; input_error naming the entry when it is not one

@@ -29,18 +29,26 @@ MEGAMOE_DECL planted_faults parse_planted_faults(std::string_view text, int rank
     }
     auto bad = [&] {
       return input_error("MEGAMOE_FAULT: '" + std::string(entry) +
-                         "' is not slow:RANK:MILLISECONDS");
+                         "' is not slow:RANK:MILLISECONDS, bitflip:RANK:STEP or nan:RANK:STEP");
     };
-    if (parts.size() != 3 || parts[0] != "slow") throw bad();
+    auto whole = [](std::string_view text, auto& value) {
+      auto const r = std::from_chars(text.data(), text.data() + text.size(), value);
+      return r.ec == std::errc() && r.ptr == text.data() + text.size();
+    };
+    if (parts.size() != 3) throw bad();
     int target = -1;
-    double milliseconds = -1.0;
-    auto const r = std::from_chars(parts[1].data(), parts[1].data() + parts[1].size(), target);
-    auto const m =
-        std::from_chars(parts[2].data(), parts[2].data() + parts[2].size(), milliseconds);
-    if (r.ec != std::errc() || r.ptr != parts[1].data() + parts[1].size() || target < 0 ||
-        m.ec != std::errc() || m.ptr != parts[2].data() + parts[2].size() || !(milliseconds >= 0))
+    if (!whole(parts[1], target) || target < 0) throw bad();
+    if (parts[0] == "slow") {
+      double milliseconds = -1.0;
+      if (!whole(parts[2], milliseconds) || !(milliseconds >= 0)) throw bad();
+      if (target == rank) out.slow_milliseconds += milliseconds;
+    } else if (parts[0] == "bitflip" || parts[0] == "nan") {
+      int step = 0;
+      if (!whole(parts[2], step) || step < 1) throw bad();
+      if (target == rank) (parts[0] == "nan" ? out.nan_step : out.bit_flip_step) = step;
+    } else {
       throw bad();
-    if (target == rank) out.slow_milliseconds += milliseconds;
+    }
   }
   return out;
 }

@@ -68,6 +68,14 @@ struct job_options {
   bool async_save = false;  // --async-save: checkpoints written in the background
   int log_straggler_interval = 0;   // check for stragglers every N steps (0: never)
   double straggler_threshold = 0.15;  // over the median rank's compute (train/stragglers.hpp)
+  int log_memory_interval = 0;        // every rank's resident memory every N steps (0: never)
+  // A step's checks (train_settings): Megatron's --rerun-mode, --check-for-spiky-loss and
+  // --check-for-large-grads, and what a step that still fails does.
+  std::string rerun_mode = "validate_results";
+  bool check_spiky_loss = false, check_large_grads = false;
+  double spike_factor = 10.0;
+  int spike_window = 50;
+  std::string on_failed_check = "skip";
   // Which flags the command line gave (a resumed run takes the others from the checkpoint).
   bool steps_given = false, seed_given = false, seq_len_given = false, global_batch_given = false,
        lr_given = false, preset_given = false, micro_batch_given = false, precision_given = false,

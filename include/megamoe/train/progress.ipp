@@ -39,17 +39,30 @@ MEGAMOE_DECL nlohmann::ordered_json step_line(int step, step_metrics const& m,
   line["tokens_per_s"] = m.tokens_per_s;
   line["model_gflops_per_s"] = m.tokens_per_s * flops_per_token / 1e9;
   if (pipelined) line["pipeline_bubble"] = m.pipeline_bubble;
-  if (m.skipped) line["skipped_nonfinite"] = m.nonfinite_at;
+  if (!m.failed_check.empty()) {
+    line["failed_check"] = m.failed_check;
+    if (m.rerun != rerun_outcome::none) {
+      line["rerun"] = name_of(m.rerun);
+      line["first_loss"] = m.first_loss;  // null when not finite
+      line["first_grad_norm"] = m.first_grad_norm;
+    }
+    if (!m.fault_at.empty()) {
+      line["fault_at"] = m.fault_at;
+      line["fault_rank"] = m.fault_rank;
+    }
+    line["skipped"] = m.skipped;
+  }
   nlohmann::ordered_json loads = nlohmann::ordered_json::array();
   for (std::size_t l = 0; l < m.expert_load.size(); ++l) {
     auto const& counts = m.expert_load[l];
     double total = 0.0, top = 0.0;
     for (double c : counts) total += c, top = std::max(top, c);
-    history.load[l].push_back(load_shares(counts));
+    if (history.keeps_load(step)) history.load[l].push_back(load_shares(counts));
     loads.push_back({{"tokens_per_expert", counts},
                      {"imbalance", total > 0 ? top * counts.size() / total : 0.0}});
   }
   line["expert_load"] = loads;
+  if (history.keeps_load(step)) history.thin_load();
   return line;
 }
 
@@ -101,9 +114,11 @@ MEGAMOE_DECL metrics_log::metrics_log(bool writes, std::filesystem::path const& 
         history.heldout_bpb.emplace_back(line["step"].get<int>(),
                                          line["heldout_bpb"].get<double>());
       auto const& loads = line.value("expert_load", nlohmann::json::array());
+      if (!history.keeps_load(line.value("step", 0))) continue;
       for (std::size_t l = 0; l < loads.size() && l < history.load.size(); ++l)
         history.load[l].push_back(
             load_shares(loads[l].at("tokens_per_expert").get<std::vector<double>>()));
+      history.thin_load();
     }
   }
   out_.open(path, std::ios::trunc);

@@ -17,6 +17,7 @@
 #include <megamoe/config/describe.hpp>
 #include <megamoe/config/resolve.hpp>
 #include <megamoe/config/rules.hpp>
+#include <megamoe/core/resident_memory.hpp>
 #include <megamoe/expert/tags.hpp>
 #include <megamoe/io/checkpoint_files.hpp>
 #include <megamoe/model/counts.hpp>
@@ -144,6 +145,12 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
   settings.micro_batch = o.micro_batch;
   settings.steps = o.steps;
   settings.seed = o.seed;
+  settings.recompute_failed_steps = o.rerun_mode == "validate_results";
+  settings.check_spiky_loss = o.check_spiky_loss;
+  settings.check_large_grads = o.check_large_grads;
+  settings.spike_factor = o.spike_factor;
+  settings.spike_window = o.spike_window;
+  settings.stop_on_failed_check = o.on_failed_check == "stop";
   settings.schedule = {o.lr, o.lr / 10, std::max(1, o.steps / 20), o.steps};
   std::optional<transformer<Config>> built;
   parallel::check_on_every_rank(world, [&] {
@@ -347,6 +354,7 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
   planted_faults faults;
   parallel::check_on_every_rank(world,
                                 [&] { faults = planted_faults_from_environment(world.rank()); });
+  trainer.plant(faults);
   for (int step = first_step; step <= last_step; ++step) {
     ctx.stages.clear();
     ctx.step_stages.clear();
@@ -368,9 +376,15 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
         static_cast<double>(trainer.global_batch_tokens()) * (step - first_step + 1) / elapsed;
     auto line =
         step_line(step, m, model_flops, model.pipelined(), has_mtp, bytes_per_token, history);
-    if (m.skipped && root)
-      std::fprintf(stderr, "\nstep %d skipped: non-finite loss or gradient (first in %s)\n", step,
-                   m.nonfinite_at.empty() ? "the loss" : m.nonfinite_at.c_str());
+    if (!m.failed_check.empty() && root)
+      std::fprintf(stderr, "\nstep %d: %s%s%s%s; %s%s\n", step, m.failed_check.c_str(),
+                   m.fault_at.empty() ? "" : " (in ", m.fault_at.c_str(),
+                   m.fault_at.empty() ? "" : (" on rank " + std::to_string(m.fault_rank) + ")").c_str(),
+                   m.rerun == rerun_outcome::none ? "not recomputed"
+                   : m.rerun == rerun_outcome::transient
+                       ? "recomputed: transient (the recomputation differs)"
+                       : "recomputed: persistent (the recomputation repeats it)",
+                   m.skipped ? ", step skipped" : ", going on with the recomputed step");
     std::optional<double> evaluated, evaluated_mtp;
     if (evaluates && (step % eval_every == 0 || step == o.steps)) {
       auto const e = evaluate();
@@ -400,6 +414,13 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
         std::fprintf(stderr,
                      "\n  stragglers over steps %d-%d (compute over the median rank's): %s\n",
                      step - o.log_straggler_interval + 1, step, named.c_str());
+    }
+    if (o.log_memory_interval > 0 && step % o.log_memory_interval == 0) {
+      std::int64_t const mine = resident_bytes();
+      std::vector<std::int64_t> resident;
+      parallel::all_gather_v_checked(world, std::span<std::int64_t const>(&mine, 1), 1, resident,
+                                     1);
+      line["resident_bytes"] = resident;
     }
     metrics.write(line);
     record_save(false);

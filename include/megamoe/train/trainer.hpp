@@ -21,13 +21,16 @@
 #include <megamoe/parallel/pipeline_schedule.hpp>
 #include <megamoe/parallel/process_groups.hpp>
 #include <megamoe/parallel/watchdog.hpp>
+#include <megamoe/train/faults.hpp>
 #include <megamoe/train/pipeline_runner.hpp>
 #include <megamoe/train/token_data.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numbers>
 #include <string>
 #include <type_traits>
@@ -63,9 +66,32 @@ struct train_settings {
   int steps = 100;
   optim::lr_schedule schedule;
   optim::adamw_settings optimizer;
-  std::uint64_t seed = 1234;       // the job's: kept in its checkpoints
-  bool stop_on_nonfinite = false;  // otherwise a non-finite step is reported and skipped
+  std::uint64_t seed = 1234;  // the job's: kept in its checkpoints
+  // A step fails its checks with a non-finite loss or gradient norm, or with the checks on, a loss
+  // (gradient norm) over spike_factor times the largest of the last spike_window updated steps'.
+  // A failed step is run again from the same state once (Megatron's --rerun-mode
+  // validate_results): the step is deterministic, so a recomputation that differs bit for bit
+  // is the machine's fault (transient: the recomputed step goes on if it passes), one that repeats
+  // it the model's (persistent). A step that still fails is skipped (no update), or stops the job.
+  bool recompute_failed_steps = true;
+  bool check_spiky_loss = false;
+  bool check_large_grads = false;
+  double spike_factor = 10.0;
+  int spike_window = 50;
+  bool stop_on_failed_check = false;
 };
+
+/// What became of a step that failed a check (train_settings).
+enum class rerun_outcome {
+  none,        // not recomputed: every check passed, or recomputation is off
+  transient,   // the recomputation differed from the first pass
+  persistent,  // it repeated the first pass's loss and gradient norm bit for bit
+};
+[[nodiscard]] constexpr char const* name_of(rerun_outcome r) noexcept {
+  return r == rerun_outcome::transient    ? "transient"
+         : r == rerun_outcome::persistent ? "persistent"
+                                          : "none";
+}
 
 /// What one step did (the same on every rank).
 struct step_metrics {
@@ -76,8 +102,17 @@ struct step_metrics {
   double mtp_loss = 0.0;  // the multi-token prediction depths' mean cross-entropy (0 without)
   double lr = 0.0, grad_norm = 0.0, clip_factor = 1.0;
   double seconds = 0.0, tokens_per_s = 0.0;
-  bool skipped = false;      // non-finite loss or gradient: no update
-  std::string nonfinite_at;  // the first parameter with a non-finite gradient, when skipped
+  bool skipped = false;  // a failed check: no update
+  /// The check the step's first pass failed ("non-finite loss", "non-finite gradient", "spiky
+  /// loss", "large gradient"); empty when it passed.
+  std::string failed_check;
+  rerun_outcome rerun = rerun_outcome::none;
+  double first_loss = 0.0, first_grad_norm = 0.0;  // the first pass's, when recomputed
+  /// Where the fault showed: for a non-finite gradient the first tensor with a non-finite element
+  /// (on the lowest such rank, before the gradients' reduction when a recomputation repeats it),
+  /// for a large gradient the tensor holding the largest element; empty otherwise.
+  std::string fault_at;
+  int fault_rank = -1;
   /// Per MoE layer of the model, the tokens each expert received in this step (summed over the
   /// global batch).
   std::vector<std::vector<double>> expert_load;
@@ -100,6 +135,7 @@ class trainer {
       : model_(model), data_(data), settings_(settings), optimizer_(model, settings.optimizer) {
     check();
     use_default_schedule();
+    recent_.assign(2 * static_cast<std::size_t>(settings_.spike_window), 0.0);
   }
   /// On a job (DP = world / (TP CP PP)). Every rank of a TP x CP group trains on the same
   /// micro-batches, each on its chunks of the sequences (and under TP its sequence-parallel
@@ -113,6 +149,7 @@ class trainer {
         optimizer_(groups, model, settings.optimizer) {
     check();
     use_default_schedule();
+    recent_.assign(2 * static_cast<std::size_t>(settings_.spike_window), 0.0);
   }
 
   [[nodiscard]] int dp_size() const { return groups_ ? groups_->dp().size() : 1; }
@@ -139,15 +176,16 @@ class trainer {
   }
   /// The learning-rate schedule from now on (a resumed run with more steps recomputes it).
   void set_schedule(optim::lr_schedule const& schedule) { settings_.schedule = schedule; }
+  /// Faults a test plants in this rank's gradients (train/faults.hpp).
+  void plant(planted_faults const& faults) noexcept { faults_ = faults; }
 
-  /// One global batch: forward and backward of every micro-batch, reduction, clipping, update.
+  /// One global batch: forward and backward of every micro-batch, reduction, the checks (once
+  /// more from the same state if they fail), clipping, update.
   /// A step starts from zero gradients, which the last step's update left (nothing may add to
   /// the model's gradients between steps). The metrics live in the trainer until the next step:
-  /// after the first steps, a step on one rank allocates nothing.
+  /// after the first steps, a step on one rank that passes its checks allocates nothing.
   step_metrics const& step(context& ctx) {
     auto const start = std::chrono::steady_clock::now();
-    int const S = settings_.seq_length, B = settings_.micro_batch, M = settings_.micro_batches;
-    int const DP = dp_size(), CP = cp_size(), TP = tp_size();
     ++step_;
     parallel::watchdog::instance().set_step(step_);
     // Every field back to its default; the expert loads keep their buffers.
@@ -158,99 +196,50 @@ class trainer {
     out.step = step_;
     out.lr = settings_.schedule.at(step_);
     auto& times = ctx.step_stages;
-    // The optimizer's update leaves the gradients zero; before the first step and after a
-    // skipped one they are zeroed here.
-    if (!gradients_zeroed_)
-      times.time(step_stage::optimizer, [&] { optimizer_.zero_grad(ctx.pool()); });
-    gradients_zeroed_ = false;
-    ctx.step.mode = router::pass::training;
-    ctx.step.loss_backward_scale = router::loss_backward_scale(1.0, CP, M);
-    // Every micro-batch's tokens (every stage reads them; the embedding's and the output
-    // layer's chunks use them).
-    auto const per_batch = static_cast<std::size_t>(S) * static_cast<std::size_t>(B);
-    tokens_.resize(per_batch * static_cast<std::size_t>(M));
-    targets_.resize(tokens_.size());
-    times.time(step_stage::batches, [&] {
-      for (int m = 0; m < M; ++m)
-        data_.training_batch(
-            (step_ - 1) * global_batch_samples() + static_cast<std::int64_t>(first_sequence(m)), S,
-            B, std::span(tokens_).subspan(m * per_batch, per_batch),
-            std::span(targets_).subspan(m * per_batch, per_batch));
-    });
-    // Every layer's loads on every rank (a stage without the layer adds zeros), so the sums have
-    // one length on all ranks.
-    out.expert_load.resize(static_cast<std::size_t>(model_.moe_layer_count()));
-    for (auto& layer : out.expert_load)
-      layer.assign(static_cast<std::size_t>(model_.values().shape.experts), 0.0);
-    model_.for_each_moe_layer([](auto& layer, int) { layer.clear_expert_load(); });
-    double loss = 0.0, router_loss = 0.0, aux_loss = 0.0, z_loss = 0.0, mtp_loss = 0.0;
-    auto const schedule_start = std::chrono::steady_clock::now();
-    runner_.run(
-        ctx, M, S, B, static_cast<scalar>(1.0 / M),
-        [&](int m) {
-          return std::pair{
-              std::span<std::int32_t const>(tokens_).subspan(m * per_batch, per_batch),
-              std::span<std::int32_t const>(targets_).subspan(m * per_batch, per_batch)};
-        },
-        [&](int m) { return (static_cast<std::uint64_t>(step_) << 20) + first_sequence(m); },
-        [&](auto const& r) {
-          loss += r.output.cross_entropy;
-          router_loss += r.output.router_losses;
-          aux_loss += r.output.aux_loss;
-          z_loss += r.output.z_loss;
-          mtp_loss += r.output.mtp_loss;
-        });
-    model_.for_each_moe_layer([&](auto& layer, int ordinal) {
-      auto const counts = layer.expert_load();
-      std::copy(counts.begin(), counts.end(),
-                out.expert_load[static_cast<std::size_t>(ordinal)].begin());
-    });
-    double const schedule_seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - schedule_start).count();
-    // Logged values over the global batch (every rank the same): a CP rank's cross-entropy is
-    // the mean over its chunks (the same on each TP rank), its router losses and expert loads
-    // its share of the micro-batch's.
-    std::vector<double>& sums = sums_;
-    // Under PP the output layer's stage alone has the cross-entropy, each stage its layers'
-    // router losses and loads (the others' entries zero): summed over the stages too. The
-    // pipeline's wait share is averaged over every rank.
-    sums.assign({loss, router_loss, aux_loss, z_loss,
-                 schedule_seconds > 0.0 ? runner_.wait_seconds() / schedule_seconds : 0.0,
-                 mtp_loss});
-    for (auto const& layer : out.expert_load) sums.insert(sums.end(), layer.begin(), layer.end());
-    if (groups_) {
-      parallel::all_reduce_sum(groups_->tp_dp_cp(), std::span<double>(sums));
-      parallel::all_reduce_sum(groups_->pp(), std::span<double>(sums));
+    auto result = run_global_batch(ctx, out, false);
+    char const* failed = failed_check(result);
+    if (failed != nullptr) {
+      out.failed_check = failed;
+      bool const nonfinite = !std::isfinite(result.loss) || !std::isfinite(result.grad_norm);
+      if (nonfinite || settings_.check_large_grads) locate_fault(out, nonfinite);
+      if (settings_.recompute_failed_steps) {
+        model_.discard_global_batch();
+        gradients_zeroed_ = false;
+        auto const again = run_global_batch(ctx, out, nonfinite);
+        bool const same =
+            std::bit_cast<std::uint64_t>(again.loss) == std::bit_cast<std::uint64_t>(result.loss) &&
+            std::bit_cast<std::uint64_t>(again.grad_norm) ==
+                std::bit_cast<std::uint64_t>(result.grad_norm);
+        out.rerun = same ? rerun_outcome::persistent : rerun_outcome::transient;
+        out.first_loss = result.loss;
+        out.first_grad_norm = result.grad_norm;
+        if (same && nonfinite) agree_on_fault(out, origin_, origin_.empty() ? -1.0 : 1.0, true);
+        result = again;
+        failed = same ? failed : failed_check(result);
+      }
     }
-    int const ranks = groups_ ? groups_->layout().world_size : 1;
-    out.loss = sums[0] / (M * DP * CP * TP);
-    out.router_loss = sums[1] / (M * DP);
-    out.aux_loss = sums[2] / (M * DP);
-    out.z_loss = sums[3] / (M * DP);
-    out.pipeline_bubble = sums[4] / ranks;
-    out.mtp_loss = sums[5] / (M * DP * CP * TP);
-    std::size_t at = 6;
-    for (auto& layer : out.expert_load)
-      for (double& v : layer) v = sums[at++];
-    if (groups_) times.time(step_stage::gradient_reduction, [&] { gradients_(*groups_); });
     // The expert-bias updates and the recipe's end of step (delayed scaling's next scales) come
     // before the update: weights held as codes are quantized as the update hands them back, with
     // the scales (and into the amax history slot) a forward of the next step would use.
     model_.finish_global_batch();
-    auto const report = times.time(step_stage::optimizer, [&] {
-      return optimizer_.step_and_zero_grad(ctx.pool(), out.lr, model_);
-    });
-    gradients_zeroed_ = report.finite;
-    out.grad_norm = report.grad_norm;
-    out.clip_factor = report.clip_factor;
-    if (!report.finite || !std::isfinite(out.loss)) {
+    out.grad_norm = result.grad_norm;
+    if (failed == nullptr) {
+      auto const report = times.time(step_stage::optimizer, [&] {
+        return optimizer_.apply_and_zero_grad(ctx.pool(), out.lr, result.grad_norm, model_);
+      });
+      out.clip_factor = report.clip_factor;
+      gradients_zeroed_ = true;
+      remember(result);
+    } else {
       out.skipped = true;
-      out.nonfinite_at = first_nonfinite();
-      if (settings_.stop_on_nonfinite)
+      if (settings_.stop_on_failed_check)
         throw parallel::agreed_input_error(
-            "training: non-finite " + std::string(std::isfinite(out.loss) ? "gradient" : "loss") +
-            " at step " + std::to_string(step_) +
-            (out.nonfinite_at.empty() ? "" : " (first in " + out.nonfinite_at + ")"));
+            "training: " + out.failed_check + " at step " + std::to_string(step_) +
+            (out.rerun == rerun_outcome::none ? std::string()
+                                              : " (" + std::string(name_of(out.rerun)) + ")") +
+            (out.fault_at.empty()
+                 ? std::string()
+                 : ", in " + out.fault_at + " on rank " + std::to_string(out.fault_rank)));
     }
     parallel::watchdog::instance().set_step(0);
     out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -350,6 +339,9 @@ class trainer {
       if (settings_.seq_length < 1 || settings_.micro_batch < 1 || settings_.micro_batches < 1 ||
           settings_.steps < 0)
         throw input_error("training: seq_length, micro_batch and micro_batches must be >= 1");
+      if (settings_.spike_window < 1 || !(settings_.spike_factor > 1.0))
+        throw input_error(
+            "training: the spike checks need a window of >= 1 steps and a factor > 1");
       model_.check_sequence(settings_.seq_length);
       if (data_.seq_length() != settings_.seq_length)
         throw input_error("training: samples of " + std::to_string(data_.seq_length()) +
@@ -375,12 +367,209 @@ class trainer {
     return static_cast<std::uint64_t>((m * dp_size() + dp_rank()) * settings_.micro_batch);
   }
 
+  /// What decides whether a pass over the global batch may update the model.
+  struct pass_result {
+    double loss = 0.0, grad_norm = 0.0;
+  };
+
+  /// Forward and backward of every micro-batch from zero gradients, the logged values' sums, the
+  /// gradients' reduction and their norm. With `locate`, this rank's first tensor holding a
+  /// non-finite gradient before the reduction goes to origin_.
+  pass_result run_global_batch(context& ctx, step_metrics& out, bool locate) {
+    int const S = settings_.seq_length, B = settings_.micro_batch, M = settings_.micro_batches;
+    int const DP = dp_size(), CP = cp_size(), TP = tp_size();
+    auto& times = ctx.step_stages;
+    // The optimizer's update leaves the gradients zero; before the first step, after a skipped
+    // one and before a recomputation they are zeroed here.
+    if (!gradients_zeroed_)
+      times.time(step_stage::optimizer, [&] { optimizer_.zero_grad(ctx.pool()); });
+    gradients_zeroed_ = false;
+    ctx.step.mode = router::pass::training;
+    ctx.step.loss_backward_scale = router::loss_backward_scale(1.0, CP, M);
+    // Every micro-batch's tokens (every stage reads them; the embedding's and the output
+    // layer's chunks use them).
+    auto const per_batch = static_cast<std::size_t>(S) * static_cast<std::size_t>(B);
+    tokens_.resize(per_batch * static_cast<std::size_t>(M));
+    targets_.resize(tokens_.size());
+    times.time(step_stage::batches, [&] {
+      for (int m = 0; m < M; ++m)
+        data_.training_batch(
+            (step_ - 1) * global_batch_samples() + static_cast<std::int64_t>(first_sequence(m)), S,
+            B, std::span(tokens_).subspan(m * per_batch, per_batch),
+            std::span(targets_).subspan(m * per_batch, per_batch));
+    });
+    // Every layer's loads on every rank (a stage without the layer adds zeros), so the sums have
+    // one length on all ranks.
+    out.expert_load.resize(static_cast<std::size_t>(model_.moe_layer_count()));
+    for (auto& layer : out.expert_load)
+      layer.assign(static_cast<std::size_t>(model_.values().shape.experts), 0.0);
+    model_.for_each_moe_layer([](auto& layer, int) { layer.clear_expert_load(); });
+    double loss = 0.0, router_loss = 0.0, aux_loss = 0.0, z_loss = 0.0, mtp_loss = 0.0;
+    auto const schedule_start = std::chrono::steady_clock::now();
+    runner_.run(
+        ctx, M, S, B, static_cast<scalar>(1.0 / M),
+        [&](int m) {
+          return std::pair{
+              std::span<std::int32_t const>(tokens_).subspan(m * per_batch, per_batch),
+              std::span<std::int32_t const>(targets_).subspan(m * per_batch, per_batch)};
+        },
+        [&](int m) { return (static_cast<std::uint64_t>(step_) << 20) + first_sequence(m); },
+        [&](auto const& r) {
+          loss += r.output.cross_entropy;
+          router_loss += r.output.router_losses;
+          aux_loss += r.output.aux_loss;
+          z_loss += r.output.z_loss;
+          mtp_loss += r.output.mtp_loss;
+        });
+    model_.for_each_moe_layer([&](auto& layer, int ordinal) {
+      auto const counts = layer.expert_load();
+      std::copy(counts.begin(), counts.end(),
+                out.expert_load[static_cast<std::size_t>(ordinal)].begin());
+    });
+    double const schedule_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - schedule_start).count();
+    // A planted fault corrupts this rank's gradients before they are reduced: a NaN on every
+    // pass (a fault of the model), a bit flip once (the machine's).
+    if (faults_.nan_step == step_) corrupt_gradient(true);
+    if (faults_.bit_flip_step == step_) {
+      corrupt_gradient(false);
+      faults_.bit_flip_step = 0;
+    }
+    if (locate) origin_ = first_nonfinite();
+    // Logged values over the global batch (every rank the same): a CP rank's cross-entropy is
+    // the mean over its chunks (the same on each TP rank), its router losses and expert loads
+    // its share of the micro-batch's.
+    std::vector<double>& sums = sums_;
+    // Under PP the output layer's stage alone has the cross-entropy, each stage its layers'
+    // router losses and loads (the others' entries zero): summed over the stages too. The
+    // pipeline's wait share is averaged over every rank.
+    sums.assign({loss, router_loss, aux_loss, z_loss,
+                 schedule_seconds > 0.0 ? runner_.wait_seconds() / schedule_seconds : 0.0,
+                 mtp_loss});
+    for (auto const& layer : out.expert_load) sums.insert(sums.end(), layer.begin(), layer.end());
+    if (groups_) {
+      parallel::all_reduce_sum(groups_->tp_dp_cp(), std::span<double>(sums));
+      parallel::all_reduce_sum(groups_->pp(), std::span<double>(sums));
+    }
+    int const ranks = groups_ ? groups_->layout().world_size : 1;
+    out.loss = sums[0] / (M * DP * CP * TP);
+    out.router_loss = sums[1] / (M * DP);
+    out.aux_loss = sums[2] / (M * DP);
+    out.z_loss = sums[3] / (M * DP);
+    out.pipeline_bubble = sums[4] / ranks;
+    out.mtp_loss = sums[5] / (M * DP * CP * TP);
+    std::size_t at = 6;
+    for (auto& layer : out.expert_load)
+      for (double& v : layer) v = sums[at++];
+    if (groups_) times.time(step_stage::gradient_reduction, [&] { gradients_(*groups_); });
+    double const norm =
+        times.time(step_stage::optimizer, [&] { return optimizer_.grad_norm(ctx.pool()); });
+    return {out.loss, norm};
+  }
+
+  /// The check `r` fails (every rank agrees: the loss and the norm are the job's), or null.
+  [[nodiscard]] char const* failed_check(pass_result const& r) const {
+    if (!std::isfinite(r.loss)) return "non-finite loss";
+    if (!std::isfinite(r.grad_norm)) return "non-finite gradient";
+    if (recent_count_ == 0) return nullptr;
+    double top_loss = 0.0, top_norm = 0.0;
+    for (int i = 0; i < recent_count_; ++i) {
+      top_loss = std::max(top_loss, recent_[2 * static_cast<std::size_t>(i)]);
+      top_norm = std::max(top_norm, recent_[2 * static_cast<std::size_t>(i) + 1]);
+    }
+    if (settings_.check_spiky_loss && r.loss > settings_.spike_factor * top_loss)
+      return "spiky loss";
+    if (settings_.check_large_grads && r.grad_norm > settings_.spike_factor * top_norm)
+      return "large gradient";
+    return nullptr;
+  }
+  /// An updated step's loss and norm join the last spike_window's.
+  void remember(pass_result const& r) {
+    if (settings_.spike_window < 1) return;
+    recent_[2 * static_cast<std::size_t>(recent_next_)] = r.loss;
+    recent_[2 * static_cast<std::size_t>(recent_next_) + 1] = r.grad_norm;
+    recent_next_ = (recent_next_ + 1) % settings_.spike_window;
+    recent_count_ = std::min(recent_count_ + 1, settings_.spike_window);
+  }
+
+  /// This rank's first tensor (in for_each_parameter's order) holding a non-finite gradient.
   std::string first_nonfinite() {
     std::string name;
     model_.for_each_parameter([&](std::string_view n, auto, auto grad, parameter_kind) {
       if (name.empty() && !grad.allFinite()) name = std::string(n);
     });
     return name;
+  }
+  /// The fault's place after the reduction: the first non-finite gradient, or the tensor holding
+  /// the largest element.
+  void locate_fault(step_metrics& out, bool nonfinite) {
+    if (nonfinite) {
+      auto const name = first_nonfinite();
+      agree_on_fault(out, name, name.empty() ? -1.0 : 1.0, true);
+      return;
+    }
+    std::string name;
+    double largest = -1.0;
+    model_.for_each_parameter([&](std::string_view n, auto, auto grad, parameter_kind) {
+      if (grad.size() == 0) return;
+      double const m = static_cast<double>(grad.cwiseAbs().maxCoeff());
+      if (m > largest) largest = m, name = std::string(n);
+    });
+    agree_on_fault(out, name, largest, false);
+  }
+  /// Every rank's candidate `name` with its `score` (< 0: none); the chosen one, the same on every
+  /// rank, goes into `out`: the lowest rank with a candidate (`lowest_rank`), else the largest
+  /// score.
+  void agree_on_fault(step_metrics& out, std::string const& name, double score, bool lowest_rank) {
+    int chosen = score < 0 ? -1 : 0;
+    std::string chosen_name = name;
+    if (groups_) {
+      boost::mpi::communicator const world;
+      std::vector<double> scores;
+      parallel::all_gather_v_checked(world, std::span<double const>(&score, 1), 1, scores, 1);
+      chosen = -1;
+      for (int r = 0; r < world.size(); ++r) {
+        double const sc = scores[static_cast<std::size_t>(r)];
+        if (sc < 0) continue;
+        if (chosen < 0 || (!lowest_rank && sc > scores[static_cast<std::size_t>(chosen)]))
+          chosen = r;
+      }
+      std::vector<std::uint8_t> names;
+      auto const bytes = std::span(reinterpret_cast<std::uint8_t const*>(name.data()), name.size());
+      auto const lengths = parallel::all_gather_v_checked(
+          world, bytes, static_cast<std::int64_t>(name.size()), names, 1);
+      chosen_name.clear();
+      if (chosen >= 0) {
+        std::int64_t first = 0;
+        for (int r = 0; r < chosen; ++r) first += lengths[static_cast<std::size_t>(r)];
+        chosen_name.assign(names.begin() + first,
+                           names.begin() + first + lengths[static_cast<std::size_t>(chosen)]);
+      }
+    }
+    out.fault_rank = chosen;
+    out.fault_at = chosen < 0 ? std::string() : chosen_name;
+  }
+  /// A planted fault: a NaN in, or the top exponent bit of, the element of the first gradient
+  /// this rank holds that is largest below 2 in magnitude (so that the flip makes it 2^128 times
+  /// larger, or not finite).
+  void corrupt_gradient(bool not_a_number) {
+    static_assert(std::is_floating_point_v<scalar>);
+    using bits = std::conditional_t<sizeof(scalar) == 4, std::uint32_t, std::uint64_t>;
+    bool done = false;
+    model_.for_each_parameter([&](std::string_view, auto, auto grad, parameter_kind) {
+      if (done || grad.size() == 0) return;
+      done = true;
+      scalar* const g = grad.data();
+      Eigen::Index at = 0;
+      for (Eigen::Index i = 0; i < grad.size(); ++i)
+        if (std::abs(g[i]) < scalar(2) && std::abs(g[i]) > std::abs(g[at])) at = i;
+      if (not_a_number) {
+        g[at] = std::numeric_limits<scalar>::quiet_NaN();
+        return;
+      }
+      g[at] =
+          std::bit_cast<scalar>(std::bit_cast<bits>(g[at]) ^ (bits{1} << (8 * sizeof(scalar) - 2)));
+    });
   }
 
   model_type& model_;
@@ -395,6 +584,11 @@ class trainer {
   std::vector<double> sums_;       // the logged values summed over DP
   bool gradients_zeroed_ = false;  // by the last step's update
   int step_ = 0;
+  planted_faults faults_;
+  std::string origin_;  // a recomputation's first non-finite gradient before the reduction
+  // The last spike_window updated steps' (loss, gradient norm), a ring from recent_next_.
+  std::vector<double> recent_;
+  int recent_next_ = 0, recent_count_ = 0;
 };
 
 }  // namespace megamoe::train
