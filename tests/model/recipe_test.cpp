@@ -238,6 +238,36 @@ TEST(RecipeLayer, RouterSidePaddingGivesEveryExpertAMultiple) {
   layer.backward(ctx, random_matrix<float>(100, layer.hidden_size(), 91, 0.01));
 }
 
+TEST(RecipeLayer, RouterPaddingPastACapacityStaysWithinTheRowBound) {
+  // With a capacity and router-side padding (no pad_to_capacity), an expert keeps at most C
+  // tokens and padding then rounds that up to the multiple: the experts' row buffers are sized
+  // for 4 experts x roundup(C, 16) rows, more than 4 x C.
+  using padded = mm::make_config<
+      recipe_shape, rt::top_k<2, rt::capacity<1.0>, rt::aux_loss<1e-2>, rt::pad_for_quantization<>>,
+      mm::dispatch::local, ex::mlp<ex::gelu, ex::grouped>, pr::fp8_tensorwise<pr::current>>;
+  mm::context ctx(2);
+  mm::moe_layer<padded> layer(0);
+  layer.initialize(5, 0.05);
+  layer.forward(ctx, random_matrix<float>(100, layer.hidden_size(), 92), 25, 4);
+  int const capacity = 50;  // ceil(100 tokens x top-2 / 4 experts x 1.0)
+  std::int64_t rows = 0;
+  for (auto n : layer.permutation().tokens_per_expert) {
+    EXPECT_EQ(n % 16, 0) << n;
+    EXPECT_LE(n, 64) << "at most the capacity, rounded up to 16";
+    rows += n;
+  }
+  EXPECT_GT(rows, 4 * capacity) << "padding past the capacity";
+  EXPECT_EQ(layer.expert_rows_bound(capacity), 4 * 64);
+  EXPECT_EQ(layer.expert_rows_bound(0), 100 * 4) << "padded: every token may reach every expert";
+  layer.backward(ctx, random_matrix<float>(100, layer.hidden_size(), 93, 0.01));
+  // The same recipe without the router's padding: a token reaches at most its top-2 experts.
+  mm::moe_layer<recipe_config<pr::fp8_tensorwise<pr::current>>> unpadded(0);
+  unpadded.initialize(5, 0.05);
+  unpadded.forward(ctx, random_matrix<float>(100, unpadded.hidden_size(), 92), 25, 4);
+  EXPECT_EQ(unpadded.expert_rows_bound(0), 100 * 2);
+  EXPECT_EQ(unpadded.expert_rows_bound(capacity), 100 * 2);
+}
+
 /// Output, dx and every gradient of two steps, for comparing memory policies.
 template <class Config>
 std::vector<mm::row_matrix<float>> two_steps() {

@@ -208,6 +208,11 @@ int run(mm::parallel::environment& env, options const& o) {
   if (world.rank() == o.bad_input_on_rank) x.conservativeResize(x.rows(), hidden + 1);
   if (world.rank() == o.nan_on_rank) x(1, 2) = std::nan("");
   auto const out = layer.forward(ctx, x, mine.num_positions, mine.num_sequences);
+  // The shared window is sized by the configuration's bound, not by this step's routing.
+  if constexpr (requires { layer.dispatcher().window_expert_rows(); })
+    result.close("window expert rows at the bound",
+                 layer.dispatcher().window_expert_rows() >= layer.expert_rows_bound(0) ? 1.0 : 0.0,
+                 1.0, 1.0, 0.0);
   mm::row_matrix<scalar> const y = out.y;
   auto const losses = out.losses;
   mm::row_matrix<scalar> const dx = layer.backward(ctx, table<scalar>(mine, grad_value));

@@ -108,6 +108,7 @@ class hierarchical_dispatcher
     parallel::agree_on_failure(groups_.ep(), problem);
     // The rows to send, as a map (drop-and-pad's padding rows included).
     int const tokens = source_.tokens();
+    reserve_receives(tokens);
     sent_map_.assign(static_cast<std::size_t>(tokens) * E, 0);
     for (int j = 0; j < source_.rows(); ++j)
       sent_map_[static_cast<std::size_t>(source_.source_token(j)) * E + source_.row_expert(j)] = 1;
@@ -369,16 +370,20 @@ class hierarchical_dispatcher
   ///   combine region: where each sender's rows start among those received by B (R int64), the
   ///     sums of the expert rows per received row, their probs' gradients [rows of B, L].
   void fit_window() {
-    std::int64_t need[3] = {rows_a_, stage_b_.rows(), rows_b_};
+    // At least the bounds (receive_bounds; each row of A sent to each rank of the node at most
+    // once), so that a plan within them never grows the window.
+    auto const bound = receive_bounds(source_.tokens());
+    std::int64_t need[3] = {std::max(rows_a_, bound[0]),
+                            std::max<std::int64_t>(stage_b_.rows(), bound[1]),
+                            std::max(rows_b_, bound[1])};
     {
       parallel::watched_collective const watch(MPI_Comm(nodes_.node()), "window_needs", 3);
       MPI_Allreduce(MPI_IN_PLACE, need, 3, MPI_INT64_T, MPI_MAX, MPI_Comm(nodes_.node()));
     }
     if (window_.allocated() && need[0] <= cap_[0] && need[1] <= cap_[1] && need[2] <= cap_[2])
       return;
-    std::int64_t cap[3];  // a quarter more, so that growing micro-batches seldom reallocate
-    for (int i = 0; i < 3; ++i)
-      cap[i] = std::max<std::int64_t>({cap_[i], need[i] + need[i] / 4, 16});
+    std::int64_t cap[3];
+    for (int i = 0; i < 3; ++i) cap[i] = std::max<std::int64_t>({cap_[i], need[i], 16});
     auto const H = static_cast<std::size_t>(hidden_),
                L = static_cast<std::size_t>(groups_.local_experts());
     auto const R = static_cast<std::size_t>(nodes_.ranks_per_node());
@@ -404,6 +409,31 @@ class hierarchical_dispatcher
   }
 
   [[nodiscard]] int my_index() const { return nodes_.node().rank(); }
+
+  /// The most rows each exchange can bring when every rank routes `tokens` tokens, as megamoe's
+  /// ranks do: A, each of the M nodes' peers' tokens once; B, each of the node's R ranks' rows of
+  /// A once. The buffers they arrive in (and their sums go back from) are reserved for that, so
+  /// that a step whose routing piles onto this node or rank takes no new memory.
+  [[nodiscard]] std::array<std::int64_t, 2> receive_bounds(int tokens) const {
+    std::int64_t const a = std::int64_t{nodes_.nodes()} * tokens;
+    return {a, a * nodes_.ranks_per_node()};
+  }
+  void reserve_receives(int tokens) {
+    if (tokens <= reserved_tokens_) return;
+    reserved_tokens_ = tokens;
+    auto const [a, b] = receive_bounds(tokens);
+    auto const H = static_cast<std::size_t>(hidden_), W = static_cast<std::size_t>(width_),
+               L = static_cast<std::size_t>(groups_.local_experts());
+    auto const rows_a = static_cast<std::size_t>(a), rows_b = static_cast<std::size_t>(b);
+    mask_a_.reserve(rows_a * W);
+    mask_b_.reserve(rows_b * L);
+    rows_[1].reserve(rows_a * H);
+    probs_[3].reserve(rows_b * L);  // rows of B x L, and rows of A x R*L: the same
+    if constexpr (!SharedNode) {    // the node's window holds exchange B's
+      rows_[3].reserve(rows_b * H);
+      probs_[1].reserve(rows_b * L);
+    }
+  }
 
   /// Where each rank's rows start: the exclusive prefix sums of `counts`.
   static void starts_of(std::vector<std::int64_t> const& counts, std::int64_t* starts) {
@@ -524,6 +554,7 @@ class hierarchical_dispatcher
   token_rows stage_a_, stage_b_, expert_rows_;
   std::vector<std::int64_t> send_a_, recv_a_, send_b_, recv_b_;
   std::int64_t rows_a_ = 0, rows_b_ = 0;
+  int reserved_tokens_ = 0;  // reserve_receives
   std::array<buffer<std::uint8_t>, 2> masks_;
   std::array<buffer<T>, 4> rows_, probs_;
   node_traffic traffic_;

@@ -84,6 +84,12 @@ class shared_memory_dispatcher {
       rank_of_[static_cast<std::size_t>(all[2 * r] * groups.ep_size() + all[2 * r + 1])] = r;
   }
 
+  /// Sizes the window for the most rows the configuration lets a plan bring: each of the most
+  /// tokens any rank routes reaching at most `experts` experts (the layer's top-k, or every expert
+  /// where its router pads), so that a plan whose routing piles onto one rank does not grow it.
+  /// The same on every rank of tp_ep; without it the window grows to the largest plan seen.
+  void bound_experts_per_token(int experts) noexcept { experts_per_token_ = experts; }
+
   void plan(thread_pool&, mask_matrix const& map, int capacity,
             std::exception_ptr earlier = nullptr) {
     chunks_.assign(groups_, map, capacity, earlier, "shared_memory dispatcher");
@@ -103,8 +109,10 @@ class shared_memory_dispatcher {
   [[nodiscard]] expert_chunks const& chunks() const noexcept { return chunks_; }
   /// Bytes of this rank's segment of the window (0 before the first plan).
   [[nodiscard]] std::size_t window_bytes() const noexcept { return window_.segment_bytes(); }
-  /// Times the window was allocated (it grows to the largest plan seen).
+  /// Times the window was allocated (it grows to the largest plan seen, or the bound's).
   [[nodiscard]] int window_allocations() const noexcept { return window_.allocations(); }
+  /// Expert rows this rank's segment holds (0 before the first plan).
+  [[nodiscard]] std::int64_t window_expert_rows() const noexcept { return expert_rows_cap_; }
 
   /// Where this rank's tokens [T, H] of the planned micro-batch may wait in the window: a dispatch
   /// of tokens read from here publishes no copy (the MoE layer keeps its input here). Valid until
@@ -295,13 +303,21 @@ class shared_memory_dispatcher {
     if (window_.allocated() && most_sent <= sent_cap_ && most_expert_rows <= expert_rows_cap_ &&
         chunks_.most_tokens() <= tokens_cap_)
       return;
-    // A quarter more than asked, so that growing micro-batches do not reallocate every step.
-    auto const grown = [](std::int64_t cap, std::int64_t need) {
+    // The configuration's bound (bound_experts_per_token), the same on every rank: what a plan
+    // of as many tokens may need. Past it (or without one), a quarter more than asked, so that
+    // growing micro-batches do not reallocate every step.
+    std::int64_t const tokens = chunks_.most_tokens();
+    std::int64_t const sent_bound = tokens * std::min(experts_per_token_, E);
+    std::int64_t const expert_rows_bound =
+        std::int64_t{ETP} * EP * tokens * std::min(experts_per_token_, L);
+    auto const grown = [](std::int64_t cap, std::int64_t need, std::int64_t bound) {
+      if (need <= bound) return std::max<std::int64_t>({cap, bound, 16});
       return std::max<std::int64_t>({cap, need + need / 4, 16});
     };
-    std::int64_t const sent_cap = grown(sent_cap_, most_sent);
-    std::int64_t const expert_rows_cap = grown(expert_rows_cap_, most_expert_rows);
-    std::int64_t const tokens_cap = grown(tokens_cap_, chunks_.most_tokens());
+    std::int64_t const sent_cap = grown(sent_cap_, most_sent, sent_bound);
+    std::int64_t const expert_rows_cap =
+        grown(expert_rows_cap_, most_expert_rows, expert_rows_bound);
+    std::int64_t const tokens_cap = grown(tokens_cap_, tokens, experts_per_token_ > 0 ? tokens : 0);
     auto const H = static_cast<std::size_t>(hidden_);
     auto const sent = static_cast<std::size_t>(sent_cap);
     auto const expert = static_cast<std::size_t>(expert_rows_cap);
@@ -508,6 +524,7 @@ class shared_memory_dispatcher {
   std::vector<row_ref> row_start_;  // trace_rows()'s scratch
   exchange_window window_;
   std::int64_t sent_cap_ = 0, expert_rows_cap_ = 0, tokens_cap_ = 0;  // rows the window holds
+  int experts_per_token_ = 0;  // bound_experts_per_token (0: no bound)
   static constexpr std::size_t index_at = 64;                         // after the dispatch's flag
   std::size_t sent_probs_at_ = 0, tokens_at_ = 0, copies_at_ = 0, combine_at_ = 0,
               expert_rows_at_ = 0;

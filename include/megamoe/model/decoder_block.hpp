@@ -250,6 +250,17 @@ class decoder_layers {
       }
     });
   }
+  /// Before a global batch that may run again (a recomputed step): every module keeps the state
+  /// its passes change; discard_global_batch() brings it back and the MoE layers forget their
+  /// counts. The attentions' and dense FFNs' operands change only their amaxes within a step.
+  void begin_global_batch() {
+    for_each_recipe_operands([](auto& ops) { ops.begin_global_batch(); },
+                             [](auto& moe) { moe.begin_global_batch(); });
+  }
+  void discard_global_batch() {
+    for_each_recipe_operands([](auto& ops) { ops.discard_global_batch(); },
+                             [](auto& moe) { moe.discard_global_batch(); });
+  }
   void zero_grad() {
     for (auto& b : blocks_) {
       b.input_norm.zero_grad();
@@ -282,6 +293,20 @@ class decoder_layers {
   }
 
  private:
+  /// of_operands(ops) for each attention linear's and dense FFN's recipe operands, of_moe(layer)
+  /// for each MoE layer.
+  template <class OfOperands, class OfMoe>
+  void for_each_recipe_operands(OfOperands&& of_operands, OfMoe&& of_moe) {
+    for_each_modules([&](auto& m) {
+      for (auto& l : m.moes) of_moe(*l);
+      if constexpr (std::remove_reference_t<decltype(m)>::rounds) {
+        for (auto& a : m.attentions)
+          a.for_each_linears([&](std::string_view, auto& l) { of_operands(l.operands()); });
+        for (auto& d : m.denses) of_operands(d.operands());
+      }
+    });
+  }
+
   /// Training steps an attention's recipe operands have ended.
   template <class Attention>
   static std::uint64_t first_steps_taken(Attention const& a) {

@@ -163,17 +163,33 @@ class expert_stage {
     }
   }
 
+  /// Keeps, and brings back for a recomputed global batch, the state the recipe's operands end
+  /// every micro-batch's step with (steps taken, delayed scaling's histories and scales).
+  void begin_global_batch() {
+    if constexpr (rounds_operands) {
+      routed_ops_.begin_global_batch();
+      shared_ops_.begin_global_batch();
+    }
+  }
+  void discard_global_batch() {
+    if constexpr (rounds_operands) {
+      routed_ops_.discard_global_batch();
+      shared_ops_.discard_global_batch();
+    }
+  }
+
   /// The most rows a forward can bring (the layer's bound from the configuration): every row
   /// buffer is reserved for that many, so a step bringing more rows than any before takes no new
   /// memory.
   void bound_rows(int rows) noexcept { rows_bound_ = rows; }
   /// The forward views of N rows: the buffers the memory policy keeps in the stage, the others
-  /// from `f`.
+  /// from `f`; none for the output where the dispatcher gives its rows (`OutputInPlace`).
+  template <bool OutputInPlace>
   routed_rows<scalar> forward_rows(frame& f, int n) {
     auto r = views(n, [&](memory::layer_buffer b, std::size_t per_row) {
       return rows_of(Types::keeps(b) ? kept_[static_cast<std::size_t>(b)] : f.next(), n, per_row);
     });
-    r.out = rows_of(f.next(), n, hidden());
+    if constexpr (!OutputInPlace) r.out = rows_of(f.next(), n, hidden());
     return r;
   }
   /// The forward's views of N rows in backward: the kept buffers; `f`'s where the policy keeps
@@ -184,10 +200,12 @@ class expert_stage {
                              : rows_of(f.next(), n, per_row);
     });
   }
-  /// The gradients' views of `rows` from `f`.
+  /// The gradients' views of `rows` from `f`; none for the outputs' gradients where the
+  /// dispatcher gives their rows (`OutputInPlace`).
+  template <bool OutputInPlace>
   routed_rows<scalar> with_gradients(frame& f, routed_rows<scalar> rows) {
     auto const H = hidden(), F = static_cast<std::size_t>(local_ffn());
-    rows.grad_rows = rows_of(f.next(), rows.count, H);
+    if constexpr (!OutputInPlace) rows.grad_rows = rows_of(f.next(), rows.count, H);
     rows.grad_probs = rows_of(f.next(), rows.count, 1);
     rows.grad_act = rows_of(f.next(), rows.count, F);
     rows.grad_fc1 = rows_of(f.next(), rows.count, static_cast<std::size_t>(fc1_width(local_ffn())));

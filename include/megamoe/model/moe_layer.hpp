@@ -92,6 +92,9 @@ class moe_layer {
   /// Whether the dispatcher keeps the layer's input in its shared window (dispatch::shared_memory):
   /// the input's copy is then also the dispatch's publication.
   static constexpr bool input_in_window = requires(dispatcher_type & d) { d.token_rows(); };
+  /// The experts' output rows, and their gradients, are the dispatcher's (dispatch::shared_memory
+  /// combines from them in place).
+  static constexpr bool output_in_place = requires(dispatcher_type & d) { d.expert_output_rows(); };
   /// The forward dispatch carries fc1's FP8 input codes (dispatch::fp8_wire).
   static constexpr bool fp8_wire = types::fp8_wire;
   static_assert(!fp8_wire || by_need::included<by_need::module::fp8_wire, Config>,
@@ -319,8 +322,8 @@ class moe_layer {
     if ((memory_settings.moe_layer || memory_settings.shared_experts) && has_shared_expert())
       ctx.stages.time(layer_stage::shared_expert,
                       [&] { experts_.shared_forward(ctx, f, input()); });
-    rows = experts_.with_gradients(f, rows);
-    if constexpr (requires { dispatcher_.expert_output_rows(); })
+    rows = experts_.template with_gradients<output_in_place>(f, rows);
+    if constexpr (output_in_place)
       rows.grad_rows = dispatcher_.expert_output_rows();  // dy's rows arrive, and leave, in place
     auto grad_input = grad_input_.matrix(tokens_, H);
     grad_input.setZero();
@@ -387,12 +390,46 @@ class moe_layer {
   [[nodiscard]] std::span<double const> expert_load() const noexcept { return load_; }
   void clear_expert_load() { std::fill(load_.begin(), load_.end(), 0.0); }
 
+  /// The most expert rows a forward of the last forward's token count can bring this rank with
+  /// `capacity` tokens per expert (0: none), from the configuration alone: a token of any of the
+  /// ETP x EP ranks reaches each local expert at most once, and at most experts_per_token() of
+  /// them; with a capacity, at most C tokens of each rank reach an expert, or C rounded up to the
+  /// router's padding multiple. The experts' row buffers are sized by it, so that a step bringing
+  /// more rows than any before takes no new memory.
+  [[nodiscard]] int expert_rows_bound(int capacity) const {
+    std::int64_t const senders = groups_ == nullptr ? 1 : groups_->tp_ep().size();
+    auto const local = static_cast<std::int64_t>(local_experts());
+    auto const tokens = static_cast<std::int64_t>(tokens_);
+    std::int64_t bound = senders * tokens * std::min<std::int64_t>(experts_per_token(), local);
+    if (capacity > 0) {
+      std::int64_t per_expert = std::min<std::int64_t>(capacity, tokens);
+      auto const& router = routing_.router();
+      if (router.config().pad_for_quantization) {
+        std::int64_t const m = std::max(1, router.padding_multiple());
+        per_expert = std::min(tokens, (per_expert + m - 1) / m * m);
+      }
+      bound = std::min(bound, senders * local * per_expert);
+    }
+    return static_cast<int>(std::min<std::int64_t>(bound, std::numeric_limits<int>::max()));
+  }
+  /// The most experts a token reaches: its top-k, or any number where the router pads the
+  /// experts' counts with other tokens (pad_to_capacity, pad_for_quantization).
+  [[nodiscard]] int experts_per_token() const {
+    auto const& c = routing_.router().config();
+    return c.pad_to_capacity || c.pad_for_quantization ? values_.shape.experts : c.top_k;
+  }
+
   /// Once per global batch (after its last backward): the router's expert-bias update from the
   /// token counts summed over TP x DP x CP. Collective over that group on a job.
   void finish_global_batch() { routing_.finish_global_batch(); }
-  /// The global batch's forwards will run again from the same state (a recomputed step).
+  /// Before a global batch that may run again: keeps the recipe operands' state its backwards
+  /// change (discard_global_batch brings it back).
+  void begin_global_batch() { experts_.begin_global_batch(); }
+  /// The global batch's forwards will run again from the same state (a recomputed step): the
+  /// router forgets its counts, the experts' operands go back to begin_global_batch's state.
   void discard_global_batch() {
     routing_.discard_global_batch();
+    experts_.discard_global_batch();
     clear_expert_load();
   }
 
@@ -419,6 +456,8 @@ class moe_layer {
                  moe_parameter_prefix(layer_number, mtp_layers_from(values_)), groups) {
     if constexpr (fp8_wire)
       dispatcher_.set_code_row_bytes(operands_type::wire_row_bytes(hidden_size()));
+    if constexpr (requires { dispatcher_.bound_experts_per_token(1); })
+      dispatcher_.bound_experts_per_token(experts_per_token());
   }
 
   /// Where the multi-token prediction depths' layers begin (their names differ), or -1 without.
@@ -448,29 +487,10 @@ class moe_layer {
                        routing_.router().config().pad_to_capacity ? routing.capacity : 0, failure);
     });
     experts_.bound_rows(expert_rows_bound(routing.capacity));
-    auto rows = experts_.forward_rows(f, dispatcher_.expert_rows());
-    if constexpr (requires { dispatcher_.expert_output_rows(); })
+    auto rows = experts_.template forward_rows<output_in_place>(f, dispatcher_.expert_rows());
+    if constexpr (output_in_place)
       rows.out = dispatcher_.expert_output_rows();  // combined in place (dispatch::shared_memory)
     return rows;
-  }
-
-  /// The most expert rows a forward of tokens_ tokens can bring this rank, from the configuration
-  /// alone: a token of any of the ETP x EP ranks reaches each local expert at most once, and at
-  /// most top-k experts unless the router pads their counts; with a capacity, at most C tokens of
-  /// each rank reach an expert. The experts' row buffers are sized by it, so that a step bringing
-  /// more rows than any before takes no new memory.
-  [[nodiscard]] int expert_rows_bound(int capacity) const {
-    std::int64_t const senders = groups_ == nullptr ? 1 : groups_->tp_ep().size();
-    auto const local = static_cast<std::int64_t>(local_experts());
-    auto const tokens = static_cast<std::int64_t>(tokens_);
-    std::int64_t const per_token =
-        types::recipe.padding_multiple > 1
-            ? local
-            : std::min<std::int64_t>(routing_.router().config().top_k, local);
-    std::int64_t bound = senders * tokens * per_token;
-    if (capacity > 0)
-      bound = std::min(bound, senders * local * std::min<std::int64_t>(capacity, tokens));
-    return static_cast<int>(std::min<std::int64_t>(bound, std::numeric_limits<int>::max()));
   }
 
   /// dispatch::fp8_wire: this rank's rows as codes (collective over EP, timed as permute), and

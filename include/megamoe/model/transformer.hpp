@@ -346,12 +346,13 @@ class transformer {
                                              : parallel::communicator_max(groups_->dp());
     decoder_.finish_global_batch(replicas);
   }
+  /// Before a global batch that may run again: keeps the state its passes change besides the
+  /// gradients (the recipe operands' steps and delayed scaling's histories and scales).
+  void begin_global_batch() { decoder_.begin_global_batch(); }
   /// The global batch's forwards and backwards will run again from the same state (a recomputed
-  /// step): the MoE layers forget their counts. Delayed scaling's amaxes need nothing: a forward
-  /// records the largest it sees, so a second pass over the same batch records the same.
-  void discard_global_batch() {
-    for_each_moe_layer([](auto& layer, int) { layer.discard_global_batch(); });
-  }
+  /// step): the MoE layers forget their counts, the recipe operands go back to the state
+  /// begin_global_batch() kept.
+  void discard_global_batch() { decoder_.discard_global_batch(); }
 
   void zero_grad() {
     embedding_.zero_grad();

@@ -220,10 +220,7 @@ class distributed_adamw {
   /// beside it. A skipped step (non-finite norm) leaves the gradients as they are.
   template <class... Models>
   step_report step_and_zero_grad(thread_pool& pool, double lr, Models&... models) {
-    auto const report = step_on<kernels::gradient_after::zeroed>(&pool, lr, models...);
-    if (report.finite)
-      for (auto& k : kinds_) zero_outside_shard(pool, k);
-    return report;
+    return apply_and_zero_grad(pool, lr, global_norm(&pool), models...);
   }
 
   /// The global L2 norm of the gradients (collective over the world: every rank gets the same
@@ -251,9 +248,9 @@ class distributed_adamw {
   }
 
  private:
-  template <kernels::gradient_after After = kernels::gradient_after::kept, class... Models>
+  template <class... Models>
   step_report step_on(thread_pool* pool, double lr, Models&... models) {
-    return apply<After>(pool, lr, global_norm(pool), models...);
+    return apply<kernels::gradient_after::kept>(pool, lr, global_norm(pool), models...);
   }
   double global_norm(thread_pool* pool) {
     double squares = 0.0;

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <stdexcept>
 #include <vector>
 
 namespace megamoe::precision {
@@ -70,6 +71,23 @@ class grouped_operand_state {
             state.update(fp8_max);
         }
     }
+  }
+
+  /// Start of a global batch that may run again (a recomputed step): keeps the state its passes
+  /// change (the steps taken, delayed scaling's histories and scales) for discard_global_batch.
+  /// Copies into buffers kept from the last call: nothing is allocated after the first.
+  void begin_global_batch() {
+    step_at_batch_ = step_;
+    delayed_at_batch_ = delayed_;
+    batch_kept_ = true;
+  }
+  /// The global batch runs again: back to the state begin_global_batch() kept, so that the second
+  /// pass quantizes with the first's scales and stochastic rounding's draws.
+  void discard_global_batch() {
+    if (!batch_kept_)
+      throw std::logic_error("grouped_operands: discard_global_batch without begin_global_batch");
+    step_ = step_at_batch_;
+    delayed_ = delayed_at_batch_;
   }
 
   // --- What was kept -----------------------------------------------------------------------------
@@ -222,6 +240,10 @@ class grouped_operand_state {
   // [linear or fc1_output_slot][role][expert]
   static constexpr std::size_t fc1_output_slot = 2;
   std::array<std::array<std::vector<delayed_scaling_state>, 3>, 3> delayed_;
+  // begin_global_batch: the state a recomputed step starts from again
+  std::uint64_t step_at_batch_ = 0;
+  bool batch_kept_ = false;
+  std::array<std::array<std::vector<delayed_scaling_state>, 3>, 3> delayed_at_batch_;
   std::vector<quantized_matrix> fc1_output_codes_;  // [E], with QuantizedActivations
   std::vector<std::uint16_t> fc1_bf16_;
 };

@@ -116,6 +116,8 @@ class topk_router {
   }
 
   [[nodiscard]] settings const& config() const noexcept { return config_; }
+  /// The multiple pad_for_quantization rounds each expert's token count up to.
+  [[nodiscard]] int padding_multiple() const noexcept { return padding_multiple_; }
   [[nodiscard]] int num_experts() const noexcept { return experts_; }
   [[nodiscard]] router_state& state() noexcept { return state_; }
   [[nodiscard]] router_state const& state() const noexcept { return state_; }

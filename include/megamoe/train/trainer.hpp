@@ -135,7 +135,6 @@ class trainer {
       : model_(model), data_(data), settings_(settings), optimizer_(model, settings.optimizer) {
     check();
     use_default_schedule();
-    recent_.assign(2 * static_cast<std::size_t>(settings_.spike_window), 0.0);
   }
   /// On a job (DP = world / (TP CP PP)). Every rank of a TP x CP group trains on the same
   /// micro-batches, each on its chunks of the sequences (and under TP its sequence-parallel
@@ -149,7 +148,6 @@ class trainer {
         optimizer_(groups, model, settings.optimizer) {
     check();
     use_default_schedule();
-    recent_.assign(2 * static_cast<std::size_t>(settings_.spike_window), 0.0);
   }
 
   [[nodiscard]] int dp_size() const { return groups_ ? groups_->dp().size() : 1; }
@@ -196,12 +194,13 @@ class trainer {
     out.step = step_;
     out.lr = settings_.schedule.at(step_);
     auto& times = ctx.step_stages;
+    if (settings_.recompute_failed_steps) model_.begin_global_batch();
     auto result = run_global_batch(ctx, out, false);
     char const* failed = failed_check(result);
     if (failed != nullptr) {
       out.failed_check = failed;
       bool const nonfinite = !std::isfinite(result.loss) || !std::isfinite(result.grad_norm);
-      if (nonfinite || settings_.check_large_grads) locate_fault(out, nonfinite);
+      if (nonfinite || std::string_view(failed) == large_gradient) locate_fault(out, nonfinite);
       if (settings_.recompute_failed_steps) {
         model_.discard_global_batch();
         gradients_zeroed_ = false;
@@ -467,6 +466,7 @@ class trainer {
     return {out.loss, norm};
   }
 
+  static constexpr char const* large_gradient = "large gradient";
   /// The check `r` fails (every rank agrees: the loss and the norm are the job's), or null.
   [[nodiscard]] char const* failed_check(pass_result const& r) const {
     if (!std::isfinite(r.loss)) return "non-finite loss";
@@ -480,7 +480,7 @@ class trainer {
     if (settings_.check_spiky_loss && r.loss > settings_.spike_factor * top_loss)
       return "spiky loss";
     if (settings_.check_large_grads && r.grad_norm > settings_.spike_factor * top_norm)
-      return "large gradient";
+      return large_gradient;
     return nullptr;
   }
   /// An updated step's loss and norm join the last spike_window's.
@@ -551,7 +551,7 @@ class trainer {
   }
   /// A planted fault: a NaN in, or the top exponent bit of, the element of the first gradient
   /// this rank holds that is largest below 2 in magnitude (so that the flip makes it 2^128 times
-  /// larger, or not finite).
+  /// larger, 2^1024 in double, or not finite).
   void corrupt_gradient(bool not_a_number) {
     static_assert(std::is_floating_point_v<scalar>);
     using bits = std::conditional_t<sizeof(scalar) == 4, std::uint32_t, std::uint64_t>;
@@ -587,7 +587,8 @@ class trainer {
   planted_faults faults_;
   std::string origin_;  // a recomputation's first non-finite gradient before the reduction
   // The last spike_window updated steps' (loss, gradient norm), a ring from recent_next_.
-  std::vector<double> recent_;
+  std::vector<double> recent_ =
+      std::vector<double>(2 * static_cast<std::size_t>(std::max(0, settings_.spike_window)));
   int recent_next_ = 0, recent_count_ = 0;
 };
 
