@@ -12,8 +12,10 @@ function(run)
 endfunction()
 
 file(REMOVE_RECURSE ${WORK_DIR})
+# Release at -O1: the test checks that the package configures, builds, links and runs, not its
+# speed, and -O1 builds the compiled-once units in two thirds of -O3's time.
 set(configure ${CMAKE_COMMAND} -S ${CONSUMER_DIR} -B ${WORK_DIR}/build -G ${GENERATOR}
-    -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=${CXX})
+    -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG" -DCMAKE_CXX_COMPILER=${CXX})
 if(MODE STREQUAL "subdir")
   run(${configure} -DMEGAMOE_SOURCE_DIR=${SOURCE_DIR})
 elseif(MODE STREQUAL "install")

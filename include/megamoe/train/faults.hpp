@@ -13,8 +13,11 @@
 
 #include <megamoe/core/compiled_once.hpp>
 #include <megamoe/core/error.hpp>
+#include <megamoe/core/parameter_list.hpp>
 
+#include <string>
 #include <string_view>
+#include <utility>
 
 namespace megamoe::train {
 
@@ -33,6 +36,28 @@ MEGAMOE_DECL planted_faults planted_faults_from_environment(int rank);
 
 /// Sleeps the step's planted delay, if any.
 MEGAMOE_DECL void slow_down(planted_faults const& faults);
+
+// A failed step's checks over a rank's gradients, in the order of the model's
+// numbered_parameters(): code keyed by the element type, not by the configuration.
+
+/// The name of the first parameter holding a non-finite gradient ("" where none does).
+MEGAMOE_DECL std::string first_nonfinite_gradient(parameter_list<float> const& parameters);
+MEGAMOE_DECL std::string first_nonfinite_gradient(parameter_list<double> const& parameters);
+
+/// The parameter holding the largest gradient element, and that element's magnitude (-1 where no
+/// parameter has an element).
+MEGAMOE_DECL std::pair<std::string, double> largest_gradient(
+    parameter_list<float> const& parameters);
+MEGAMOE_DECL std::pair<std::string, double> largest_gradient(
+    parameter_list<double> const& parameters);
+
+/// A planted fault: a NaN in, or the top exponent bit of, the element of the first non-empty
+/// gradient that is largest below 2 in magnitude (so that the flip makes it 2^128 times larger,
+/// 2^1024 in double, or not finite).
+MEGAMOE_DECL void corrupt_first_gradient(parameter_list<float>& parameters,
+                                         bool not_a_number);
+MEGAMOE_DECL void corrupt_first_gradient(parameter_list<double>& parameters,
+                                         bool not_a_number);
 
 }  // namespace megamoe::train
 

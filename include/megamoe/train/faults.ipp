@@ -5,11 +5,16 @@
 
 #include <megamoe/train/faults.hpp>
 
+#include <bit>
 #include <charconv>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace megamoe::train {
@@ -62,6 +67,67 @@ MEGAMOE_DECL void slow_down(planted_faults const& faults) {
   if (faults.slow_milliseconds > 0)
     std::this_thread::sleep_for(
         std::chrono::duration<double, std::milli>(faults.slow_milliseconds));
+}
+
+namespace detail {
+
+template <class Scalar>
+std::string first_nonfinite_gradient(parameter_list<Scalar> const& parameters) {
+  for (auto const& p : parameters)
+    if (!p.grad.allFinite()) return p.name;
+  return {};
+}
+
+template <class Scalar>
+std::pair<std::string, double> largest_gradient(parameter_list<Scalar> const& parameters) {
+  std::pair<std::string, double> out{std::string(), -1.0};
+  for (auto const& p : parameters) {
+    if (p.grad.size() == 0) continue;
+    double const m = static_cast<double>(p.grad.cwiseAbs().maxCoeff());
+    if (m > out.second) out = {p.name, m};
+  }
+  return out;
+}
+
+template <class Scalar>
+void corrupt_first_gradient(parameter_list<Scalar>& parameters, bool not_a_number) {
+  using bits = std::conditional_t<sizeof(Scalar) == 4, std::uint32_t, std::uint64_t>;
+  for (auto& p : parameters) {
+    if (p.grad.size() == 0) continue;
+    Scalar* const g = p.grad.data();
+    Eigen::Index at = 0;
+    for (Eigen::Index i = 0; i < p.grad.size(); ++i)
+      if (std::abs(g[i]) < Scalar(2) && std::abs(g[i]) > std::abs(g[at])) at = i;
+    g[at] = not_a_number ? std::numeric_limits<Scalar>::quiet_NaN()
+                         : std::bit_cast<Scalar>(std::bit_cast<bits>(g[at]) ^
+                                                 (bits{1} << (8 * sizeof(Scalar) - 2)));
+    return;
+  }
+}
+
+}  // namespace detail
+
+MEGAMOE_DECL std::string first_nonfinite_gradient(parameter_list<float> const& parameters) {
+  return detail::first_nonfinite_gradient(parameters);
+}
+MEGAMOE_DECL std::string first_nonfinite_gradient(parameter_list<double> const& parameters) {
+  return detail::first_nonfinite_gradient(parameters);
+}
+MEGAMOE_DECL std::pair<std::string, double> largest_gradient(
+    parameter_list<float> const& parameters) {
+  return detail::largest_gradient(parameters);
+}
+MEGAMOE_DECL std::pair<std::string, double> largest_gradient(
+    parameter_list<double> const& parameters) {
+  return detail::largest_gradient(parameters);
+}
+MEGAMOE_DECL void corrupt_first_gradient(parameter_list<float>& parameters,
+                                         bool not_a_number) {
+  detail::corrupt_first_gradient(parameters, not_a_number);
+}
+MEGAMOE_DECL void corrupt_first_gradient(parameter_list<double>& parameters,
+                                         bool not_a_number) {
+  detail::corrupt_first_gradient(parameters, not_a_number);
 }
 
 }  // namespace megamoe::train

@@ -171,9 +171,8 @@ int train_job(parallel::environment& env, job_options o, io::checkpoint_reader* 
   // weights held as codes, the fp32 masters the optimizer keeps and the fp32 weight values the
   // modules freed.
   double freed = 0.0;
-  model.for_each_parameter([&](std::string_view, auto, auto grad, parameter_kind kind) {
-    if (holds_codes(kind)) freed += static_cast<double>(grad.size() * sizeof(float));
-  });
+  for (auto const& p : model.numbered_parameters())
+    if (holds_codes(p.kind)) freed += static_cast<double>(p.grad.size() * sizeof(float));
   std::array<double, 4> moment_bytes = {
       static_cast<double>(trainer.optimizer().state_bytes()),
       static_cast<double>(trainer.optimizer().state_bytes_saved()),

@@ -46,9 +46,8 @@ nlohmann::ordered_json group_traffic(parallel::process_groups const& groups, Mod
   // Elements per kind they are reduced and gathered as (weights held as codes are gathered in
   // fp32 from the optimizer's shards, one tensor at a time, as the others all at once).
   std::array<double, parameter_kinds> elements{};
-  model.for_each_parameter([&](std::string_view, auto, auto grad, parameter_kind kind) {
-    elements[static_cast<std::size_t>(reduced_as(kind))] += static_cast<double>(grad.size());
-  });
+  for (auto const& p : model.numbered_parameters())
+    elements[static_cast<std::size_t>(reduced_as(p.kind))] += static_cast<double>(p.grad.size());
   using kind = parameter_kind;
   auto of = [&](kind k) { return elements[static_cast<std::size_t>(k)]; };
   auto const& m = model.model_settings();

@@ -492,14 +492,8 @@ class trainer {
     recent_count_ = std::min(recent_count_ + 1, settings_.spike_window);
   }
 
-  /// This rank's first tensor (in for_each_parameter's order) holding a non-finite gradient.
-  std::string first_nonfinite() {
-    std::string name;
-    model_.for_each_parameter([&](std::string_view n, auto, auto grad, parameter_kind) {
-      if (name.empty() && !grad.allFinite()) name = std::string(n);
-    });
-    return name;
-  }
+  /// This rank's first tensor (in numbered_parameters' order) holding a non-finite gradient.
+  std::string first_nonfinite() { return first_nonfinite_gradient(model_.numbered_parameters()); }
   /// The fault's place after the reduction: the first non-finite gradient, or the tensor holding
   /// the largest element.
   void locate_fault(step_metrics& out, bool nonfinite) {
@@ -508,13 +502,7 @@ class trainer {
       agree_on_fault(out, name, name.empty() ? -1.0 : 1.0, true);
       return;
     }
-    std::string name;
-    double largest = -1.0;
-    model_.for_each_parameter([&](std::string_view n, auto, auto grad, parameter_kind) {
-      if (grad.size() == 0) return;
-      double const m = static_cast<double>(grad.cwiseAbs().maxCoeff());
-      if (m > largest) largest = m, name = std::string(n);
-    });
+    auto const [name, largest] = largest_gradient(model_.numbered_parameters());
     agree_on_fault(out, name, largest, false);
   }
   /// Every rank's candidate `name` with its `score` (< 0: none); the chosen one, the same on every
@@ -549,27 +537,10 @@ class trainer {
     out.fault_rank = chosen;
     out.fault_at = chosen < 0 ? std::string() : chosen_name;
   }
-  /// A planted fault: a NaN in, or the top exponent bit of, the element of the first gradient
-  /// this rank holds that is largest below 2 in magnitude (so that the flip makes it 2^128 times
-  /// larger, 2^1024 in double, or not finite).
+  /// A planted fault in this rank's first gradient (train/faults.hpp).
   void corrupt_gradient(bool not_a_number) {
-    static_assert(std::is_floating_point_v<scalar>);
-    using bits = std::conditional_t<sizeof(scalar) == 4, std::uint32_t, std::uint64_t>;
-    bool done = false;
-    model_.for_each_parameter([&](std::string_view, auto, auto grad, parameter_kind) {
-      if (done || grad.size() == 0) return;
-      done = true;
-      scalar* const g = grad.data();
-      Eigen::Index at = 0;
-      for (Eigen::Index i = 0; i < grad.size(); ++i)
-        if (std::abs(g[i]) < scalar(2) && std::abs(g[i]) > std::abs(g[at])) at = i;
-      if (not_a_number) {
-        g[at] = std::numeric_limits<scalar>::quiet_NaN();
-        return;
-      }
-      g[at] =
-          std::bit_cast<scalar>(std::bit_cast<bits>(g[at]) ^ (bits{1} << (8 * sizeof(scalar) - 2)));
-    });
+    auto parameters = model_.numbered_parameters();
+    corrupt_first_gradient(parameters, not_a_number);
   }
 
   model_type& model_;
